@@ -1,0 +1,175 @@
+"""Scaled dot-product attention and multi-head attention (section 3.2 of the paper).
+
+`scaled_dot_product_attention` is the plain reference: softmax(Q K^T / sqrt(d_k)) V written out.
+`fast_attention` computes the same through `torch.nn.functional.scaled_dot_product_attention`
+(fused kernels, no (T x T) weights kept for backward on the flash/memory-efficient paths). A
+model picks one of the two once, in the builder. Masks follow `attn.masks`: True = may attend.
+
+Departures from the paper: self-attention projects Q, K and V with one fused (d_model x 3 d_model)
+matrix, which is the same as three separate projections stacked; an optional additive score bias
+carries relative position information (T5), and rotary positions rotate Q and K (RoFormer).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attn.masks import with_bias
+
+
+class AttentionFn(Protocol):
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout: float
+    ) -> Tensor: ...
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k) + bias) with masked scores at -inf; fully masked rows are all zero.
+
+    Args:
+        q: (B, h, Tq, d_k) queries.
+        k: (B, h, Tk, d_k) keys.
+        mask: bool, broadcastable to (B, h, Tq, Tk); True = may attend.
+        bias: float, broadcastable to (B, h, Tq, Tk), added to the scores.
+
+    Returns:
+        (B, h, Tq, Tk) attention weights; each row sums to 1, or to 0 if all its keys are masked.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    if mask is None:
+        return scores.softmax(dim=-1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout: float = 0.0,
+) -> Tensor:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, equation (1) of the paper.
+
+    Args:
+        q: (B, h, Tq, d_k); k: (B, h, Tk, d_k); v: (B, h, Tk, d_v).
+        mask: bool, broadcastable to (B, h, Tq, Tk); True = may attend.
+        bias: optional additive score bias, broadcastable to (B, h, Tq, Tk).
+        dropout: dropout probability on the attention weights (0 in eval mode).
+
+    Returns:
+        (B, h, Tq, d_v).
+    """
+    weights = F.dropout(attention_weights(q, k, mask, bias), p=dropout, training=dropout > 0)
+    return weights @ v
+
+
+def fast_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout: float = 0.0,
+) -> Tensor:
+    """The same function as `scaled_dot_product_attention`, through PyTorch's fused SDPA kernels."""
+    attn_mask = bias if mask is None else with_bias(mask, bias)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+
+
+ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {"fast": fast_attention, "reference": scaled_dot_product_attention}
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """(B, T, h * d_k) -> (B, h, T, d_k)."""
+    b, t, _ = x.shape
+    return x.view(b, t, heads, -1).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, h, T, d_k) -> (B, T, h * d_k)."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+class KVSlot(Protocol):
+    """Where a self-attention layer keeps its past keys and values (see `attn.kv_cache`)."""
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+class NoCache:
+    """The slot used outside cached decoding: keys and values are used as they are."""
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return k, v
+
+
+NO_CACHE = NoCache()
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: h heads of size d_k = d_model / h over one sequence."""
+
+    def __init__(self, d_model: int, heads: int, bias: bool, dropout: float, attend: AttentionFn) -> None:
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.attend = attend
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+
+    def project(self, x: Tensor, rotate: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, d_model) -> q, k, v each (B, h, T, d_k), with positions applied to q and k."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, T, d_model)
+        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
+        return rotate(q), rotate(k), v
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        rotate: Callable[[Tensor], Tensor],
+        bias: Tensor | None = None,
+        cache: KVSlot = NO_CACHE,
+    ) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model). `cache` prepends past keys/values when decoding."""
+        q, k, v = self.project(x, rotate)
+        k, v = cache.update(k, v)  # (B, h, Tk, d_k) with Tk >= T when cached
+        p = self.dropout if self.training else 0.0
+        return self.out(merge_heads(self.attend(q, k, v, mask, bias, p)))
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention of decoder queries over the encoder output ("memory")."""
+
+    def __init__(self, d_model: int, heads: int, bias: bool, dropout: float, attend: AttentionFn) -> None:
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.attend = attend
+        self.q = nn.Linear(d_model, d_model, bias=bias)
+        self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, d_model) -> k, v each (B, h, S, d_k); computed once per source when decoding."""
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return split_heads(k, self.heads), split_heads(v, self.heads)
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
+        """x (B, T, d_model), memory k/v (B, h, S, d_k), mask (B, 1, 1, S) -> (B, T, d_model)."""
+        q = split_heads(self.q(x), self.heads)  # (B, h, T, d_k)
+        k, v = memory_kv
+        p = self.dropout if self.training else 0.0
+        return self.out(merge_heads(self.attend(q, k, v, mask, bias=None, dropout=p)))

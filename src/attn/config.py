@@ -1,0 +1,352 @@
+"""The model configuration: one frozen, validated dataclass and the named presets.
+
+Every architectural choice is a field here; `attn.models.build.build_model` reads the config
+once and picks the modules. Presets cite their source (the paper's Table 3, or the Hugging Face
+`config.json` of the reference checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from attn.errors import ConfigError
+
+
+class Architecture(str, enum.Enum):
+    ENCODER_DECODER = "encoder-decoder"
+    ENCODER_ONLY = "encoder-only"
+    DECODER_ONLY = "decoder-only"
+
+
+class Activation(str, enum.Enum):
+    RELU = "relu"
+    GELU = "gelu"  # exact erf form (BERT)
+    GELU_TANH = "gelu-tanh"  # tanh approximation (GPT-2)
+    SILU = "silu"  # a.k.a. swish (Marian)
+
+
+class NormPlacement(str, enum.Enum):
+    POST = "post"  # LayerNorm(x + Sublayer(x)), as in the paper
+    PRE = "pre"  # x + Sublayer(LayerNorm(x)), as in GPT-2
+
+
+class Positional(str, enum.Enum):
+    SINUSOIDAL = "sinusoidal"
+    LEARNED = "learned"
+    ROTARY = "rotary"
+    RELATIVE = "relative"  # T5's bucketed relative position bias
+    NONE = "none"
+
+
+class SinusoidalLayout(str, enum.Enum):
+    INTERLEAVED = "interleaved"  # PE[pos, 2i] = sin, PE[pos, 2i+1] = cos (the paper)
+    CONCATENATED = "concatenated"  # sin in the first half, cos in the second (Marian)
+
+
+class Tying(str, enum.Enum):
+    NONE = "none"
+    DECODER = "decoder"  # target (or LM) input embedding shared with the output projection
+    ALL = "all"  # source, target and output share one matrix (the paper, section 3.4)
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _parse_enum(field: str, kind: type[E], value: Any) -> E:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(repr(member.value) for member in kind)
+        raise ConfigError(field, f"unknown value {value!r}; choose one of {choices}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Every architectural choice of a Transformer model.
+
+    Vocabulary fields: `vocab_size` is the target / LM / encoder vocabulary; `src_vocab_size` is
+    the encoder-decoder's source vocabulary (0 means "same as vocab_size").
+    """
+
+    architecture: Architecture = Architecture.ENCODER_DECODER
+    d_model: int = 512
+    heads: int = 8
+    d_ff: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    vocab_size: int = 37000
+    src_vocab_size: int = 0
+    max_positions: int = 1024
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: Activation = Activation.RELU
+    norm: NormPlacement = NormPlacement.POST
+    final_norm: bool = False
+    norm_eps: float = 1e-5
+    positional: Positional = Positional.SINUSOIDAL
+    sinusoidal_layout: SinusoidalLayout = SinusoidalLayout.INTERLEAVED
+    rotary_base: float = 10000.0
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    scale_embedding: bool = True
+    tying: Tying = Tying.ALL
+    attention_bias: bool = True
+    ffn_bias: bool = True
+    output_bias: bool = False
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    mlm_head: bool = True
+    pooler: bool = True
+    num_labels: int = 0
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        self._validate_sizes()
+        self._validate_rates()
+        self._validate_combinations()
+
+    @property
+    def head_dim(self) -> int:
+        """d_k = d_v = d_model / h (section 3.2.2)."""
+        return self.d_model // self.heads
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.src_vocab_size or self.vocab_size
+
+    def _validate_sizes(self) -> None:
+        for name in ("d_model", "heads", "d_ff", "vocab_size", "max_positions"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be a positive integer, got {getattr(self, name)}")
+        for name in ("encoder_layers", "decoder_layers", "src_vocab_size", "type_vocab_size", "num_labels"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.d_model % self.heads:
+            raise ConfigError(
+                "d_model",
+                f"d_model={self.d_model} is not divisible by heads={self.heads}; "
+                f"pick heads among the divisors of d_model (e.g. {_divisor_hint(self.d_model, self.heads)})",
+            )
+        if self.relative_buckets < 2 or self.relative_max_distance < 2:
+            raise ConfigError("relative_buckets", "relative_buckets and relative_max_distance must be >= 2")
+
+    def _validate_rates(self) -> None:
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(name, f"must be in [0, 1), got {value}; use 0.0 to disable dropout")
+        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
+            raise ConfigError("norm_eps", f"must be a small positive number such as 1e-5, got {self.norm_eps}")
+        if not self.rotary_base > 1:
+            raise ConfigError("rotary_base", f"must be > 1 (10000 is usual), got {self.rotary_base}")
+
+    def _validate_combinations(self) -> None:
+        arch = self.architecture
+        needs_encoder = arch in (Architecture.ENCODER_DECODER, Architecture.ENCODER_ONLY)
+        needs_decoder = arch in (Architecture.ENCODER_DECODER, Architecture.DECODER_ONLY)
+        if needs_encoder != (self.encoder_layers > 0):
+            fix = "set encoder_layers >= 1" if needs_encoder else "set encoder_layers = 0"
+            raise ConfigError("encoder_layers", f"{arch.value} model: {fix}")
+        if needs_decoder != (self.decoder_layers > 0):
+            fix = "set decoder_layers >= 1" if needs_decoder else "set decoder_layers = 0"
+            raise ConfigError("decoder_layers", f"{arch.value} model: {fix}")
+        if self.src_vocab_size and arch != Architecture.ENCODER_DECODER:
+            raise ConfigError("src_vocab_size", f"only an encoder-decoder has a source vocabulary; set it to 0")
+        if self.tying == Tying.ALL and arch == Architecture.ENCODER_DECODER:
+            if self.source_vocab_size != self.vocab_size:
+                raise ConfigError(
+                    "tying",
+                    f"tying='all' shares one matrix, but src_vocab_size={self.src_vocab_size} != "
+                    f"vocab_size={self.vocab_size}; use a joint vocabulary or tying='decoder'",
+                )
+        if self.positional == Positional.ROTARY and self.head_dim % 2:
+            raise ConfigError(
+                "positional",
+                f"rotary positions rotate pairs of features, but the head size d_model/heads="
+                f"{self.head_dim} is odd; choose d_model and heads with an even quotient",
+            )
+        if arch != Architecture.ENCODER_ONLY and (self.type_vocab_size or self.num_labels):
+            raise ConfigError(
+                "type_vocab_size" if self.type_vocab_size else "num_labels",
+                "segment embeddings and classification heads belong to encoder-only models; set it to 0",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (enums as their string values)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        """Builds a config from `to_dict` output; unknown keys are an error."""
+        return from_dict(cls, data)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown field; valid fields: {', '.join(_field_names(type(self)))}")
+        return dataclasses.replace(self, **changes)
+
+    def tiny(self) -> ModelConfig:
+        """The same choices at test size: 2 layers per stack, d_model 32, 4 heads, vocab 97."""
+        return self.replace(
+            d_model=32,
+            heads=4,
+            d_ff=64,
+            encoder_layers=min(self.encoder_layers, 2),
+            decoder_layers=min(self.decoder_layers, 2),
+            vocab_size=97,
+            src_vocab_size=89 if self.src_vocab_size else 0,
+            max_positions=64,
+            relative_max_distance=16,
+            num_labels=3 if self.architecture == Architecture.ENCODER_ONLY else 0,
+        )
+
+
+def _divisor_hint(d_model: int, heads: int) -> int:
+    divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+    return min(divisors, key=lambda h: abs(h - heads))
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def coerce_fields(obj: Any) -> None:
+    """Checks each field of a frozen config dataclass against its annotation, in place.
+
+    Enums parse from their string values and ints widen to floats; anything else of the wrong
+    type is a `ConfigError` naming the field.
+    """
+    hints = typing.get_type_hints(type(obj))
+    for field in dataclasses.fields(obj):
+        value = _coerce(field.name, hints[field.name], getattr(obj, field.name))
+        object.__setattr__(obj, field.name, value)
+
+
+def _coerce(name: str, kind: Any, value: Any) -> Any:
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return _parse_enum(name, kind, value)
+    options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+    if value is None and type(None) in options:
+        return value
+    for option in options:
+        if option is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if option is bool and isinstance(value, bool):
+            return value
+        if option in (int, str, float) and isinstance(value, option) and not isinstance(value, bool):
+            return value
+        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
+            return tuple(value)
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    raise ConfigError(name, f"expected {names}, got {type(value).__name__} {value!r}")
+
+
+C = TypeVar("C")
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+    """Builds any of our config dataclasses from a mapping, rejecting unknown keys by name."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(cls.__name__, f"expected a table of fields, got {type(data).__name__}")
+    known = _field_names(cls)
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown key in {cls.__name__}; valid keys: {', '.join(known)}")
+    return cls(**data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets. Each cites its source; `tiny()` shrinks any of them for tests.
+
+_PRESETS: dict[str, ModelConfig] = {
+    # Vaswani et al. 2017, Table 3 "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1;
+    # shared source-target BPE vocabulary of about 37000 tokens (section 5.1), all three
+    # embedding matrices tied (section 3.4).
+    "paper-base": ModelConfig(),
+    # Table 3 "big": d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE).
+    "paper-big": ModelConfig(d_model=1024, heads=16, d_ff=4096, dropout=0.3),
+    # bert-base-uncased config.json.
+    "bert-base": ModelConfig(
+        architecture=Architecture.ENCODER_ONLY,
+        d_model=768,
+        heads=12,
+        d_ff=3072,
+        encoder_layers=12,
+        decoder_layers=0,
+        vocab_size=30522,
+        max_positions=512,
+        attention_dropout=0.1,
+        activation=Activation.GELU,
+        norm_eps=1e-12,
+        positional=Positional.LEARNED,
+        scale_embedding=False,
+        tying=Tying.DECODER,
+        type_vocab_size=2,
+        embedding_norm=True,
+        output_bias=True,
+    ),
+    # gpt2 (124M) config.json: n_embd=768, n_head=12, n_layer=12, n_positions=1024.
+    "gpt2": ModelConfig(
+        architecture=Architecture.DECODER_ONLY,
+        d_model=768,
+        heads=12,
+        d_ff=3072,
+        encoder_layers=0,
+        decoder_layers=12,
+        vocab_size=50257,
+        max_positions=1024,
+        attention_dropout=0.1,
+        activation=Activation.GELU_TANH,
+        norm=NormPlacement.PRE,
+        final_norm=True,
+        positional=Positional.LEARNED,
+        scale_embedding=False,
+        tying=Tying.DECODER,
+    ),
+    # Helsinki-NLP/opus-mt-en-de config.json (MarianMTModel): swish, sinusoidal positions in
+    # two halves, scaled and tied embeddings, a final-logits bias.
+    "marian-base": ModelConfig(
+        vocab_size=58101,
+        max_positions=512,
+        activation=Activation.SILU,
+        sinusoidal_layout=SinusoidalLayout.CONCATENATED,
+        output_bias=True,
+    ),
+}
+# sentence-transformers/all-MiniLM-L6-v2 config.json: a 6-layer, 384-wide BERT without the MLM head.
+_PRESETS["minilm-l6"] = _PRESETS["bert-base"].replace(
+    d_model=384, heads=12, d_ff=1536, encoder_layers=6, attention_dropout=0.1, mlm_head=False
+)
+# Character-level decoder sized for a CPU (the Shakespeare quickstart).
+_PRESETS["char-gpt"] = _PRESETS["gpt2"].replace(
+    d_model=256, heads=4, d_ff=1024, decoder_layers=4, vocab_size=96, max_positions=256, dropout=0.1,
+    attention_dropout=0.0,
+)
+_PRESETS.update({f"{name}-tiny": cfg.tiny() for name, cfg in list(_PRESETS.items())})
+
+
+def preset_names() -> list[str]:
+    return list(_PRESETS)
+
+
+def preset(name: str) -> ModelConfig:
+    """The named preset. Exact names only; an unknown name lists the valid ones."""
+    try:
+        return _PRESETS[name]
+    except KeyError:
+        raise ConfigError("preset", f"unknown preset {name!r}; valid presets: {', '.join(_PRESETS)}") from None

@@ -1,0 +1,103 @@
+"""The paper's small parts: position-wise FFN, residual + LayerNorm wrappers, embeddings.
+
+Post-norm (section 3.1: LayerNorm(x + Dropout(Sublayer(x)))) and pre-norm
+(x + Dropout(Sublayer(LayerNorm(x)))) are two small wrappers with one interface; the builder
+picks one. Dropout sits where section 5.4 puts it: on every sub-layer output before the
+residual add, and on the sum of embeddings and positional encodings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attn.config import Activation
+from attn.positional import NoPositions
+
+ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
+    Activation.RELU: F.relu,
+    Activation.GELU: F.gelu,
+    Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
+    Activation.SILU: F.silu,
+}
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W_2 act(W_1 x + b_1) + b_2, applied to each position alone (equation 2)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: Activation, bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.act = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model)."""
+        return self.w2(self.dropout(self.act(self.w1(x))))
+
+
+class PostNorm(nn.Module):
+    """LayerNorm(x + Dropout(Sublayer(x))): the paper's arrangement."""
+
+    def __init__(self, d_model: int, eps: float, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class PreNorm(nn.Module):
+    """x + Dropout(Sublayer(LayerNorm(x))): trains deep stacks without warmup tricks (GPT-2)."""
+
+    def __init__(self, d_model: int, eps: float, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return x + self.dropout(sublayer(self.norm(x)))
+
+
+class Embeddings(nn.Module):
+    """Token embedding * scale + positions (+ segment embedding), optional LayerNorm, dropout.
+
+    The paper multiplies the embedding by sqrt(d_model) (section 3.4); BERT and GPT-2 use scale 1.
+    """
+
+    def __init__(
+        self,
+        tokens: nn.Embedding,
+        scale: float,
+        positions: NoPositions,
+        segments: nn.Embedding | None,
+        norm: nn.Module,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.scale = scale
+        self.positions = positions
+        self.segments = segments
+        self.norm = norm
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, positions: Tensor, segments: Tensor | None = None) -> Tensor:
+        """tokens (B, T) long, positions (B, T) long -> (B, T, d_model)."""
+        return self.vectors(self.tokens(tokens) * self.scale, positions, segments)
+
+    def vectors(self, x: Tensor, positions: Tensor, segments: Tensor | None = None) -> Tensor:
+        """Adds positions (and segments) to given input vectors x (B, T, d_model)."""
+        x = self.positions.embed(x, positions)
+        if self.segments is not None:
+            x = x + self.segments(positions.new_zeros(positions.shape) if segments is None else segments)
+        return self.dropout(self.norm(x))
+
+
+def embedding_scale(d_model: int, scaled: bool) -> float:
+    return math.sqrt(d_model) if scaled else 1.0

@@ -1,0 +1,55 @@
+"""The one mask convention of `attn`.
+
+A mask is a boolean tensor, **True = may attend**, broadcastable to the attention scores'
+shape (batch, heads, queries, keys). Masked scores are set to -inf before the softmax. A query
+row whose keys are all masked gets all-zero attention weights and so a zero output (what
+`torch.nn.functional.scaled_dot_product_attention` also returns); it never produces NaN.
+
+Token-level masks, shape (batch, length), say which tokens are real (True) and which are
+padding (False); `key_mask` lifts one to the score shape.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """(B, T) long -> (B, T) bool, True where the token is not padding."""
+    return tokens != pad_id
+
+
+def key_mask(mask: Tensor) -> Tensor:
+    """(B, Tk) bool token mask -> (B, 1, 1, Tk): every query may attend the real keys."""
+    return mask[:, None, None, :]
+
+
+def causal_mask(queries: int, keys: int | None = None, device: torch.device | None = None) -> Tensor:
+    """(1, 1, Tq, Tk) bool: query i may attend key j iff j <= i + (Tk - Tq).
+
+    With Tk > Tq the queries are the last Tq positions of a longer sequence (cached decoding).
+    """
+    keys = queries if keys is None else keys
+    if keys < queries:
+        raise ValueError(f"causal_mask needs keys >= queries, got {keys} < {queries}")
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)[None, None]
+
+
+def positions_from_mask(mask: Tensor) -> Tensor:
+    """(B, T) bool token mask -> (B, T) long positions counted over real tokens only.
+
+    With left padding the first real token of every row gets position 0, so a row's positions
+    do not depend on how much padding the batch needed. Padding positions are clamped to 0.
+    """
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def with_bias(mask: Tensor, bias: Tensor | None) -> Tensor:
+    """Merges a boolean mask and an optional additive score bias into one `attn_mask` for SDPA.
+
+    Returns the boolean mask itself when there is no bias, else bias with -inf where masked.
+    """
+    if bias is None:
+        return mask
+    return bias.masked_fill(~mask, float("-inf"))

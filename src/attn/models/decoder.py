@@ -1,0 +1,87 @@
+"""The decoder-only model: a causal language model (GPT-style).
+
+Embeddings -> N x Block with a causal mask -> final norm -> vocabulary projection. The blocks
+are the encoder's blocks: only the mask differs. `forward` scores a whole sequence;
+`decode_step` extends a `KVCache` with new tokens and scores only them.
+
+Departures from the paper: none in the parts; the paper has no decoder-only model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from attn.attention import NO_CACHE, KVSlot
+from attn.blocks import Block, check_tokens, self_attention_inputs
+from attn.kv_cache import KVCache
+from attn.layers import Embeddings
+from attn.masks import positions_from_mask
+
+
+class Decoder(nn.Module):
+    """Causal LM over one token sequence."""
+
+    def __init__(
+        self,
+        embeddings: Embeddings,
+        blocks: list[Block],
+        final_norm: nn.Module,
+        lm_head: nn.Linear,
+        max_positions: int,
+    ) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm
+        self.lm_head = lm_head
+        self.max_positions = max_positions
+
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """tokens (B, T) long, mask (B, T) bool (True = real) -> next-token logits (B, T, vocab).
+
+        With a mask, positions count real tokens only, so left-padded rows are scored as if alone.
+        """
+        check_tokens(tokens, mask, self.max_positions)
+        positions = _positions(tokens, mask)
+        x = self._blocks(tokens, positions, positions, mask, [NO_CACHE] * len(self.blocks))
+        return self.lm_head(x)
+
+    def new_cache(self, batch: int, max_length: int) -> KVCache:
+        """An empty cache for `batch` rows of up to `max_length` tokens, on the model's device."""
+        attn = self.blocks[0].attn
+        weight = attn.qkv.weight
+        head_dim = weight.size(1) // attn.heads
+        return KVCache(len(self.blocks), batch, attn.heads, max_length, head_dim, weight.dtype, weight.device)
+
+    def decode_step(self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None) -> Tensor:
+        """Appends tokens (B, T) to the cache and returns their logits (B, T, vocab).
+
+        The first call may pass a whole (left-padded) prompt; later calls pass one token per row.
+        """
+        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
+        check_tokens(tokens, mask, self.max_positions, offset=cache.length)
+        positions = cache.next_positions() + positions_from_mask(mask)  # (B, T)
+        key_positions, key_tokens = cache.extend(positions, mask)
+        return self.lm_head(self._blocks(tokens, positions, key_positions, key_tokens, cache.slots))
+
+    def _blocks(
+        self, tokens: Tensor, positions: Tensor, key_positions: Tensor, key_tokens: Tensor | None,
+        slots: Iterable[KVSlot],
+    ) -> Tensor:
+        x = self.embeddings(tokens, positions)  # (B, T, d_model)
+        attn_mask, rotate, bias = self_attention_inputs(
+            self.embeddings.positions, positions, key_positions, key_tokens, causal=True
+        )
+        for block, slot in zip(self.blocks, slots):
+            x = block(x, attn_mask, rotate, bias, slot)
+        return self.final_norm(x)
+
+
+def _positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        b, t = tokens.shape
+        return torch.arange(t, device=tokens.device).expand(b, t)
+    return positions_from_mask(mask)
