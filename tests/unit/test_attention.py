@@ -1,0 +1,99 @@
+"""Equation (1) against an explicit loop, the fast path against the reference, and the mask rules."""
+
+import math
+
+import pytest
+import torch
+
+from attn.attention import attention_weights, fast_attention, scaled_dot_product_attention
+from attn.masks import causal_mask, key_mask, padding_mask
+
+
+def loop_attention(q, k, v, mask):
+    """softmax(q.k / sqrt(d_k)) v written as loops over batch, head, query and key."""
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    out = torch.zeros(b, h, tq, v.shape[-1], dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(tq):
+                scores = []
+                for j in range(tk):
+                    allowed = bool(mask[bi if mask.shape[0] > 1 else 0, 0, i if mask.shape[2] > 1 else 0, j])
+                    s = sum(float(q[bi, hi, i, c]) * float(k[bi, hi, j, c]) for c in range(d)) / math.sqrt(d)
+                    scores.append(s if allowed else -math.inf)
+                top = max(scores)
+                if top == -math.inf:
+                    continue  # a fully masked row attends nothing: zero output
+                exps = [math.exp(s - top) for s in scores]
+                total = sum(exps)
+                for j in range(tk):
+                    out[bi, hi, i] += exps[j] / total * v[bi, hi, j].double()
+    return out
+
+
+def random_qkv(b=2, h=3, tq=5, tk=6, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, tq, d, generator=g), torch.randn(b, h, tk, d, generator=g),
+            torch.randn(b, h, tk, d, generator=g))
+
+
+def test_reference_equals_loop_with_padding_mask():
+    q, k, v = random_qkv()
+    tokens = torch.tensor([[5, 6, 7, 8, 0, 0], [1, 2, 3, 4, 5, 6]])
+    mask = key_mask(padding_mask(tokens, 0))
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask).double(), loop_attention(q, k, v, mask),
+                               atol=1e-6, rtol=0)
+
+
+def test_reference_equals_loop_with_causal_mask():
+    q, k, v = random_qkv(tq=6, tk=6)
+    mask = causal_mask(6)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask).double(), loop_attention(q, k, v, mask),
+                               atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["padding", "causal", "both", "none"])
+def test_fast_path_equals_reference(kind):
+    q, k, v = random_qkv(b=3, h=4, tq=7, tk=7, d=8, seed=1)
+    tokens = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])
+    pad = key_mask(padding_mask(tokens, 0))
+    mask = {"padding": pad, "causal": causal_mask(7), "both": pad & causal_mask(7), "none": None}[kind]
+    torch.testing.assert_close(fast_attention(q, k, v, mask), scaled_dot_product_attention(q, k, v, mask),
+                               atol=1e-6, rtol=0)
+
+
+def test_fast_path_equals_reference_with_bias():
+    q, k, v = random_qkv(tq=5, tk=5, seed=2)
+    bias = torch.randn(1, 3, 5, 5)
+    mask = causal_mask(5)
+    torch.testing.assert_close(fast_attention(q, k, v, mask, bias), scaled_dot_product_attention(q, k, v, mask, bias),
+                               atol=1e-6, rtol=0)
+
+
+def test_masked_keys_get_exactly_zero_weight():
+    q, k, _ = random_qkv()
+    tokens = torch.tensor([[5, 6, 0, 0, 0, 0], [1, 2, 3, 4, 5, 0]])
+    weights = attention_weights(q, k, key_mask(padding_mask(tokens, 0)))
+    assert torch.equal(weights[0, :, :, 2:], torch.zeros_like(weights[0, :, :, 2:]))
+    assert torch.equal(weights[1, :, :, 5], torch.zeros_like(weights[1, :, :, 5]))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 5))
+
+
+def test_fully_masked_row_gives_zero_weights_and_output_not_nan():
+    q, k, v = random_qkv(b=1, tq=3, tk=3)
+    mask = torch.tensor([[True, True, False], [False, False, False], [True, False, False]])[None, None]
+    weights = attention_weights(q, k, mask)
+    assert torch.equal(weights[0, :, 1], torch.zeros(3, 3))
+    for attend in (scaled_dot_product_attention, fast_attention):
+        out = attend(q, k, v, mask)
+        assert not out.isnan().any()
+        assert torch.equal(out[0, :, 1], torch.zeros(3, 4))
+
+
+def test_scaling_by_sqrt_dk():
+    # With one key pair the weight of key 0 is sigmoid((s0 - s1) / sqrt(d_k)).
+    q = torch.tensor([[[[1.0, 1.0, 1.0, 1.0]]]])
+    k = torch.tensor([[[[2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]])
+    weights = attention_weights(q, k)
+    assert weights[0, 0, 0, 0].item() == pytest.approx(1 / (1 + math.exp(-2 / 2)), abs=1e-7)

@@ -1,0 +1,80 @@
+"""ModelConfig validation, presets and the dict round trip."""
+
+import pytest
+
+from attn.config import Architecture, ModelConfig, Positional, preset, preset_names
+from attn.errors import ConfigError
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_round_trips_through_dict(name):
+    cfg = preset(name)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(ConfigError) as err:
+        preset("paper-small")
+    assert "paper-base" in str(err.value) and "gpt2" in str(err.value)
+
+
+def test_near_miss_preset_names_are_not_matched():
+    for name in ("GPT2", "gpt-2", "paper_base"):
+        with pytest.raises(ConfigError):
+            preset(name)
+
+
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        ({"d_model": 100, "heads": 3}, "d_model"),
+        ({"dropout": -0.1}, "dropout"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"positional": "rotary", "d_model": 24, "heads": 8}, "positional"),
+        ({"positional": "alibi"}, "positional"),
+        ({"activation": "tanh"}, "activation"),
+        ({"d_model": "512"}, "d_model"),
+        ({"final_norm": 1}, "final_norm"),
+        ({"norm_eps": 0.0}, "norm_eps"),
+        ({"heads": 0}, "heads"),
+        ({"encoder_layers": 0}, "encoder_layers"),
+        ({"architecture": "decoder-only"}, "encoder_layers"),
+        ({"architecture": "decoder-only", "encoder_layers": 0, "decoder_layers": 2, "type_vocab_size": 2},
+         "type_vocab_size"),
+        ({"src_vocab_size": 1000}, "tying"),
+        ({"vocab_size": -5}, "vocab_size"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
+def test_invalid_fields_name_the_field(fields, field):
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_dict(fields)
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}:")
+
+
+def test_error_suggests_a_fix():
+    with pytest.raises(ConfigError, match="divisors of d_model"):
+        ModelConfig(d_model=100, heads=3)
+    with pytest.raises(ConfigError, match="joint vocabulary or tying='decoder'"):
+        ModelConfig(src_vocab_size=1000)
+
+
+def test_enum_values_parse_from_strings_and_ints_widen():
+    cfg = ModelConfig.from_dict({"positional": "learned", "dropout": 0, "architecture": "encoder-decoder"})
+    assert cfg.positional is Positional.LEARNED and cfg.dropout == 0.0 and isinstance(cfg.dropout, float)
+    assert cfg.to_dict()["positional"] == "learned"
+
+
+def test_paper_presets_follow_table_3():
+    base, big = preset("paper-base"), preset("paper-big")
+    assert (base.d_model, base.d_ff, base.heads, base.encoder_layers, base.dropout) == (512, 2048, 8, 6, 0.1)
+    assert (big.d_model, big.d_ff, big.heads, big.encoder_layers, big.dropout) == (1024, 4096, 16, 6, 0.3)
+    assert base.head_dim == 64 and big.head_dim == 64
+
+
+def test_tiny_keeps_the_choices():
+    gpt2 = preset("gpt2")
+    tiny = preset("gpt2-tiny")
+    assert tiny.architecture == Architecture.DECODER_ONLY and tiny.norm == gpt2.norm
+    assert tiny.activation == gpt2.activation and tiny.d_model == 32

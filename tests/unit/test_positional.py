@@ -1,0 +1,71 @@
+"""Positional encodings against the formulas of section 3.5, RoFormer and T5."""
+
+import math
+
+import pytest
+import torch
+
+from attn.config import SinusoidalLayout
+from attn.positional import RelativePositionBias, RotaryPositions, relative_bucket, sinusoidal_table
+
+
+@pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (99, 15)])
+def test_sinusoidal_interleaved_entries(pos, i):
+    d = 32
+    table = sinusoidal_table(100, d, SinusoidalLayout.INTERLEAVED)
+    angle = pos / 10000 ** (2 * i / d)
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("pos,i", [(0, 0), (3, 1), (42, 7), (99, 15)])
+def test_sinusoidal_concatenated_entries(pos, i):
+    d = 32
+    table = sinusoidal_table(100, d, SinusoidalLayout.CONCATENATED)
+    angle = pos / 10000 ** (2 * i / d)
+    assert table[pos, i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+    assert table[pos, d // 2 + i].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_rotary_rotates_feature_pairs_by_position_angle():
+    rope = RotaryPositions(16, head_dim=4, base=10000.0)
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 1, 1, 4).expand(1, 1, 3, 4)
+    rotated = rope.rotation(torch.tensor([[0, 1, 5]]))(x)
+    for t, pos in enumerate([0, 1, 5]):
+        for j, freq in enumerate([1.0, 10000 ** (-2 / 4)]):
+            a, b = x[0, 0, t, j].item(), x[0, 0, t, j + 2].item()
+            c, s = math.cos(pos * freq), math.sin(pos * freq)
+            assert rotated[0, 0, t, j].item() == pytest.approx(a * c - b * s, abs=1e-5)
+            assert rotated[0, 0, t, j + 2].item() == pytest.approx(b * c + a * s, abs=1e-5)
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    rope = RotaryPositions(64, head_dim=8, base=10000.0)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+
+    def score(pq, pk):
+        return (rope.rotation(torch.tensor([[pq]]))(q) * rope.rotation(torch.tensor([[pk]]))(k)).sum().item()
+
+    assert score(10, 7) == pytest.approx(score(30, 27), abs=1e-5)
+
+
+def test_relative_buckets_exact_then_logarithmic():
+    distance = torch.tensor([-200, -20, -3, 0, 3, 20, 200])
+    bidirectional = relative_bucket(distance, True, buckets=32, max_distance=128)
+    # 16 buckets per direction: distances < 8 exact, then log-spaced up to 128, positive ones offset by 16.
+    assert bidirectional.tolist()[2:5] == [3, 0, 19]
+    assert bidirectional[0].item() == 15 and bidirectional[-1].item() == 31
+    expected_20 = 8 + int(math.log(20 / 8) / math.log(128 / 8) * 8)
+    assert bidirectional[1].item() == expected_20 and bidirectional[5].item() == 16 + expected_20
+    causal = relative_bucket(distance, False, buckets=32, max_distance=128)
+    assert causal.tolist()[3:] == [0, 0, 0, 0]  # the future is one bucket: a causal mask hides it anyway
+    assert causal[2].item() == 3
+
+
+def test_relative_bias_values_come_from_the_bucket_table():
+    bias = RelativePositionBias(heads=2, buckets=8, max_distance=16, bidirectional=True)
+    positions = torch.arange(5)[None]
+    values = bias.bias(positions, positions)
+    bucket = relative_bucket(positions[0][None, :] - positions[0][:, None], True, 8, 16)
+    torch.testing.assert_close(values[0], bias.table.weight[bucket].permute(2, 0, 1))
