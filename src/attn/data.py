@@ -1,0 +1,639 @@
+"""Reading the shipped corpora and turning token ids into batches.
+
+File formats (see `data/README.md`): UTF-8 text, optionally gzipped (`.gz`); TSV files start
+with a header line and are split on tabs only, never with a CSV dialect, because the texts
+contain `"`. A `\\r` before a line end is dropped, so Windows line ends are read too. Blank
+lines are skipped and counted (`skipped_blank`); every other defect is a `DataFormatError`
+that names the file, the 1-based line and the fix.
+
+Batching:
+- language modelling: `LMStream` cuts one long id stream into (input, next-token) windows;
+- translation: `TokenBudgetSampler` groups examples of similar length into batches under a
+  token budget, `collate_translation` pads them and builds the masks;
+- classification: `collate_classification`;
+- `BatchLoader` collates in DataLoader worker processes while the sampler alone decides the
+  order, so any number of workers gives the same batches.
+
+Masks are boolean with True = real token, built once here from the sequence lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader
+
+from attn.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
+
+MAX_LINE_CHARS = 100_000
+PARALLEL_COLUMNS = ("ref", "en", "es")
+KJV_COLUMNS = ("ref", "en_kjv")
+LABELLED_COLUMNS = ("label", "text")
+
+Pair = tuple[list[int], list[int]]
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _check_at_least(name: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(name, f"is {value}, must be at least {minimum}")
+
+
+# -- reading files ----------------------------------------------------------------------------
+
+
+def read_text(path: str | Path) -> str:
+    """Read a whole UTF-8 text file, gunzipping it when its name ends in `.gz`.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The text, line ends unchanged.
+
+    Raises:
+        DataFormatError: the file is missing, not valid gzip, not valid UTF-8 or binary.
+    """
+    data = _read_bytes(Path(path))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        byte = data[err.start]
+        raise DataFormatError(
+            str(path), f"invalid UTF-8 (byte 0x{byte:02x}); re-save the file as UTF-8", line
+        ) from err
+    nul = text.find("\x00")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        message = "contains a NUL character, so it is binary; give a UTF-8 text file"
+        raise DataFormatError(str(path), message, line)
+    return text
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataFormatError(str(path), f"cannot be read ({err.strerror}); check the path") from err
+    if path.suffix != ".gz":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataFormatError(
+            str(path), f"is not a valid gzip file ({err}); compress it again with gzip or drop the .gz suffix"
+        ) from err
+
+
+@dataclass(frozen=True)
+class _Table:
+    rows: list[tuple[int, list[str]]]  # (1-based line number, fields)
+    skipped_blank: int
+
+
+def _read_tsv(path: str | Path, columns: Sequence[str], max_line_chars: int) -> _Table:
+    lines = read_text(path).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start another
+    expected = "\t".join(columns)
+    if not lines:
+        raise DataFormatError(str(path), f"the file is empty; it must start with the header {expected!r}", 1)
+    if lines[0].removesuffix("\r") != expected:
+        message = f"header is {lines[0][:200]!r}, expected {expected!r}; make the first line that header"
+        raise DataFormatError(str(path), message, 1)
+    rows: list[tuple[int, list[str]]] = []
+    blank = 0
+    for number, line in enumerate(lines[1:], start=2):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            blank += 1
+            continue
+        rows.append((number, _split_row(path, number, line, columns, max_line_chars)))
+    if not rows:
+        raise DataFormatError(str(path), "has a header but no rows; add rows or use another file", len(lines))
+    return _Table(rows, blank)
+
+
+def _split_row(
+    path: str | Path, number: int, line: str, columns: Sequence[str], max_line_chars: int
+) -> list[str]:
+    if len(line) > max_line_chars:
+        raise DataFormatError(
+            str(path),
+            f"line has {len(line)} characters, more than max_line_chars={max_line_chars}; "
+            "shorten or split it, or raise max_line_chars",
+            number,
+        )
+    fields = line.split("\t")
+    if len(fields) != len(columns):
+        raise DataFormatError(
+            str(path),
+            f"expected {len(columns)} tab-separated fields ({', '.join(columns)}), got {len(fields)}; "
+            "a text must not contain a tab: replace stray tabs by spaces and fill in missing fields",
+            number,
+        )
+    for name, field in zip(columns, fields, strict=True):
+        if not field.strip():
+            message = f"field {name!r} is empty; fill it in or delete the line"
+            raise DataFormatError(str(path), message, number)
+    return fields
+
+
+# -- corpora ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ParallelCorpus:
+    """Aligned sentence pairs of one split.
+
+    Attributes:
+        refs: verse references, e.g. "John 3:16".
+        sources: source sentences (English: WEB, or King James with `source="en_kjv"`).
+        targets: target sentences (Spanish).
+        skipped_blank: blank lines skipped in the file.
+        path: the file read.
+    """
+
+    refs: list[str]
+    sources: list[str]
+    targets: list[str]
+    skipped_blank: int
+    path: str
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+
+@dataclass
+class LabelledCorpus:
+    """Texts with class labels of one split.
+
+    Attributes:
+        texts: the texts.
+        labels: class index of each text, an index into `label_names`.
+        label_names: the class names; sorted when inferred from the file.
+        skipped_blank: blank lines skipped in the file.
+        path: the file read.
+    """
+
+    texts: list[str]
+    labels: list[int]
+    label_names: list[str]
+    skipped_blank: int
+    path: str
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def load_parallel(
+    path: str | Path,
+    source: Literal["en", "en_kjv"] = "en",
+    kjv_path: str | Path | None = None,
+    max_line_chars: int = MAX_LINE_CHARS,
+) -> ParallelCorpus:
+    """Load a `ref<TAB>en<TAB>es` file, such as `data/bible-en-es/valid.tsv`.
+
+    Args:
+        path: the TSV file (optionally `.gz`).
+        source: "en" for the `en` column; "en_kjv" for the King James text of each ref.
+        kjv_path: the `ref<TAB>en_kjv` file; default `kjv.tsv.gz` next to `path`.
+        max_line_chars: longest line accepted.
+
+    Returns:
+        The corpus, in file order.
+
+    Raises:
+        DataFormatError: a malformed file, or a ref missing from the King James file.
+        ConfigError: an unknown `source`.
+    """
+    if source not in ("en", "en_kjv"):
+        raise ConfigError("source", f"is {source!r}; use 'en' or 'en_kjv'")
+    table = _read_tsv(path, PARALLEL_COLUMNS, max_line_chars)
+    refs = [fields[0] for _, fields in table.rows]
+    sources = [fields[1] for _, fields in table.rows]
+    if source == "en_kjv":
+        kjv_file = Path(kjv_path) if kjv_path is not None else Path(path).with_name("kjv.tsv.gz")
+        kjv = _read_kjv(kjv_file, max_line_chars)
+        sources = [_kjv_text(kjv, kjv_file, path, number, ref) for number, (ref, *_) in table.rows]
+    targets = [fields[2] for _, fields in table.rows]
+    return ParallelCorpus(refs, sources, targets, table.skipped_blank, str(path))
+
+
+def _read_kjv(path: Path, max_line_chars: int) -> dict[str, str]:
+    texts: dict[str, str] = {}
+    for number, (ref, text) in _read_tsv(path, KJV_COLUMNS, max_line_chars).rows:
+        if ref in texts:
+            raise DataFormatError(str(path), f"ref {ref!r} occurs twice; keep one of the lines", number)
+        texts[ref] = text
+    return texts
+
+
+def _kjv_text(kjv: dict[str, str], kjv_path: Path, path: str | Path, number: int, ref: str) -> str:
+    if ref not in kjv:
+        message = f"ref {ref!r} has no King James text in {kjv_path}; add it there or use source='en'"
+        raise DataFormatError(str(path), message, number)
+    return kjv[ref]
+
+
+def load_labelled(
+    path: str | Path, labels: Sequence[str] | None = None, max_line_chars: int = MAX_LINE_CHARS
+) -> LabelledCorpus:
+    """Load a `label<TAB>text` file, such as `data/fortunes-topics/train.tsv`.
+
+    Args:
+        path: the TSV file (optionally `.gz`).
+        labels: the class names a model was trained with (at evaluation time); None infers
+            them from the file, sorted.
+        max_line_chars: longest line accepted.
+
+    Returns:
+        The corpus, in file order.
+
+    Raises:
+        DataFormatError: a malformed file, or a label not in `labels`.
+    """
+    table = _read_tsv(path, LABELLED_COLUMNS, max_line_chars)
+    names = list(labels) if labels is not None else sorted({fields[0] for _, fields in table.rows})
+    index = {name: i for i, name in enumerate(names)}
+    for number, (label, _) in table.rows:
+        if label not in index:
+            raise DataFormatError(
+                str(path),
+                f"unknown label {label!r}; known labels: {', '.join(names)}; "
+                "fix the label or use a model trained with it",
+                number,
+            )
+    return LabelledCorpus(
+        texts=[fields[1] for _, fields in table.rows],
+        labels=[index[fields[0]] for _, fields in table.rows],
+        label_names=names,
+        skipped_blank=table.skipped_blank,
+        path=str(path),
+    )
+
+
+# -- language modelling -----------------------------------------------------------------------
+
+
+class LMStream:
+    """One long token stream cut into (input, next-token target) windows of `block_size`."""
+
+    def __init__(self, ids: torch.Tensor, block_size: int, seed: int = 0) -> None:
+        """Hold a stream.
+
+        Args:
+            ids: the token stream, shape (N,), integer dtype.
+            block_size: window length T (the model's context).
+            seed: seed of the generator that draws training windows.
+        """
+        if ids.dim() != 1 or ids.dtype not in _INT_DTYPES:
+            shape = tuple(ids.shape)
+            raise ShapeError(
+                f"ids must be a 1-D integer tensor, got shape {shape} and {ids.dtype}; "
+                "pass torch.tensor(tokenizer.encode(text), dtype=torch.long)"
+            )
+        _check_at_least("block_size", block_size, 1)
+        if ids.numel() < 2:
+            raise ConfigError("ids", f"the stream has {ids.numel()} tokens; give at least 2 to predict one")
+        self.ids = ids.long()
+        self.block_size = block_size
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw training windows at random starts: x = ids[i:i+T], y = ids[i+1:i+T+1].
+
+        Args:
+            batch_size: number of windows B.
+
+        Returns:
+            (x, y), each of shape (B, T).
+        """
+        _check_at_least("batch_size", batch_size, 1)
+        n, t = self.ids.numel(), self.block_size
+        if n < t + 1:
+            raise ConfigError("block_size", f"is {t}, but the stream has only {n} tokens; lower it below {n}")
+        starts = torch.randint(n - t, (batch_size,), generator=self._generator)
+        offsets = starts[:, None] + torch.arange(t)  # (B, T)
+        return self.ids[offsets], self.ids[offsets + 1]
+
+    def eval_blocks(self, batch_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Non-overlapping windows covering the stream: every token after the first is a target once.
+
+        Full windows come in batches of up to `batch_size`; the remainder, if any, comes last
+        as one shorter window.
+
+        Args:
+            batch_size: full windows per batch.
+
+        Yields:
+            (x, y), each of shape (b, T), or (1, r) for the last partial window.
+        """
+        _check_at_least("batch_size", batch_size, 1)
+        n_targets = self.ids.numel() - 1
+        t = self.block_size
+        full = n_targets // t
+        x = self.ids[: full * t].view(full, t)
+        y = self.ids[1 : full * t + 1].view(full, t)
+        for start in range(0, full, batch_size):
+            yield x[start : start + batch_size], y[start : start + batch_size]
+        if full * t < n_targets:
+            yield self.ids[full * t : -1].unsqueeze(0), self.ids[full * t + 1 :].unsqueeze(0)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The generator's state, to resume the same sequence of training windows."""
+        return {"generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore a state from `state_dict`."""
+        self._generator.set_state(state["generator"])
+
+
+# -- translation ------------------------------------------------------------------------------
+
+
+class TokenBudgetSampler:
+    """Batches of example indices under a token budget, in a fresh order every epoch.
+
+    Examples are sorted by length (the longer side, then source, then target) and cut greedily
+    into batches whose padded size `n_sentences * longest` stays within `max_tokens` on both
+    sides and whose size stays within `max_sentences`. The batches are formed once; each epoch
+    visits all of them in an order drawn from (seed, epoch). An example longer than `max_tokens`
+    on its own still forms a batch of one, so nothing is lost silently: run `filter_long` first
+    to bound lengths.
+
+    Iterating yields the remaining batches of the current epoch and advances the position;
+    `state_dict` records (epoch, position) so that training resumes mid-epoch exactly.
+    """
+
+    def __init__(
+        self,
+        src_lengths: Sequence[int],
+        tgt_lengths: Sequence[int],
+        max_tokens: int,
+        max_sentences: int,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        """Form the batches.
+
+        Args:
+            src_lengths: token count of each example's source, as padded in the batch.
+            tgt_lengths: token count of each example's target as padded in the batch: with
+                `collate_translation`, the target's length + 1 (bos or eos).
+            max_tokens: budget per side for `n_sentences * longest` (the paper: ~25,000).
+            max_sentences: most examples per batch.
+            seed: seeds the order of batches and of equal-length examples.
+            shuffle: False keeps the batches in length order every epoch (for evaluation).
+        """
+        if len(src_lengths) != len(tgt_lengths):
+            counts = f"has {len(tgt_lengths)} entries, src_lengths {len(src_lengths)}"
+            raise ConfigError("tgt_lengths", f"{counts}; give one length per example on both sides")
+        _check_at_least("max_tokens", max_tokens, 1)
+        _check_at_least("max_sentences", max_sentences, 1)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._batches = self._form_batches(src_lengths, tgt_lengths, max_tokens, max_sentences)
+
+    def _form_batches(
+        self, src: Sequence[int], tgt: Sequence[int], max_tokens: int, max_sentences: int
+    ) -> list[list[int]]:
+        # Equal-length examples are ordered at random so batches do not follow the corpus order.
+        tie = np.random.default_rng(self.seed).permutation(len(src)) if self.shuffle else range(len(src))
+        order = sorted(range(len(src)), key=lambda i: (max(src[i], tgt[i]), src[i], tgt[i], tie[i]))
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        longest_src = longest_tgt = 0
+        for i in order:
+            grown_src, grown_tgt = max(longest_src, src[i]), max(longest_tgt, tgt[i])
+            size = len(batch) + 1
+            if batch and (size > max_sentences or size * max(grown_src, grown_tgt) > max_tokens):
+                batches.append(batch)
+                batch, grown_src, grown_tgt = [], src[i], tgt[i]
+            batch.append(i)
+            longest_src, longest_tgt = grown_src, grown_tgt
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """All batches of one epoch, in that epoch's order.
+
+        Args:
+            epoch: the epoch number (0-based).
+
+        Returns:
+            Lists of example indices; together they hold every example once.
+        """
+        if not self.shuffle:
+            return list(self._batches)
+        order = np.random.default_rng((self.seed, epoch)).permutation(len(self._batches))
+        return [self._batches[i] for i in order]
+
+    def remaining(self) -> list[list[int]]:
+        """The batches of the current epoch not yet delivered."""
+        return self.epoch_batches(self.epoch)[self.position :]
+
+    def advance(self) -> None:
+        """Record one batch as delivered; after the last one, move to the next epoch."""
+        self.position += 1
+        if self.position >= len(self._batches):
+            self.epoch, self.position = self.epoch + 1, 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.remaining():
+            self.advance()
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The epoch and the number of its batches already delivered."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume from a `state_dict` taken with the same lengths and settings.
+
+        Raises:
+            CheckpointError: the state does not fit this sampler.
+        """
+        epoch, position = state.get("epoch"), state.get("position")
+        if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0:
+            raise CheckpointError(
+                f"sampler state {state!r} needs non-negative integers 'epoch' and 'position'; "
+                "pass what state_dict returned"
+            )
+        if not 0 <= position < max(len(self._batches), 1):
+            raise CheckpointError(
+                f"sampler state position {position} is outside the {len(self._batches)} batches of "
+                "an epoch; resume with the same data and batching settings"
+            )
+        self.epoch, self.position = epoch, position
+
+
+@dataclass
+class TranslationBatch:
+    """A padded batch of translation pairs.
+
+    Attributes:
+        src: source ids, shape (B, S).
+        src_mask: True at real source tokens, shape (B, S).
+        tgt_in: decoder input, bos + target, shape (B, T).
+        tgt_out: decoder target, target + eos (tgt_in shifted left by one), shape (B, T).
+        tgt_mask: True at real target positions of tgt_in and tgt_out, shape (B, T).
+        n_tgt_tokens: number of real target positions (the loss's normaliser).
+    """
+
+    src: torch.Tensor
+    src_mask: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    tgt_mask: torch.Tensor
+    n_tgt_tokens: int
+
+    def to(self, device: torch.device | str) -> TranslationBatch:
+        """The same batch on `device`."""
+        return TranslationBatch(
+            *(t.to(device) for t in (self.src, self.src_mask, self.tgt_in, self.tgt_out, self.tgt_mask)),
+            n_tgt_tokens=self.n_tgt_tokens,
+        )
+
+
+def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [torch.tensor(seq, dtype=torch.long) for seq in seqs]
+    tokens = pad_sequence(rows, batch_first=True, padding_value=pad_id)  # (B, L)
+    lengths = torch.tensor([len(seq) for seq in seqs])
+    return tokens, torch.arange(tokens.shape[1]) < lengths[:, None]
+
+
+def collate_translation(pairs: Sequence[Pair], pad_id: int, bos_id: int, eos_id: int) -> TranslationBatch:
+    """Pad translation pairs into a batch for teacher forcing.
+
+    Args:
+        pairs: (source ids, target ids) per example; neither holds bos or eos yet.
+        pad_id: padding id.
+        bos_id: id put before each target in `tgt_in`.
+        eos_id: id put after each target in `tgt_out`.
+
+    Returns:
+        The batch; S is the longest source, T the longest target + 1.
+    """
+    src, src_mask = _pad([s for s, _ in pairs], pad_id)
+    tgt_in, tgt_mask = _pad([[bos_id, *t] for _, t in pairs], pad_id)
+    tgt_out, _ = _pad([[*t, eos_id] for _, t in pairs], pad_id)
+    return TranslationBatch(src, src_mask, tgt_in, tgt_out, tgt_mask, int(tgt_mask.sum()))
+
+
+def filter_long(
+    examples: Sequence[Pair], max_positions: int, mode: Literal["truncate", "drop"]
+) -> tuple[list[Pair], int]:
+    """Bound pair lengths to what a model with `max_positions` positions takes.
+
+    A source may have `max_positions` tokens; a target `max_positions - 1`, because
+    `collate_translation` adds bos or eos to it.
+
+    Args:
+        examples: (source ids, target ids) pairs.
+        max_positions: the model's longest sequence.
+        mode: "truncate" keeps the first tokens of a long side; "drop" removes the pair.
+
+    Returns:
+        (kept pairs in order, number of pairs truncated or dropped).
+    """
+    _check_at_least("max_positions", max_positions, 2)
+    if mode not in ("truncate", "drop"):
+        raise ConfigError("mode", f"is {mode!r}; use 'truncate' or 'drop'")
+    max_src, max_tgt = max_positions, max_positions - 1
+    kept: list[Pair] = []
+    affected = 0
+    for src, tgt in examples:
+        if len(src) <= max_src and len(tgt) <= max_tgt:
+            kept.append((src, tgt))
+            continue
+        affected += 1
+        if mode == "truncate":
+            kept.append((src[:max_src], tgt[:max_tgt]))
+    return kept, affected
+
+
+# -- classification and loaders ---------------------------------------------------------------
+
+
+def collate_classification(
+    ids_list: Sequence[Sequence[int]], labels: Sequence[int], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad encoded texts into a classification batch.
+
+    Args:
+        ids_list: token ids per text (with [CLS]/[SEP] if the model wants them).
+        labels: class index per text.
+        pad_id: padding id.
+
+    Returns:
+        (tokens (B, L), mask (B, L) True at real tokens, labels (B,) long).
+    """
+    tokens, mask = _pad(ids_list, pad_id)
+    return tokens, mask, torch.tensor(list(labels), dtype=torch.long)
+
+
+class BatchLoader:
+    """Collated batches in the order of a `TokenBudgetSampler`, collated by worker processes."""
+
+    def __init__(
+        self,
+        dataset: Sequence[Any],
+        sampler: TokenBudgetSampler,
+        collate: Callable[[list[Any]], Any],
+        num_workers: int = 0,
+    ) -> None:
+        """Pair a dataset with a sampler.
+
+        Args:
+            dataset: examples addressed by the sampler's indices.
+            sampler: decides batches and order; advanced as batches are delivered.
+            collate: turns a list of examples into a batch (picklable when num_workers > 0).
+            num_workers: collating processes; 0 collates in this process.
+        """
+        self.dataset = dataset
+        self.sampler = sampler
+        self.collate = collate
+        self.num_workers = num_workers
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        # The sampler advances only when a batch reaches the caller, not when workers
+        # prefetch it, so its state_dict stays exact for resuming.
+        loader = DataLoader(
+            self.dataset,  # type: ignore[arg-type]
+            batch_sampler=self.sampler.remaining(),
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+        )
+        for batch in loader:
+            self.sampler.advance()
+            yield batch
+
+
+def translation_collate(
+    pad_id: int, bos_id: int, eos_id: int
+) -> Callable[[Sequence[Pair]], TranslationBatch]:
+    """A picklable `collate_translation` with fixed ids, for `BatchLoader` workers."""
+    return functools.partial(collate_translation, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)

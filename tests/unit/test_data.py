@@ -1,0 +1,407 @@
+"""Tests of attn.data: the shipped corpora, malformed files, LM windows, token-budget batching,
+collation and the worker-process loader."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn.data import (
+    BatchLoader,
+    LMStream,
+    TokenBudgetSampler,
+    collate_classification,
+    collate_translation,
+    filter_long,
+    load_labelled,
+    load_parallel,
+    read_text,
+    translation_collate,
+)
+from attn.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+PAD, BOS, EOS = 0, 2, 3
+
+
+# -- the shipped corpora ------------------------------------------------------------------------
+
+
+def test_bible_splits_have_the_documented_rows() -> None:
+    stats = json.loads((DATA / "bible-en-es" / "stats.json").read_text(encoding="utf-8"))
+    for split, name in (("train", "train.tsv.gz"), ("valid", "valid.tsv"), ("test", "test.tsv")):
+        corpus = load_parallel(DATA / "bible-en-es" / name)
+        assert len(corpus) == len(corpus.sources) == len(corpus.targets) == stats["counts"][split]
+        assert corpus.skipped_blank == 0
+    valid = load_parallel(DATA / "bible-en-es" / "valid.tsv")
+    john = valid.refs.index("John 3:16")
+    assert valid.sources[john].startswith("For God so loved the world, that he gave his only born Son")
+    assert valid.targets[john].startswith("Porque de tal manera amó Dios al mundo")
+
+
+def test_king_james_source_is_joined_by_ref() -> None:
+    valid = load_parallel(DATA / "bible-en-es" / "valid.tsv", source="en_kjv")
+    john = valid.refs.index("John 3:16")
+    assert valid.sources[john].startswith("For God so loved the world, that he gave his only begotten Son")
+    assert valid.targets[john].startswith("Porque de tal manera amó Dios al mundo")
+    assert len(valid) == 983
+
+
+def test_shakespeare_texts_have_the_documented_sizes() -> None:
+    stats = json.loads((DATA / "shakespeare" / "stats.json").read_text(encoding="utf-8"))
+    for split, name in (("train", "train.txt.gz"), ("valid", "valid.txt"), ("test", "test.txt")):
+        text = read_text(DATA / "shakespeare" / name)
+        assert len(text) == stats[split]["chars"]
+        assert text.count("\n") == stats[split]["lines"]
+
+
+def test_fortunes_have_the_documented_label_counts() -> None:
+    stats = json.loads((DATA / "fortunes-topics" / "stats.json").read_text(encoding="utf-8"))
+    for split in ("train", "valid", "test"):
+        corpus = load_labelled(DATA / "fortunes-topics" / f"{split}.tsv")
+        assert corpus.label_names == stats["labels"]
+        counts = {name: corpus.labels.count(i) for i, name in enumerate(corpus.label_names)}
+        assert {**counts, "total": len(corpus)} == stats["counts"][split]
+
+
+# -- malformed files ----------------------------------------------------------------------------
+
+
+def _write_kjv(folder: Path) -> None:
+    (folder / "kjv.tsv").write_bytes(b"ref\ten_kjv\nGen 1:1\tIn the beginning\n")
+
+
+MALFORMED: dict[str, tuple[bytes, Callable[[Path], Any], int, str]] = {
+    "wrong-header": (b"ref\tsrc\ttgt\nGen 1:1\ta\tb\n", load_parallel, 1, "make the first line that header"),
+    "no-header": (b"Gen 1:1\ta\tb\n", load_parallel, 1, "make the first line that header"),
+    "empty-file": (b"", load_parallel, 1, "it must start with the header"),
+    "header-only": (b"label\ttext\n", load_labelled, 1, "add rows"),
+    "missing-field": (b"ref\ten\tes\nGen 1:1\ta\tb\nGen 1:2\ta\n", load_parallel, 3, "fill in missing"),
+    "stray-tab": (b"label\ttext\nart\tsome\ttext\n", load_labelled, 2, "replace stray tabs by spaces"),
+    "empty-field": (b"label\ttext\nart\t  \n", load_labelled, 2, "fill it in or delete the line"),
+    "invalid-utf8": (b"label\ttext\nart\tok\nart\tcaf\xe9\n", load_labelled, 3, "re-save the file as UTF-8"),
+    "binary-garbage": (b"\x1f\x8b\x08\x00\xff\xfe\x00junk\n\x00", load_labelled, 1, "re-save the file as"),
+    "nul-in-text": (b"label\ttext\nart\tab\x00cd\n", load_labelled, 2, "give a UTF-8 text file"),
+    "long-line": (
+        b"label\ttext\nart\tshort\nart\t" + b"x" * 60 + b"\n",
+        functools.partial(load_labelled, max_line_chars=50),
+        3,
+        "raise max_line_chars",
+    ),
+    "unknown-label": (
+        b"label\ttext\nart\ta\nfood\tb\n",
+        functools.partial(load_labelled, labels=["art", "law"]),
+        3,
+        "known labels: art, law",
+    ),
+    "missing-kjv-ref": (
+        b"ref\ten\tes\nGen 1:1\ta\tb\nGen 1:2\tc\td\n",
+        lambda path: load_parallel(path, source="en_kjv", kjv_path=path.with_name("kjv.tsv")),
+        3,
+        "use source='en'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_file_names_file_line_and_fix(tmp_path: Path, case: str) -> None:
+    content, load, line, fix = MALFORMED[case]
+    path = tmp_path / f"{case}.tsv"
+    path.write_bytes(content)
+    _write_kjv(tmp_path)
+    with pytest.raises(DataFormatError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert f"{case}.tsv:{line}: " in message
+    assert fix in message
+    assert caught.value.line == line
+
+
+def test_duplicate_kjv_ref_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "pairs.tsv").write_bytes(b"ref\ten\tes\nGen 1:1\ta\tb\n")
+    (tmp_path / "kjv.tsv").write_bytes(b"ref\ten_kjv\nGen 1:1\tx\nGen 1:1\ty\n")
+    with pytest.raises(DataFormatError, match=r"kjv.tsv:3: ref 'Gen 1:1' occurs twice"):
+        load_parallel(tmp_path / "pairs.tsv", source="en_kjv", kjv_path=tmp_path / "kjv.tsv")
+
+
+def test_broken_gzip_and_missing_file_are_data_format_errors(tmp_path: Path) -> None:
+    (tmp_path / "train.tsv.gz").write_bytes(b"label\ttext\nart\tnot compressed\n")
+    with pytest.raises(DataFormatError, match=r"train.tsv.gz: is not a valid gzip file .*drop the .gz"):
+        load_labelled(tmp_path / "train.tsv.gz")
+    with pytest.raises(DataFormatError, match=r"absent.tsv: cannot be read .*check the path"):
+        read_text(tmp_path / "absent.tsv")
+
+
+def test_unknown_source_column_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="source"):
+        load_parallel(DATA / "bible-en-es" / "valid.tsv", source="de")  # type: ignore[arg-type]
+
+
+def test_blank_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "blank.tsv"
+    path.write_bytes(b"label\ttext\n\nart\ta\n   \nlaw\tb\n\n")
+    corpus = load_labelled(path)
+    assert (corpus.texts, corpus.labels, corpus.label_names) == (["a", "b"], [0, 1], ["art", "law"])
+    assert corpus.skipped_blank == 3
+
+
+def test_windows_line_ends_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "crlf.tsv"
+    path.write_bytes(b"ref\ten\tes\r\nGen 1:1\ta b\tc d\r\n")
+    corpus = load_parallel(path)
+    assert (corpus.refs, corpus.sources, corpus.targets) == (["Gen 1:1"], ["a b"], ["c d"])
+
+
+def test_given_labels_fix_the_class_indices(tmp_path: Path) -> None:
+    path = tmp_path / "eval.tsv"
+    path.write_bytes(b"label\ttext\nlaw\ta\nart\tb\n")
+    corpus = load_labelled(path, labels=["law", "art", "food"])
+    assert (corpus.labels, corpus.label_names) == ([0, 1], ["law", "art", "food"])
+
+
+# -- language-model windows ---------------------------------------------------------------------
+
+
+def test_training_windows_are_shifted_by_one_and_seeded() -> None:
+    stream = LMStream(torch.arange(1000), block_size=64, seed=7)
+    x, y = stream.sample(8)
+    assert x.shape == y.shape == (8, 64)
+    assert torch.equal(y, x + 1)
+    assert torch.equal(x[:, 1:], x[:, :-1] + 1)  # windows are contiguous slices
+    assert int(x.min()) >= 0 and int(y.max()) <= 999
+    again, _ = LMStream(torch.arange(1000), block_size=64, seed=7).sample(8)
+    other, _ = LMStream(torch.arange(1000), block_size=64, seed=8).sample(8)
+    assert torch.equal(x, again) and not torch.equal(x, other)
+
+
+def test_training_windows_resume_from_state() -> None:
+    stream = LMStream(torch.arange(500), block_size=16, seed=0)
+    stream.sample(4)
+    state = stream.state_dict()
+    expected, _ = stream.sample(4)
+    resumed = LMStream(torch.arange(500), block_size=16, seed=123)
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.sample(4)[0], expected)
+
+
+@pytest.mark.parametrize(("n", "block", "batch"), [(1000, 64, 4), (129, 64, 1), (130, 64, 3), (5, 64, 2)])
+def test_eval_blocks_predict_every_token_once(n: int, block: int, batch: int) -> None:
+    blocks = list(LMStream(torch.arange(n), block_size=block).eval_blocks(batch))
+    targets = torch.cat([y.flatten() for _, y in blocks])
+    assert torch.equal(targets, torch.arange(1, n))
+    assert all(torch.equal(y, x + 1) and x.shape[0] <= batch for x, y in blocks)
+    assert sum(x.shape[0] for x, _ in blocks) == -(-(n - 1) // block)
+
+
+def test_lm_stream_rejects_bad_input() -> None:
+    with pytest.raises(ShapeError, match=r"1-D integer tensor, got shape \(2, 3\)"):
+        LMStream(torch.zeros(2, 3, dtype=torch.long), block_size=4)
+    with pytest.raises(ShapeError, match="float32"):
+        LMStream(torch.zeros(10), block_size=4)
+    with pytest.raises(ConfigError, match="block_size: is 10, but the stream has only 10 tokens"):
+        LMStream(torch.arange(10), block_size=10).sample(1)
+    with pytest.raises(ConfigError, match="ids: the stream has 1 tokens"):
+        LMStream(torch.arange(1), block_size=4)
+    with pytest.raises(ConfigError, match="batch_size: is 0"):
+        next(LMStream(torch.arange(10), block_size=4).eval_blocks(0))
+
+
+# -- token-budget batching ----------------------------------------------------------------------
+
+
+def _lengths(n: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    src = [rng.randint(1, 120) for _ in range(n)]
+    return src, [max(1, s + rng.randint(-20, 20)) for s in src]
+
+
+def _check_epoch(
+    batches: list[list[int]], src: list[int], tgt: list[int], max_tokens: int, max_sentences: int
+) -> None:
+    assert sorted(i for batch in batches for i in batch) == list(range(len(src)))
+    for batch in batches:
+        assert 1 <= len(batch) <= max_sentences
+        if len(batch) > 1:
+            assert len(batch) * max(src[i] for i in batch) <= max_tokens
+            assert len(batch) * max(tgt[i] for i in batch) <= max_tokens
+
+
+def test_sampler_covers_every_example_once_within_budget() -> None:
+    src, tgt = _lengths(3000)
+    sampler = TokenBudgetSampler(src, tgt, max_tokens=2000, max_sentences=64, seed=1)
+    epochs = [list(sampler), list(sampler)]
+    for batches in epochs:
+        _check_epoch(batches, src, tgt, 2000, 64)
+    assert epochs[0] != epochs[1]
+    assert sorted(map(sorted, epochs[0])) == sorted(map(sorted, epochs[1]))
+    assert sampler.state_dict() == {"epoch": 2, "position": 0}
+    # Sorting by length keeps padding low: well over 80% of each side's padded cells are real.
+    real = sum(src)
+    padded = sum(len(b) * max(src[i] for i in b) for b in epochs[0])
+    assert real / padded > 0.8
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=200),
+    max_tokens=st.integers(1, 2000),
+    max_sentences=st.integers(1, 50),
+)
+def test_sampler_invariants_hold_for_any_lengths(
+    lengths: list[tuple[int, int]], max_tokens: int, max_sentences: int
+) -> None:
+    src, tgt = [s for s, _ in lengths], [t for _, t in lengths]
+    sampler = TokenBudgetSampler(src, tgt, max_tokens, max_sentences, seed=3)
+    _check_epoch(sampler.epoch_batches(0), src, tgt, max_tokens, max_sentences)
+
+
+def test_sampler_is_reproducible_from_seed_and_epoch() -> None:
+    src, tgt = _lengths(1000)
+    first = TokenBudgetSampler(src, tgt, 1500, 32, seed=5)
+    second = TokenBudgetSampler(src, tgt, 1500, 32, seed=5)
+    other_seed = TokenBudgetSampler(src, tgt, 1500, 32, seed=6)
+    assert first.epoch_batches(3) == second.epoch_batches(3)
+    assert first.epoch_batches(0) != first.epoch_batches(1)
+    assert first.epoch_batches(0) != other_seed.epoch_batches(0)
+    assert list(first) == second.epoch_batches(0)
+
+
+def test_sampler_without_shuffle_keeps_length_order() -> None:
+    src, tgt = _lengths(500)
+    sampler = TokenBudgetSampler(src, tgt, 1000, 16, shuffle=False)
+    batches = sampler.epoch_batches(0)
+    assert batches == sampler.epoch_batches(4)
+    order = [i for batch in batches for i in batch]
+    assert [(max(src[i], tgt[i]), src[i], tgt[i]) for i in order] == sorted(
+        (max(s, t), s, t) for s, t in zip(src, tgt, strict=True)
+    )
+
+
+def test_oversized_example_forms_a_batch_of_one() -> None:
+    sampler = TokenBudgetSampler([5, 5000, 5, 6], [5, 5, 5000, 6], 100, max_sentences=8, shuffle=False)
+    assert sampler.epoch_batches(0) == [[0, 3], [2], [1]]
+
+
+def test_sampler_resumes_mid_epoch_exactly() -> None:
+    src, tgt = _lengths(800)
+    sampler = TokenBudgetSampler(src, tgt, 1000, 32, seed=2)
+    list(sampler)  # epoch 0
+    for delivered, _ in enumerate(sampler, start=1):
+        if delivered == 5:
+            break
+    state = sampler.state_dict()
+    assert state == {"epoch": 1, "position": 5}
+    expected = list(sampler) + list(sampler)
+    resumed = TokenBudgetSampler(src, tgt, 1000, 32, seed=2)
+    resumed.load_state_dict(state)
+    assert list(resumed) + list(resumed) == expected
+    assert expected[: len(sampler) - 5] == sampler.epoch_batches(1)[5:]
+
+
+def test_sampler_rejects_bad_settings_and_states() -> None:
+    with pytest.raises(ConfigError, match="max_tokens"):
+        TokenBudgetSampler([1], [1], max_tokens=0, max_sentences=1)
+    with pytest.raises(ConfigError, match="tgt_lengths"):
+        TokenBudgetSampler([1, 2], [1], max_tokens=10, max_sentences=1)
+    sampler = TokenBudgetSampler([1, 2, 3], [1, 2, 3], max_tokens=3, max_sentences=1)
+    with pytest.raises(CheckpointError, match="position 3 is outside the 3 batches"):
+        sampler.load_state_dict({"epoch": 0, "position": 3})
+    with pytest.raises(CheckpointError, match="non-negative integers"):
+        sampler.load_state_dict({"epoch": -1, "position": 0})
+
+
+# -- collation and loaders ----------------------------------------------------------------------
+
+
+def _translation_data(n: int) -> list[tuple[list[int], list[int]]]:
+    """Random (source, target) id lists of 1 to 40 tokens, none of them a special id."""
+    rng = random.Random(1)
+
+    def ids() -> list[int]:
+        return [rng.randint(7, 999) for _ in range(rng.randint(1, 40))]
+
+    return [(ids(), ids()) for _ in range(n)]
+
+
+def _unpad(tokens: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    return [row[keep].tolist() for row, keep in zip(tokens, mask, strict=True)]
+
+
+def test_collate_translation_values() -> None:
+    batch = collate_translation([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])], PAD, BOS, EOS)
+    assert batch.src.tolist() == [[5, 6, 7], [5, 0, 0]]
+    assert batch.tgt_in.tolist() == [[2, 8, 9, 0, 0], [2, 8, 9, 10, 11]]
+    assert batch.tgt_out.tolist() == [[8, 9, 3, 0, 0], [8, 9, 10, 11, 3]]
+    assert torch.equal(batch.src_mask, batch.src != PAD)
+    assert torch.equal(batch.tgt_mask, batch.tgt_in != PAD)
+    assert torch.equal(batch.tgt_mask, batch.tgt_out != PAD)
+    assert batch.n_tgt_tokens == 8
+    assert batch.src_mask.dtype == torch.bool and batch.src.dtype == torch.long
+
+
+def test_collate_translation_offsets_targets_by_one() -> None:
+    pairs = _translation_data(11)
+    batch = collate_translation(pairs, PAD, BOS, EOS)
+    for row, (_, tgt) in enumerate(pairs):
+        assert batch.tgt_in[row, : len(tgt) + 1].tolist() == [BOS, *tgt]
+        assert batch.tgt_out[row, : len(tgt) + 1].tolist() == [*tgt, EOS]
+        assert torch.equal(batch.tgt_in[row, 1 : len(tgt) + 1], batch.tgt_out[row, : len(tgt)])
+    assert batch.n_tgt_tokens == sum(len(t) + 1 for _, t in pairs)
+    assert batch.to("cpu").n_tgt_tokens == batch.n_tgt_tokens
+
+
+def test_collate_classification_values() -> None:
+    tokens, mask, labels = collate_classification([[4, 9, 5], [4, 5]], [2, 0], pad_id=PAD)
+    assert tokens.tolist() == [[4, 9, 5], [4, 5, 0]]
+    assert mask.tolist() == [[True, True, True], [True, True, False]]
+    assert labels.tolist() == [2, 0] and labels.dtype == torch.long
+
+
+def test_filter_long_truncates_or_drops_and_counts() -> None:
+    examples = [([1] * 5, [2] * 4), ([1] * 6, [2]), ([1], [2] * 5), ([1] * 2, [2] * 2)]
+    kept, dropped = filter_long(examples, max_positions=5, mode="drop")
+    assert (kept, dropped) == ([examples[0], examples[3]], 2)
+    kept, truncated = filter_long(examples, max_positions=5, mode="truncate")
+    assert truncated == 2
+    assert [(len(s), len(t)) for s, t in kept] == [(5, 4), (5, 1), (1, 4), (2, 2)]
+    with pytest.raises(ConfigError, match="mode"):
+        filter_long(examples, 5, mode="clip")  # type: ignore[arg-type]
+
+
+
+
+def test_loader_gives_the_same_batches_with_and_without_workers() -> None:
+    pairs = _translation_data(600)
+    src, tgt = [len(s) for s, _ in pairs], [len(t) + 1 for _, t in pairs]
+    runs = []
+    for workers in (0, 2):
+        sampler = TokenBudgetSampler(src, tgt, max_tokens=400, max_sentences=32, seed=4)
+        loader = BatchLoader(pairs, sampler, translation_collate(PAD, BOS, EOS), num_workers=workers)
+        runs.append(list(loader))
+        assert sampler.state_dict() == {"epoch": 1, "position": 0}
+    assert len(runs[0]) == len(runs[1]) == len(sampler)
+    for single, parallel in zip(*runs, strict=True):
+        assert torch.equal(single.src, parallel.src) and torch.equal(single.tgt_out, parallel.tgt_out)
+        assert torch.equal(single.tgt_mask, parallel.tgt_mask)
+
+
+def test_loader_with_workers_counts_only_delivered_batches() -> None:
+    pairs = _translation_data(600)
+    sampler = TokenBudgetSampler([len(s) for s, _ in pairs], [len(t) for _, t in pairs], 400, 32, seed=4)
+    loader = BatchLoader(pairs, sampler, translation_collate(PAD, BOS, EOS), num_workers=2)
+    for delivered, _ in enumerate(loader, start=1):
+        if delivered == 3:
+            break
+    assert sampler.state_dict() == {"epoch": 0, "position": 3}
+    rest = list(loader)
+    expected = [[pairs[i][0] for i in batch] for batch in sampler.epoch_batches(0)[3:]]
+    assert [_unpad(b.src, b.src_mask) for b in rest] == expected
