@@ -1,0 +1,87 @@
+"""Recomputed attention maps: probabilities per row, zero on masked keys, and exactly the weights
+that produced the layer's output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from attn.attention import merge_heads
+from attn.attention_maps import attention_maps, attention_module, capture_attention
+from attn.config import Positional, preset
+from attn.errors import AttnError
+from attn.models import build_model
+
+
+def _model(name: str, **fields):
+    torch.manual_seed(0)
+    return build_model(preset(name).replace(dropout=0.0, **fields)).eval()
+
+
+def _assert_reproduces_output(module, capture):
+    recomputed = module.out(merge_heads(capture.weights @ capture.values))
+    assert_close(recomputed, capture.output, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positional", [Positional.LEARNED, Positional.ROTARY, Positional.RELATIVE])
+def test_decoder_self_attention_is_causal_and_reproduces_the_layer(positional):
+    model = _model("gpt2-tiny", positional=positional)
+    tokens = torch.randint(0, 97, (2, 9))
+    module = attention_module(model, "decoder", 1)
+    with torch.no_grad():
+        capture = capture_attention(module, lambda: model(tokens))
+    _assert_reproduces_output(module, capture)
+    weights = attention_maps(model, tokens[0].tolist(), layer=1, kind="decoder")
+    assert weights.shape == (4, 9, 9)
+    assert_close(weights, capture.weights[0])
+    assert_close(weights.sum(-1), torch.ones(4, 9))
+    assert torch.all(weights.triu(1) == 0)  # future keys are masked
+
+
+def test_cross_attention_gives_padding_zero_weight():
+    model = _model("paper-base-tiny")
+    src = torch.randint(1, 97, (2, 6))
+    src_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    tgt = torch.randint(0, 97, (2, 5))
+    module = attention_module(model, "cross", 0)
+    with torch.no_grad():
+        capture = capture_attention(module, lambda: model(src, tgt, src_mask))
+    _assert_reproduces_output(module, capture)
+    assert torch.all(capture.weights[1, :, :, 4:] == 0)
+    assert_close(capture.weights.sum(-1), torch.ones(2, 4, 5))
+    single = attention_maps(model, src[0].tolist(), layer=0, kind="cross", target=tgt[0].tolist())
+    assert_close(single, capture.weights[0], atol=1e-6, rtol=0)
+
+
+def test_encoder_self_attention_of_an_encoder_only_model():
+    model = _model("bert-base-tiny")
+    tokens = torch.randint(0, 97, (2, 7))
+    mask = torch.tensor([[True] * 7, [True] * 3 + [False] * 4])
+    module = attention_module(model, "encoder", 0)
+    with torch.no_grad():
+        capture = capture_attention(module, lambda: model(tokens, mask))
+    _assert_reproduces_output(module, capture)
+    assert torch.all(capture.weights[1, :, :, 3:] == 0)
+    assert attention_maps(model, tokens[0].tolist(), layer=0, kind="encoder").shape == (4, 7, 7)
+
+
+def test_forward_is_unchanged_and_no_hook_is_left_behind():
+    model = _model("paper-base-tiny")
+    src, tgt = torch.randint(1, 97, (1, 5)), torch.randint(0, 97, (1, 4))
+    with torch.no_grad():
+        before = model(src, tgt)
+        attention_maps(model, src[0].tolist(), layer=1, kind="decoder", target=tgt[0].tolist())
+        after = model(src, tgt)
+    assert_close(after, before, atol=0, rtol=0)
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_bad_requests_say_what_exists():
+    decoder, seq2seq = _model("gpt2-tiny"), _model("paper-base-tiny")
+    with pytest.raises(AttnError, match="no 'cross' attention; choose one of decoder"):
+        attention_maps(decoder, [1, 2], layer=0, kind="cross")
+    with pytest.raises(AttnError, match=r"layers 0\.\.1"):
+        attention_maps(decoder, [1, 2], layer=2, kind="decoder")
+    with pytest.raises(AttnError, match="pass target="):
+        attention_maps(seq2seq, [1, 2], layer=0, kind="cross")

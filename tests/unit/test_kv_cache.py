@@ -1,0 +1,123 @@
+"""The KV cache: cached decoding equals the uncached forward pass for every positional scheme and
+norm placement, left padding, the reset lifecycle, overflow and reordering."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from attn.config import ModelConfig, NormPlacement, Positional, preset
+from attn.errors import GenerationError
+from attn.models import Decoder, EncoderDecoder, build_model
+
+VARIANTS = [(p, n) for p in Positional for n in NormPlacement]
+IDS = [f"{p.value}-{n.value}" for p, n in VARIANTS]
+
+
+def _build(name: str, positional: Positional, norm: NormPlacement) -> Decoder | EncoderDecoder:
+    torch.manual_seed(0)
+    config: ModelConfig = preset(name).replace(positional=positional, norm=norm, dropout=0.0, attention_dropout=0.0)
+    return build_model(config).eval()
+
+
+def _decode_in_pieces(model, tokens: torch.Tensor, cache, prefix: int) -> torch.Tensor:
+    """Prefills `prefix` tokens at once, then feeds the rest one at a time; all logits (B, T, V)."""
+    pieces = [model.decode_step(tokens[:, :prefix], cache)]
+    pieces += [model.decode_step(tokens[:, t : t + 1], cache) for t in range(prefix, tokens.size(1))]
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize(("positional", "norm"), VARIANTS, ids=IDS)
+def test_decoder_cached_equals_uncached(positional, norm):
+    model = _build("gpt2-tiny", positional, norm)
+    tokens = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        full = model(tokens)
+        cached = _decode_in_pieces(model, tokens, model.new_cache(2, 12), prefix=5)
+    assert_close(cached, full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("positional", "norm"), VARIANTS, ids=IDS)
+def test_encoder_decoder_cached_equals_uncached(positional, norm):
+    model = _build("paper-base-tiny", positional, norm)
+    src = torch.randint(1, 97, (2, 7))
+    src_mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    tgt = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        full = model(src, tgt, src_mask)
+        cache = model.new_cache(model.encode(src, src_mask), src_mask, 9)
+        cached = _decode_in_pieces(model, tgt, cache, prefix=3)
+    assert_close(cached, full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("positional", "norm"), VARIANTS, ids=IDS)
+def test_left_padded_prompts_decode_as_if_alone(positional, norm):
+    model = _build("gpt2-tiny", positional, norm)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
+    steps = torch.randint(0, 97, (3, 4))
+    longest = max(map(len, prompts))
+    batch = torch.tensor([[0] * (longest - len(p)) + p for p in prompts])
+    mask = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts])
+    with torch.no_grad():
+        cache = model.new_cache(3, longest + 4)
+        first = model.decode_step(batch, cache, mask)[:, -1:]
+        batched = torch.cat([first] + [model.decode_step(steps[:, t : t + 1], cache) for t in range(4)], dim=1)
+        for row, prompt in enumerate(prompts):
+            alone = model(torch.tensor([prompt + steps[row].tolist()]))[:, len(prompt) - 1 :]
+            assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=0)
+
+
+def test_reset_empties_the_cache_for_reuse():
+    model = _build("gpt2-tiny", Positional.ROTARY, NormPlacement.PRE)
+    first, second = torch.randint(0, 97, (2, 6)), torch.randint(0, 97, (2, 6))
+    with torch.no_grad():
+        cache = model.new_cache(2, 6)
+        model.decode_step(first, cache, torch.tensor([[False, True, True, True, True, True]] * 2))
+        cache.reset()
+        assert cache.length == 0
+        reused = _decode_in_pieces(model, second, cache, prefix=2)
+        fresh = _decode_in_pieces(model, second, model.new_cache(2, 6), prefix=2)
+    assert_close(reused, fresh, atol=0, rtol=0)
+
+
+def test_overflow_raises_generation_error():
+    model = _build("gpt2-tiny", Positional.LEARNED, NormPlacement.PRE)
+    cache = model.new_cache(1, 4)
+    with torch.no_grad():
+        model.decode_step(torch.tensor([[1, 2, 3]]), cache)
+        with pytest.raises(GenerationError, match="holds 4 tokens and already has 3"):
+            model.decode_step(torch.tensor([[4, 5]]), cache)
+
+
+def test_reorder_follows_rows_of_a_decoder():
+    model = _build("gpt2-tiny", Positional.RELATIVE, NormPlacement.PRE)
+    tokens = torch.randint(0, 97, (3, 5))
+    mask = torch.tensor([[True] * 5, [False, False, True, True, True], [False] + [True] * 4])
+    index = torch.tensor([2, 0, 0, 1])  # B' = 4 rows from B = 3: reorder and copy
+    step = torch.randint(0, 97, (4, 1))
+    with torch.no_grad():
+        cache = model.new_cache(3, 6)
+        model.decode_step(tokens, cache, mask)
+        cache.reorder(index)
+        reordered = model.decode_step(step, cache)
+        fresh = model.new_cache(4, 6)
+        model.decode_step(tokens[index], fresh, mask[index])
+        expected = model.decode_step(step, fresh)
+    assert_close(reordered, expected, atol=1e-6, rtol=0)
+
+
+def test_reorder_carries_the_cross_attention_memory():
+    model = _build("paper-base-tiny", Positional.SINUSOIDAL, NormPlacement.POST)
+    src = torch.randint(1, 97, (2, 5))
+    src_mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    index = torch.tensor([1, 1, 0])
+    with torch.no_grad():
+        cache = model.new_cache(model.encode(src, src_mask), src_mask, 4)
+        model.decode_step(torch.tensor([[3], [4]]), cache)
+        cache.reorder(index)
+        reordered = model.decode_step(torch.tensor([[7], [8], [9]]), cache)
+        fresh = model.new_cache(model.encode(src[index], src_mask[index]), src_mask[index], 4)
+        model.decode_step(torch.tensor([[4], [4], [3]]), fresh)
+        expected = model.decode_step(torch.tensor([[7], [8], [9]]), fresh)
+    assert_close(reordered, expected, atol=1e-6, rtol=0)

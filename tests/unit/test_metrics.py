@@ -1,0 +1,109 @@
+"""Metrics against their references: sacrebleu's own corpus functions, cross-entropy by hand,
+F1 by hand and scikit-learn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+import torch.nn.functional as F
+
+from attn.config import preset
+from attn.errors import AttnError
+from attn.metrics import accuracy, bleu, chrf, confusion_matrix, lm_metrics, macro_f1, stream_nll
+from attn.models import build_model
+
+HYPOTHESES = ["the cat sat on the mat", "a quick brown fox jumps", "hello there world", "no match here at all"]
+REFERENCES = ["the cat sat on a mat", "the quick brown fox jumped", "hello world", "completely different words"]
+SECOND = ["there is a cat on the mat", "a fast brown fox jumps", "hello there world", "nothing matches"]
+
+
+def test_bleu_equals_sacrebleu():
+    score = bleu(HYPOTHESES, REFERENCES)
+    assert score.value == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score, abs=1e-12)
+    assert score.signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    two = bleu(HYPOTHESES, [REFERENCES, SECOND])
+    assert two.value == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES, SECOND]).score, abs=1e-12)
+    assert two.value > score.value
+    assert bleu(REFERENCES, REFERENCES).value == pytest.approx(100.0)
+
+
+def test_chrf_equals_sacrebleu():
+    assert chrf(HYPOTHESES, REFERENCES).value == pytest.approx(
+        sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score, abs=1e-12
+    )
+    plus = chrf(HYPOTHESES, REFERENCES, word_order=2)
+    assert plus.value == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES], word_order=2).score)
+    assert plus.signature.startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no|version:")
+
+
+def test_mismatched_lengths_are_an_error():
+    with pytest.raises(AttnError, match="4 hypotheses but 3 references"):
+        bleu(HYPOTHESES, REFERENCES[:3])
+
+
+def test_lm_metrics_by_hand():
+    m = lm_metrics(total_nll_nats=10 * math.log(2), n_tokens=10, n_chars=20)
+    assert (m.nll, m.perplexity, m.bits_per_token, m.bits_per_char) == pytest.approx((math.log(2), 2.0, 1.0, 0.5))
+    assert lm_metrics(3.0, 2).bits_per_char is None
+    with pytest.raises(AttnError, match="n_tokens must be >= 1"):
+        lm_metrics(1.0, 0)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    torch.manual_seed(0)
+    return build_model(preset("gpt2-tiny").replace(dropout=0.0)).eval()
+
+
+def test_stream_nll_predicts_every_token_after_the_first_once(lm):
+    stream = torch.randint(0, 97, (47,))
+    context = 10
+    total, count = stream_nll(lm, stream.tolist(), context, batch_size=3)
+    # By hand: windows [0, 10) -> [1, 11), ..., [40, 46) -> [41, 47).
+    by_hand = []
+    with torch.no_grad():
+        for start in range(0, 46, context):
+            end = min(start + context, 46)
+            logits = lm(stream[None, start:end])[0]
+            by_hand.append(F.cross_entropy(logits, stream[start + 1 : end + 1], reduction="none"))
+    losses = torch.cat(by_hand)
+    assert count == len(losses) == 46
+    assert total == pytest.approx(float(losses.sum()), rel=1e-5)
+    assert lm_metrics(total, count).perplexity == pytest.approx(math.exp(float(losses.mean())), rel=1e-5)
+    assert stream_nll(lm, stream, context, batch_size=16).nll == pytest.approx(total, rel=1e-6)
+
+
+def test_stream_nll_checks_its_arguments(lm):
+    with pytest.raises(AttnError, match="at least 2"):
+        stream_nll(lm, [5], 8)
+    with pytest.raises(AttnError, match=r"context must be in \[1, max_positions=64\]"):
+        stream_nll(lm, [5, 6, 7], 65)
+
+
+PRED = [0, 1, 1, 1, 2, 0]
+GOLD = [0, 0, 1, 1, 2, 2]
+
+
+def test_classification_metrics_by_hand_and_against_sklearn():
+    f1_score = pytest.importorskip("sklearn.metrics").f1_score
+    assert accuracy(PRED, GOLD) == pytest.approx(4 / 6)
+    expected = np.array([[1, 1, 0], [0, 2, 0], [1, 0, 1]])  # rows: true label, columns: predicted
+    assert np.array_equal(confusion_matrix(PRED, GOLD), expected)
+    # F1 per class: 2TP / (2TP + FP + FN) = 2/4, 4/5, 2/3.
+    by_hand = (0.5 + 0.8 + 2 / 3) / 3
+    assert macro_f1(PRED, GOLD) == pytest.approx(by_hand)
+    assert macro_f1(PRED, GOLD) == pytest.approx(f1_score(GOLD, PRED, average="macro"))
+    # A class that never occurs counts as F1 = 0 when every label is named.
+    four = f1_score(GOLD, PRED, average="macro", labels=[0, 1, 2, 3], zero_division=0)
+    assert macro_f1(PRED, GOLD, num_labels=4) == pytest.approx(four) == pytest.approx(by_hand * 3 / 4)
+
+
+def test_classification_inputs_are_checked():
+    with pytest.raises(AttnError, match="3 predictions and 2 targets"):
+        accuracy([0, 1, 1], [0, 1])
+    with pytest.raises(AttnError, match="out of range for num_labels=2"):
+        confusion_matrix([0, 2], [0, 1], num_labels=2)
