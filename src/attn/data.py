@@ -515,7 +515,8 @@ class TranslationBatch:
         )
 
 
-def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pads id lists into (B, L) long ids and a (B, L) bool mask, True at real tokens."""
     rows = [torch.tensor(seq, dtype=torch.long) for seq in seqs]
     tokens = pad_sequence(rows, batch_first=True, padding_value=pad_id)  # (B, L)
     lengths = torch.tensor([len(seq) for seq in seqs])
@@ -534,9 +535,9 @@ def collate_translation(pairs: Sequence[Pair], pad_id: int, bos_id: int, eos_id:
     Returns:
         The batch; S is the longest source, T the longest target + 1.
     """
-    src, src_mask = _pad([s for s, _ in pairs], pad_id)
-    tgt_in, tgt_mask = _pad([[bos_id, *t] for _, t in pairs], pad_id)
-    tgt_out, _ = _pad([[*t, eos_id] for _, t in pairs], pad_id)
+    src, src_mask = pad_batch([s for s, _ in pairs], pad_id)
+    tgt_in, tgt_mask = pad_batch([[bos_id, *t] for _, t in pairs], pad_id)
+    tgt_out, _ = pad_batch([[*t, eos_id] for _, t in pairs], pad_id)
     return TranslationBatch(src, src_mask, tgt_in, tgt_out, tgt_mask, int(tgt_mask.sum()))
 
 
@@ -588,7 +589,7 @@ def collate_classification(
     Returns:
         (tokens (B, L), mask (B, L) True at real tokens, labels (B,) long).
     """
-    tokens, mask = _pad(ids_list, pad_id)
+    tokens, mask = pad_batch(ids_list, pad_id)
     return tokens, mask, torch.tensor(list(labels), dtype=torch.long)
 
 

@@ -1,0 +1,144 @@
+"""Strictness of the converters: every damaged checkpoint is a CheckpointError that names the problem.
+
+A saved tiny `transformers` model of each family loses a key, gains one, or has one reshaped;
+the error must name that key. Unsupported model types and options, missing files and exports
+to a family that cannot express the model are refused too.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+
+from attn.config import preset
+from attn.errors import CheckpointError
+from attn.models import build_model
+from attn.pretrained import export_pretrained, load_pretrained
+from attn.pretrained.keymap import COPY, ROW_VECTOR, TRANSPOSE, Concat
+
+TINY_MODELS = {
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=64)),
+    "bert": lambda: BertModel(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=64, max_position_embeddings=64)),
+    "marian": lambda: MarianMTModel(MarianConfig(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2,
+                                                 encoder_attention_heads=4, decoder_attention_heads=4,
+                                                 encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                                                 pad_token_id=96, decoder_start_token_id=96)),
+}
+# family -> (a key to drop, a key no model has, (a key to reshape, its wrong shape))
+DAMAGE = {
+    "gpt2": ("transformer.h.1.mlp.c_fc.bias", "transformer.h.2.ln_1.weight",
+             ("transformer.h.0.attn.c_attn.weight", (32, 95))),
+    "bert": ("encoder.layer.1.attention.self.key.weight", "encoder.layer.0.attention.self.rotary.weight",
+             ("embeddings.token_type_embeddings.weight", (3, 32))),
+    "marian": ("model.decoder.layers.0.encoder_attn.v_proj.bias", "model.encoder.layernorm_embedding.weight",
+               ("final_logits_bias", (1, 96))),
+}
+
+
+@pytest.fixture(params=list(TINY_MODELS))
+def family_folder(request, saved):
+    return request.param, saved(TINY_MODELS[request.param]())
+
+
+def edit_weights(folder, edit):
+    path = folder / "model.safetensors"
+    state = load_file(path)
+    edit(state)
+    save_file(state, path, metadata={"format": "pt"})
+
+
+def edit_config(folder, **changes):
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_the_undamaged_checkpoint_loads(family_folder):
+    family, folder = family_folder
+    assert load_pretrained(folder)[2].family == family
+
+
+def test_a_missing_key_is_named(family_folder):
+    family, folder = family_folder
+    key = DAMAGE[family][0]
+    edit_weights(folder, lambda state: state.pop(key))
+    with pytest.raises(CheckpointError, match=f"missing key '{key}'"):
+        load_pretrained(folder)
+
+
+def test_an_unknown_key_is_named(family_folder):
+    family, folder = family_folder
+    key = DAMAGE[family][1]
+    edit_weights(folder, lambda state: state.update({key: torch.zeros(32)}))
+    with pytest.raises(CheckpointError, match=f"unknown key '{key}'"):
+        load_pretrained(folder)
+
+
+def test_a_misshaped_key_is_named(family_folder):
+    family, folder = family_folder
+    key, shape = DAMAGE[family][2]
+    edit_weights(folder, lambda state: state.update({key: torch.zeros(shape)}))
+    with pytest.raises(CheckpointError, match=rf"key '{key}' has shape \({shape[0]}, {shape[1]}\)"):
+        load_pretrained(folder)
+
+
+def test_unsupported_model_type_lists_the_supported_ones(family_folder):
+    _, folder = family_folder
+    edit_config(folder, model_type="t5")
+    with pytest.raises(CheckpointError, match="model_type 't5' is not supported; attn converts gpt2, bert, marian"):
+        load_pretrained(folder)
+
+
+def test_unsupported_options_are_refused(saved):
+    folder = saved(TINY_MODELS["gpt2"]())
+    edit_config(folder, scale_attn_by_inverse_layer_idx=True)
+    with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx=True is not supported"):
+        load_pretrained(folder)
+    edit_config(folder, scale_attn_by_inverse_layer_idx=False, activation_function="quick_gelu")
+    with pytest.raises(CheckpointError, match="activation_function='quick_gelu' is not supported"):
+        load_pretrained(folder)
+
+
+def test_missing_and_unreadable_files(saved, tmp_path):
+    with pytest.raises(CheckpointError, match="config.json: no such file"):
+        load_pretrained(tmp_path)
+    folder = saved(TINY_MODELS["bert"]())
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file"):
+        load_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no weights found; expected model.safetensors"):
+        load_pretrained(folder)
+
+
+def test_export_refuses_a_family_that_cannot_express_the_model(tmp_path):
+    config = preset("paper-base-tiny")
+    model = build_model(config)
+    with pytest.raises(CheckpointError, match="unknown family 't5'"):
+        export_pretrained(model, config, tmp_path, "t5")
+    with pytest.raises(CheckpointError, match="sinusoidal_layout='interleaved' cannot be expressed as a marian"):
+        export_pretrained(model, config, tmp_path, "marian")
+    with pytest.raises(CheckpointError, match="architecture='encoder-decoder' cannot be expressed as a gpt2"):
+        export_pretrained(model, config, tmp_path, "gpt2")
+
+
+def test_export_refuses_a_config_the_model_was_not_built_from(tmp_path):
+    base = preset("bert-base-tiny").replace(num_labels=0, mlm_head=False)
+    with pytest.raises(CheckpointError, match="the model has no 'mlm.transform.weight'"):
+        export_pretrained(build_model(base), base.replace(mlm_head=True, pooler=False), tmp_path, "bert")
+
+
+@pytest.mark.parametrize("transform, parts", [(COPY, 1), (Concat(), 3), (TRANSPOSE, 1)])
+def test_transforms_invert_each_other(transform, parts):
+    ours = torch.randn(6, 4)
+    theirs = transform.to_theirs(ours, parts)
+    assert len(theirs) == parts
+    assert torch.equal(transform.to_ours(theirs), ours)
+
+
+def test_row_vector_transform():
+    bias = torch.randn(5)
+    assert ROW_VECTOR.to_theirs(bias, 1)[0].shape == (1, 5)
+    assert torch.equal(ROW_VECTOR.to_ours(ROW_VECTOR.to_theirs(bias, 1)), bias)
