@@ -20,27 +20,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.masks import with_bias
+from attn.masks import CausalMask, Mask, materialize, with_bias
 
 
 class AttentionFn(Protocol):
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout: float
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Mask, bias: Tensor | None, dropout: float
     ) -> Tensor: ...
 
 
-def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+def attention_weights(q: Tensor, k: Tensor, mask: Mask = None, bias: Tensor | None = None) -> Tensor:
     """softmax(Q K^T / sqrt(d_k) + bias) with masked scores at -inf; fully masked rows are all zero.
 
     Args:
         q: (B, h, Tq, d_k) queries.
         k: (B, h, Tk, d_k) keys.
-        mask: bool, broadcastable to (B, h, Tq, Tk); True = may attend.
+        mask: bool, broadcastable to (B, h, Tq, Tk), True = may attend; or `CAUSAL`.
         bias: float, broadcastable to (B, h, Tq, Tk), added to the scores.
 
     Returns:
         (B, h, Tq, Tk) attention weights; each row sums to 1, or to 0 if all its keys are masked.
     """
+    mask = materialize(mask, q.size(-2), k.size(-2), q.device)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
     if bias is not None:
         scores = scores + bias
@@ -55,7 +56,7 @@ def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Tensor | None = None,
+    mask: Mask = None,
     bias: Tensor | None = None,
     dropout: float = 0.0,
 ) -> Tensor:
@@ -63,7 +64,7 @@ def scaled_dot_product_attention(
 
     Args:
         q: (B, h, Tq, d_k); k: (B, h, Tk, d_k); v: (B, h, Tk, d_v).
-        mask: bool, broadcastable to (B, h, Tq, Tk); True = may attend.
+        mask: bool, broadcastable to (B, h, Tq, Tk), True = may attend; or `CAUSAL`.
         bias: optional additive score bias, broadcastable to (B, h, Tq, Tk).
         dropout: dropout probability on the attention weights (0 in eval mode).
 
@@ -78,11 +79,14 @@ def fast_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Tensor | None = None,
+    mask: Mask = None,
     bias: Tensor | None = None,
     dropout: float = 0.0,
 ) -> Tensor:
     """The same function as `scaled_dot_product_attention`, through PyTorch's fused SDPA kernels."""
+    if isinstance(mask, CausalMask) and bias is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    mask = materialize(mask, q.size(-2), k.size(-2), q.device)
     attn_mask = bias if mask is None else with_bias(mask, bias)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
 
@@ -138,7 +142,7 @@ class SelfAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        mask: Tensor | None,
+        mask: Mask,
         rotate: Callable[[Tensor], Tensor],
         bias: Tensor | None = None,
         cache: KVSlot = NO_CACHE,

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from attn.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
 from attn.errors import ShapeError
 from attn.layers import FeedForward
-from attn.masks import causal_mask, key_mask
+from attn.masks import CAUSAL, Mask, causal_mask, key_mask
 from attn.positional import NoPositions
 
 
@@ -33,7 +33,7 @@ class Block(nn.Module):
     def forward(
         self,
         x: Tensor,
-        mask: Tensor | None,
+        mask: Mask,
         rotate: Callable[[Tensor], Tensor],
         bias: Tensor | None = None,
         cache: KVSlot = NO_CACHE,
@@ -60,7 +60,7 @@ class DecoderBlock(nn.Module):
     def forward(
         self,
         x: Tensor,
-        mask: Tensor | None,
+        mask: Mask,
         rotate: Callable[[Tensor], Tensor],
         bias: Tensor | None,
         memory_kv: tuple[Tensor, Tensor],
@@ -79,7 +79,7 @@ def self_attention_inputs(
     key_positions: Tensor,
     key_tokens: Tensor | None,
     causal: bool,
-) -> tuple[Tensor | None, Callable[[Tensor], Tensor], Tensor | None]:
+) -> tuple[Mask, Callable[[Tensor], Tensor], Tensor | None]:
     """What every self-attention layer of a stack needs, computed once per forward.
 
     Args:
@@ -89,14 +89,21 @@ def self_attention_inputs(
         causal: whether query i may only see keys up to its own place in the sequence.
 
     Returns:
-        The boolean mask (broadcastable to (B, h, Tq, Tk)) or None, the rotation applied to
-        queries and keys, and the additive score bias (B, h, Tq, Tk) or None.
+        The mask (boolean, broadcastable to (B, h, Tq, Tk); `CAUSAL`; or None), the rotation applied
+        to queries and keys, and the additive score bias (B, h, Tq, Tk) or None.
     """
+    queries, keys = positions.size(1), key_positions.size(1)
     mask = None if key_tokens is None else key_mask(key_tokens)
-    if causal:
-        order = causal_mask(positions.size(1), key_positions.size(1), positions.device)
-        mask = order if mask is None else mask & order
+    if causal and queries > 1:  # a single newest query may see every key
+        mask = _causal_part(mask, queries, keys, positions.device)
     return mask, positional.rotation(positions), positional.bias(positions, key_positions)
+
+
+def _causal_part(mask: Tensor | None, queries: int, keys: int, device: torch.device) -> Mask:
+    if mask is None and queries == keys:
+        return CAUSAL
+    order = causal_mask(queries, keys, device)
+    return order if mask is None else mask & order
 
 
 def check_tokens(tokens: Tensor, mask: Tensor | None, max_positions: int, offset: int = 0) -> None:

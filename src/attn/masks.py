@@ -7,12 +7,33 @@ row whose keys are all masked gets all-zero attention weights and so a zero outp
 
 Token-level masks, shape (batch, length), say which tokens are real (True) and which are
 padding (False); `key_mask` lifts one to the score shape.
+
+`CAUSAL` stands for `causal_mask(T, T)` when nothing is padded and queries and keys are the same
+T positions. Attention functions accept it wherever they accept a mask: the fast path hands it to
+PyTorch's fused kernels as `is_causal=True` (no (T, T) mask is built, kept for backward, or scored
+in its masked half), and `materialize` turns it into the boolean mask for the reference path.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+class CausalMask:
+    """The causal mask of a square score matrix, not materialised (see the module docstring)."""
+
+    def __repr__(self) -> str:
+        return "CAUSAL"
+
+
+CAUSAL = CausalMask()
+Mask = Tensor | CausalMask | None
+
+
+def materialize(mask: Mask, queries: int, keys: int, device: torch.device) -> Tensor | None:
+    """The boolean tensor a mask stands for (CAUSAL becomes `causal_mask(queries, keys)`)."""
+    return causal_mask(queries, keys, device) if isinstance(mask, CausalMask) else mask
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:

@@ -97,3 +97,15 @@ def test_scaling_by_sqrt_dk():
     k = torch.tensor([[[[2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]])
     weights = attention_weights(q, k)
     assert weights[0, 0, 0, 0].item() == pytest.approx(1 / (1 + math.exp(-2 / 2)), abs=1e-7)
+
+
+def test_causal_sentinel_equals_the_materialised_causal_mask():
+    from attn.masks import CAUSAL
+
+    q, k, v = random_qkv(b=2, h=3, tq=6, tk=6, d=8, seed=3)
+    expected = scaled_dot_product_attention(q, k, v, causal_mask(6))
+    torch.testing.assert_close(fast_attention(q, k, v, CAUSAL), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, CAUSAL), expected, atol=0, rtol=0)
+    bias = torch.randn(1, 3, 6, 6)
+    torch.testing.assert_close(fast_attention(q, k, v, CAUSAL, bias),
+                               scaled_dot_product_attention(q, k, v, causal_mask(6), bias), atol=1e-6, rtol=0)

@@ -51,13 +51,15 @@ class EncoderDecoder(nn.Module):
     def decode(
         self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
     ) -> Tensor:
-        """tgt (B, T) decoder input, memory (B, S, d_model) -> logits (B, T, vocab)."""
+        """tgt (B, T) right-padded decoder input, memory (B, S, d_model) -> logits (B, T, vocab)."""
         check_tokens(tgt, tgt_mask, self.max_positions)
         positions = torch.arange(tgt.size(1), device=tgt.device).expand_as(tgt)
         memory_kv = [block.cross.memory_kv(memory) for block in self.blocks]
         memory_mask = None if src_mask is None else key_mask(src_mask)
         slots = [NO_CACHE] * len(self.blocks)
-        x = self._blocks(tgt, positions, positions, tgt_mask, memory_kv, memory_mask, slots)
+        # Targets are right-padded: under the causal mask no real token sees a pad, so the
+        # padding mask is not needed and the fused causal kernel applies.
+        x = self._blocks(tgt, positions, positions, None, memory_kv, memory_mask, slots)
         return self.generator(x)
 
     def forward(

@@ -42,7 +42,8 @@ def embed_texts(
     ids = [_truncate(row, limit) for row in tokenizer.encode_batch(texts, add_special=True)]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     device = next(model.parameters()).device
-    out = torch.empty(len(ids), model.stack.embeddings.tokens.embedding_dim, device=device)
+    weight = model.stack.embeddings.tokens.weight
+    out = torch.empty(len(ids), weight.size(1), dtype=weight.dtype, device=device)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
