@@ -1,0 +1,477 @@
+"""Checkpoints: one directory per saved step, written atomically, and checkpoint averaging.
+
+A checkpoint directory holds
+
+    model.safetensors    the weights (tied matrices stored once)
+    model_config.json    ModelConfig.to_dict()
+    run_config.json      RunConfig.to_dict()                  (absent for imported models)
+    tokenizer.json, attn_tokenizer.json                       (when trained with a tokenizer)
+    task.json            what inference needs beyond the model, e.g. the label names
+    trainer_state.pt     optimizer and gradient-scaler states, step, RNG states, data position, best metric
+
+A run keeps its checkpoints in `run_dir/checkpoints/step-00001000/` with the text files
+`latest` and `best` naming the newest and the best one. Every write goes to a temporary
+directory next to its destination, is flushed to disk (files and directory), and is then
+renamed into place, and the pointers are replaced the same way, so a crash at any moment
+leaves either the previous checkpoint or the new one, never a torn one.
+
+`trainer_state.pt` is read with `torch.load(weights_only=True)`, so it holds only containers,
+numbers, strings and tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+from torch import nn
+
+from attn.config import ModelConfig
+from attn.errors import AttnError, CheckpointError
+from attn.models import Model, build_model
+from attn.tokenizers import META_FILE, Tokenizer
+from attn.training.runconfig import RunConfig
+
+MODEL_FILE = "model.safetensors"
+MODEL_CONFIG_FILE = "model_config.json"
+RUN_CONFIG_FILE = "run_config.json"
+STATE_FILE = "trainer_state.pt"
+TASK_FILE = "task.json"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+BEST = "best"
+_STEP = "step-"
+
+T = TypeVar("T")
+
+
+@dataclass
+class Checkpoint:
+    """The contents of a checkpoint directory, to write or as loaded.
+
+    Attributes:
+        model: the model (unwrapped); loaded ones are built from `model_config`, on the CPU, in eval mode.
+        model_config: its configuration.
+        run_config: the run configuration, or None for an imported model.
+        state: the trainer state (see `trainer_state.pt` above), or None: weights-only
+            checkpoints (averaged, imported) have none, and `load_checkpoint` reads it only when asked.
+        tokenizer: the tokenizer, or None.
+        task_info: the contents of `task.json` ({} when absent).
+        path: the directory it was loaded from or saved to (None before saving).
+    """
+
+    model: nn.Module
+    model_config: ModelConfig
+    run_config: RunConfig | None = None
+    state: dict[str, Any] | None = None
+    tokenizer: Tokenizer | None = None
+    task_info: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def write_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    model_config: ModelConfig,
+    run_config: RunConfig | None = None,
+    state: dict[str, Any] | None = None,
+    tokenizer: Tokenizer | None = None,
+    task_info: dict[str, Any] | None = None,
+) -> Path:
+    """Writes a checkpoint directory at `path` atomically (replacing one that is there).
+
+    Args:
+        path: the checkpoint directory to create.
+        model: the unwrapped model whose weights to store.
+        model_config: its configuration.
+        run_config: the run configuration, if any.
+        state: the trainer state, if any.
+        tokenizer: the tokenizer, if any.
+        task_info: JSON-ready task metadata (`task.json`), if any.
+
+    Returns:
+        `path`.
+
+    Raises:
+        CheckpointError: a weight is NaN or infinite (nothing is written).
+    """
+    return _write(Path(path), Checkpoint(model, model_config, run_config, state, tokenizer, task_info or {}))
+
+
+def _write(path: Path, checkpoint: Checkpoint) -> Path:
+    check_finite(checkpoint.model, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        _write_files(staging, checkpoint)
+        for file in staging.iterdir():
+            _fsync(file)
+        _fsync(staging)
+        _move_into_place(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    checkpoint.path = path
+    return path
+
+
+def _write_files(folder: Path, checkpoint: Checkpoint) -> None:
+    safetensors.torch.save_model(checkpoint.model, str(folder / MODEL_FILE))
+    _write_json(folder / MODEL_CONFIG_FILE, checkpoint.model_config.to_dict())
+    if checkpoint.run_config is not None:
+        _write_json(folder / RUN_CONFIG_FILE, checkpoint.run_config.to_dict())
+    if checkpoint.task_info:
+        _write_json(folder / TASK_FILE, checkpoint.task_info)
+    if checkpoint.tokenizer is not None:
+        checkpoint.tokenizer.save(folder)
+    if checkpoint.state is not None:
+        torch.save(checkpoint.state, folder / STATE_FILE)
+
+
+def save_checkpoint(
+    run_dir: str | Path, step: int, checkpoint: Checkpoint, keep_last: int = 5, is_best: bool = False
+) -> Path:
+    """Writes `run_dir/checkpoints/step-NNNNNNNN`, points `latest` (and `best`) at it, prunes old ones.
+
+    Keeps the newest `keep_last` checkpoints and the best one; removes the others. The write is
+    atomic, as in `write_checkpoint`.
+
+    Returns:
+        The checkpoint directory.
+    """
+    folder = Path(run_dir) / CHECKPOINTS
+    folder.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(folder)
+    path = _write(folder / step_name(step), checkpoint)
+    _write_pointer(folder, LATEST, path.name)
+    if is_best:
+        _write_pointer(folder, BEST, path.name)
+    _prune(folder, keep_last)
+    return path
+
+
+def step_name(step: int) -> str:
+    """The directory name of the checkpoint of `step`."""
+    return f"{_STEP}{step:08d}"
+
+
+def check_finite(model: nn.Module, where: str | Path = "the checkpoint") -> None:
+    """Raises a CheckpointError naming the first weight that holds NaN or infinity."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(
+                f"refusing to write {where}: weight {name!r} holds NaN or infinite values; training diverged, "
+                "so resume from an earlier checkpoint with a lower optim.lr or with optim.clip set"
+            )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _move_into_place(staging: Path, path: Path) -> None:
+    # A directory can only be renamed onto an empty one, so an existing checkpoint of the same
+    # name is first moved aside; it is deleted only once the new one is in place.
+    old = None
+    if path.exists():
+        old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(path, old)
+    os.replace(staging, path)
+    _fsync(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_pointer(folder: Path, name: str, target: str) -> None:
+    staging = folder / f".{name}.tmp"
+    with open(staging, "w", encoding="utf-8") as handle:
+        handle.write(target + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(staging, folder / name)
+    _fsync(folder)
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Deletes what an interrupted write left behind (only this module writes dot-entries here)."""
+    for entry in folder.glob(".*"):
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _prune(folder: Path, keep_last: int) -> None:
+    keep = {path.name for path in _step_dirs(folder)[-keep_last:]}
+    best = _read_pointer(folder, BEST)
+    if best is not None:
+        keep.add(best.name)
+    for path in _step_dirs(folder):
+        if path.name not in keep:
+            # Renamed first, so an interrupted deletion leaves no half-deleted step directory.
+            trash = folder / f".trash-{path.name}"
+            os.replace(path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+
+# -- finding and reading ----------------------------------------------------------------------
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoint directories, oldest first."""
+    return _step_dirs(Path(run_dir) / CHECKPOINTS)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's newest checkpoint, or None when it has none."""
+    folder = Path(run_dir) / CHECKPOINTS
+    pointed = _read_pointer(folder, LATEST)
+    if pointed is not None:
+        return pointed
+    steps = _step_dirs(folder)
+    return steps[-1] if steps else None
+
+
+def best_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's checkpoint with the best validation metric, or None when none was evaluated."""
+    return _read_pointer(Path(run_dir) / CHECKPOINTS, BEST)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or a run directory (meaning its latest checkpoint) -> the checkpoint directory.
+
+    Raises:
+        CheckpointError: neither a checkpoint nor a run with checkpoints.
+    """
+    path = Path(path)
+    if (path / MODEL_CONFIG_FILE).exists():
+        return path
+    latest = latest_checkpoint(path) if path.is_dir() else None
+    if latest is None:
+        raise CheckpointError(
+            f"{path}: not a checkpoint (no {MODEL_CONFIG_FILE}) nor a run directory with checkpoints; "
+            f"give a checkpoint directory such as RUN_DIR/{CHECKPOINTS}/{step_name(1000)}"
+        )
+    return latest
+
+
+def load_checkpoint(
+    path: str | Path, attention: str = "fast", with_state: bool = False, map_location: str = "cpu"
+) -> Checkpoint:
+    """Loads a checkpoint (or the latest checkpoint of a run directory).
+
+    Args:
+        path: a checkpoint directory or a run directory.
+        attention: the attention implementation of the rebuilt model ("fast" or "reference").
+        with_state: also read `trainer_state.pt` (needed to resume training).
+        map_location: where the trainer state's tensors go.
+
+    Returns:
+        The checkpoint, its model on the CPU in eval mode.
+
+    Raises:
+        CheckpointError: a file is missing or corrupt, or a weight is missing, unexpected or mis-shaped.
+    """
+    folder = resolve_checkpoint(path)
+    model_config = _read_config(folder / MODEL_CONFIG_FILE, ModelConfig.from_dict)
+    model = build_model(model_config, attention)
+    load_weights(model, folder / MODEL_FILE)
+    run_file = folder / RUN_CONFIG_FILE
+    run_config = _read_config(run_file, RunConfig.from_dict) if run_file.exists() else None
+    state = _read_state(folder / STATE_FILE, map_location) if with_state else None
+    tokenizer = Tokenizer.load(folder) if (folder / META_FILE).exists() else None
+    task_file = folder / TASK_FILE
+    task_info = _read_json(task_file) if task_file.exists() else {}
+    return Checkpoint(model.eval(), model_config, run_config, state, tokenizer, task_info, folder)
+
+
+def load_weights(model: nn.Module, file: str | Path) -> None:
+    """Loads `model.safetensors` into a model built from the same config, strictly.
+
+    Raises:
+        CheckpointError: the file is missing or corrupt, or keys are missing, unexpected or mis-shaped.
+    """
+    file = Path(file)
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
+    try:
+        missing, unexpected = safetensors.torch.load_model(model, str(file), strict=False)
+    except (RuntimeError, OSError, safetensors.SafetensorError) as err:
+        raise CheckpointError(f"{file}: cannot be loaded into the model ({str(err).strip()})") from err
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{file}: missing keys {sorted(missing)[:5]}, unexpected keys {sorted(unexpected)[:5]}; "
+            f"the weights do not belong to the model described by {MODEL_CONFIG_FILE}"
+        )
+
+
+def _read_pointer(folder: Path, name: str) -> Path | None:
+    pointer = folder / name
+    if not pointer.is_file():
+        return None
+    target = folder / pointer.read_text(encoding="utf-8").strip()
+    return target if target.is_dir() else None
+
+
+def _step_dirs(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(_STEP) and p.name[len(_STEP):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(_STEP):]))
+
+
+def _read_json(file: Path) -> Any:
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file}: not valid JSON ({err}); the checkpoint is corrupt, use another one") from err
+
+
+def _read_config(file: Path, parse: Callable[[Any], T]) -> T:
+    try:
+        return parse(_read_json(file))
+    except AttnError as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{file}: {err}; the checkpoint was written by another version of attn") from err
+
+
+def _read_state(file: Path, map_location: str) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(
+            f"{file}: no such file; this checkpoint cannot resume training (averaged or imported checkpoints "
+            "hold weights only): start a new run_dir, or resume from a checkpoint that train() wrote"
+        )
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises many kinds for a corrupt or foreign file
+        raise CheckpointError(f"{file}: cannot be read ({err}); the checkpoint is corrupt, use another one") from err
+
+
+# -- averaging --------------------------------------------------------------------------------
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the weights of several checkpoints of one model (section 6.1).
+
+    Args:
+        paths: checkpoint directories with identical model configurations.
+
+    Returns:
+        A state dict for the model (`model.state_dict()` keys), in the checkpoints' dtypes.
+
+    Raises:
+        CheckpointError: no paths, differing model configurations, or an unreadable checkpoint.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average; give at least one checkpoint directory")
+    first = load_checkpoint(paths[0])
+    sums = {name: t.double() if t.is_floating_point() else t.clone() for name, t in first.model.state_dict().items()}
+    for path in paths[1:]:
+        other = load_checkpoint(path)
+        if other.model_config != first.model_config:
+            raise CheckpointError(
+                f"{other.path}: model_config differs from {first.path} in "
+                f"{config_difference(first.model_config, other.model_config)!r}; average only checkpoints of one run"
+            )
+        for name, tensor in other.model.state_dict().items():
+            if tensor.is_floating_point():
+                sums[name] += tensor.double()
+    reference = first.model.state_dict()
+    return {
+        name: (total / len(paths)).to(reference[name].dtype) if total.is_floating_point() else total
+        for name, total in sums.items()
+    }
+
+
+def config_difference(a: ModelConfig, b: ModelConfig) -> str:
+    """The name of the first field in which two model configurations differ ("" when equal)."""
+    left, right = a.to_dict(), b.to_dict()
+    return next((name for name in left if left[name] != right[name]), "")
+
+
+def write_averaged_checkpoint(paths: Sequence[str | Path], out: str | Path) -> Path:
+    """Averages checkpoints and writes the result as a weights-only checkpoint at `out`.
+
+    The configurations, tokenizer and task metadata come from the last of `paths`; the result
+    has no trainer state, so it is for evaluation and inference, not for resuming.
+
+    Returns:
+        `out`.
+    """
+    averaged = average_checkpoints(paths)
+    last = load_checkpoint(paths[-1])
+    last.model.load_state_dict(averaged)
+    return _write(Path(out), last)
+
+
+def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The newest `n` checkpoints of a run, oldest first (what `attn average` averages).
+
+    Raises:
+        CheckpointError: the run has fewer than `n` checkpoints.
+    """
+    found = list_checkpoints(run_dir)
+    if n < 1 or len(found) < n:
+        raise CheckpointError(
+            f"{run_dir}: asked to average the last {n} checkpoints, the run has {len(found)}; "
+            "average fewer, or keep more with train.keep_last"
+        )
+    return found[-n:]
+
+
+# -- random number generators -----------------------------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's (CPU and CUDA) global generators, as plain data."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+            "has_gauss": int(has_gauss), "gauss": float(gauss),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Restores generator states taken by `capture_rng`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    np.random.set_state((
+        numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["gauss"]
+    ))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,368 @@
+"""The run configuration: what to train on, how, and for how long.
+
+A `RunConfig` is a frozen dataclass of sections, read from TOML:
+
+    task = "translation"            # translation | lm | classification | mlm
+    run_dir = "runs/translation"
+    [data]      train, valid, source, max_length, mask_probability
+    [tokenizer] kind, vocab_size, path, lowercase
+    [model]     preset = "paper-base", then any ModelConfig field as an override
+    [optim]     optimizer, lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, min_lr_ratio, clip
+    [batch]     max_tokens, max_sentences, batch_size, block_size, grad_accum, eval_batch_size
+    [train]     max_steps, eval_interval, checkpoint_interval, keep_last, seed, device, precision, ...
+
+Command-line overrides are `key=value` (top level) or `section.key=value`; the value is read
+as a TOML value when it parses as one (`3`, `1e-4`, `true`, `"x"`) and as a plain string
+otherwise (`data.train=data/x.tsv`). Unknown keys and wrong types raise a `ConfigError` that
+names the key as `section.key`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from attn.config import ModelConfig, coerce_fields, from_dict, preset
+from attn.errors import ConfigError
+
+
+class Task(str, enum.Enum):
+    TRANSLATION = "translation"  # encoder-decoder, teacher-forced next-token loss on the target
+    LM = "lm"  # decoder-only, next-token loss on a text stream
+    CLASSIFICATION = "classification"  # encoder-only, one label per text
+    MLM = "mlm"  # encoder-only, masked-token loss
+
+
+class Optimizer(str, enum.Enum):
+    ADAM = "adam"  # the paper (section 5.3); weight_decay is added to the gradient (L2)
+    ADAMW = "adamw"  # decoupled weight decay, for GPT/BERT-style runs
+
+
+class Schedule(str, enum.Enum):
+    NOAM = "noam"  # the paper's warmup then inverse square root; lr multiplies it
+    COSINE = "cosine"  # linear warmup then cosine decay; lr is the peak
+    CONSTANT = "constant"  # linear warmup then constant; lr is the peak
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"  # autocast to bfloat16 on GPU
+    FP16 = "fp16"  # autocast to float16 with a gradient scaler on GPU
+
+
+class NonFinite(str, enum.Enum):
+    STOP = "stop"  # raise a TrainingError naming the step
+    SKIP = "skip"  # drop that update and go on
+
+
+class Strategy(str, enum.Enum):
+    DDP = "ddp"  # DistributedDataParallel: every rank holds the whole model
+    FSDP = "fsdp"  # FSDP2 (fully_shard): parameters, gradients and optimizer state sharded
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the data is. Paths are relative to the working directory.
+
+    `source` picks the English column of the parallel corpus ("en" or "en_kjv"); `max_length`
+    bounds training examples in tokens (0 = the model's max_positions); `mask_probability` is
+    the share of tokens the masked-LM task predicts.
+    """
+
+    train: str = ""
+    valid: str = ""
+    source: str = "en"
+    max_length: int = 0
+    mask_probability: float = 0.15
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        _check_at_least(self, {"max_length": 0})
+        if not 0.0 < self.mask_probability < 1.0:
+            raise ConfigError("mask_probability", f"must be in (0, 1), got {self.mask_probability}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """The tokenizer to train on the training data (or to load from `path`)."""
+
+    kind: str = "bpe"  # bpe | byte-bpe | wordpiece | chars
+    vocab_size: int = 8000
+    path: str = ""  # a directory written by Tokenizer.save; when set nothing is trained
+    lowercase: bool = True  # wordpiece only
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        if self.kind not in TRAINED_TOKENIZERS:
+            raise ConfigError("kind", f"unknown kind {self.kind!r}; choose one of {', '.join(TRAINED_TOKENIZERS)}")
+        _check_at_least(self, {"vocab_size": 1})
+
+
+TRAINED_TOKENIZERS = ("bpe", "byte-bpe", "wordpiece", "chars")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """A preset name and the `ModelConfig` fields that override it.
+
+    The vocabulary size and the number of labels come from the tokenizer and the data, so they
+    need no override.
+    """
+
+    preset: str = "paper-base"
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.preset, str):
+            raise ConfigError("preset", f"expected a preset name, got {self.preset!r}")
+        self.build()
+
+    def build(self) -> ModelConfig:
+        """The preset with the overrides applied (validated)."""
+        return preset(self.preset).replace(**dict(self.overrides))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"preset": self.preset, **dict(self.overrides)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelSection:
+        fields = dict(data)
+        name = fields.pop("preset", cls.preset)
+        return cls(name, tuple(sorted(fields.items())))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer, learning-rate schedule and gradient clipping.
+
+    `lr` multiplies the schedule: for "noam" 1.0 is the paper's rate, for "cosine" and
+    "constant" it is the peak. `clip` is the largest global gradient norm (0 = no clipping).
+    """
+
+    optimizer: Optimizer = Optimizer.ADAM
+    lr: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: Schedule = Schedule.NOAM
+    warmup_steps: int = 4000
+    min_lr_ratio: float = 0.0
+    clip: float = 0.0
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        _check_at_least(self, {"lr": 0.0, "eps": 0.0, "weight_decay": 0.0, "warmup_steps": 0, "clip": 0.0})
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """Batch sizes. Each is global: a multi-process run splits every batch across the ranks.
+
+    Translation batches hold up to `max_tokens` padded tokens per side and `max_sentences`
+    pairs; language-model batches hold `batch_size` windows of `block_size` tokens;
+    classification and masked-LM batches hold `batch_size` texts. An update sums the gradients
+    of `grad_accum` such batches.
+    """
+
+    max_tokens: int = 4096
+    max_sentences: int = 256
+    batch_size: int = 32
+    block_size: int = 128
+    grad_accum: int = 1
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        _check_at_least(self, {f.name: 1 for f in dataclasses.fields(self)})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The training loop.
+
+    Intervals count updates; 0 turns a periodic action off (evaluation and a checkpoint still
+    happen at the end). `metric` is the validation metric of early stopping and of the best
+    checkpoint ("" = the task's: val_loss, or val_accuracy for classification); `patience` is
+    how many evaluations without improvement stop the run (0 = never). `peak_tflops` is one
+    accelerator's peak, for the model-FLOPs utilisation in the metrics (0 = not reported).
+    """
+
+    max_steps: int = 1000
+    eval_interval: int = 500
+    eval_batches: int = 0  # 0 = the whole validation set
+    checkpoint_interval: int = 1000
+    keep_last: int = 5
+    log_interval: int = 10
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Precision = Precision.FP32
+    compile: bool = False
+    label_smoothing: float = 0.1
+    patience: int = 0
+    metric: str = ""
+    on_nonfinite: NonFinite = NonFinite.STOP
+    quiet: bool = False
+    resume: bool = True  # continue from run_dir's latest checkpoint when there is one
+    peak_tflops: float = 0.0
+    strategy: Strategy = Strategy.DDP
+    attention: str = "fast"
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        minimums = {"max_steps": 1, "keep_last": 1, "log_interval": 1, "peak_tflops": 0.0}
+        minimums.update(dict.fromkeys(("eval_interval", "eval_batches", "checkpoint_interval", "patience"), 0))
+        _check_at_least(self, minimums)
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "tokenizer": TokenizerConfig,
+    "model": ModelSection,
+    "optim": OptimConfig,
+    "batch": BatchConfig,
+    "train": TrainConfig,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything about a training run except the model's architecture details (see `ModelSection`)."""
+
+    task: Task = Task.TRANSLATION
+    run_dir: str = "runs/run"
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task", _coerce_task(self.task))
+        if not isinstance(self.run_dir, str) or not self.run_dir:
+            raise ConfigError("run_dir", f"expected a directory path, got {self.run_dir!r}")
+        for name, kind in SECTIONS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(name, f"expected a {kind.__name__}, got {type(getattr(self, name)).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON- and TOML-ready nested dict (enums as their values)."""
+        out: dict[str, Any] = {"task": self.task.value, "run_dir": self.run_dir}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            out[name] = section.to_dict() if isinstance(section, ModelSection) else _section_dict(section)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Builds a config from nested tables; errors name the key as `section.key`."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("RunConfig", f"expected a table of fields, got {type(data).__name__}")
+        top = {"task", "run_dir", *SECTIONS}
+        unknown = sorted(set(data) - top)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown key; valid top-level keys and sections: {', '.join(sorted(top))}")
+        fields = {key: data[key] for key in ("task", "run_dir") if key in data}
+        for name, kind in SECTIONS.items():
+            if name in data:
+                fields[name] = _build_section(name, kind, data[name])
+        return cls(**fields)
+
+    def override(self, *items: str) -> RunConfig:
+        """A copy with `key=value` / `section.key=value` overrides applied (validated again)."""
+        return RunConfig.from_dict(apply_overrides(self.to_dict(), items))
+
+    def model_config(self) -> ModelConfig:
+        """The model section's preset with its overrides."""
+        return self.model.build()
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Reads a TOML run configuration and applies command-line overrides.
+
+    Args:
+        path: the TOML file.
+        overrides: `key=value` or `section.key=value` strings, applied in order.
+
+    Raises:
+        ConfigError: the file is missing or not TOML, or a key or value is invalid.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError("config", f"cannot read {path} ({err.strerror}); check the path") from err
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError("config", f"{path} is not valid TOML: {err}") from err
+    return RunConfig.from_dict(apply_overrides(data, overrides))
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of nested config tables with `key=value` / `section.key=value` strings applied."""
+    out = {key: dict(value) if isinstance(value, Mapping) else value for key, value in data.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts) or len(parts) > 2:
+            raise ConfigError(key or item, f"override {item!r} must look like key=value or section.key=value")
+        value = parse_value(text.strip())
+        if len(parts) == 1:
+            out[parts[0]] = value
+            continue
+        section, field = parts
+        if section not in SECTIONS:
+            raise ConfigError(key, f"unknown section {section!r}; valid sections: {', '.join(SECTIONS)}")
+        out.setdefault(section, {})[field] = value
+    return out
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value (`3`, `1e-4`, `true`, `"x"`, `[1, 2]`), or the text itself when it is none."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _build_section(name: str, kind: type, data: Any) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(name, f"expected a [{name}] table, got {type(data).__name__} {data!r}")
+    try:
+        return kind.from_dict(data) if kind is ModelSection else from_dict(kind, data)
+    except ConfigError as err:
+        raise ConfigError(f"{name}.{err.field}", _message(err)) from None
+
+
+def _message(err: ConfigError) -> str:
+    return str(err).removeprefix(f"{err.field}: ")
+
+
+def _coerce_task(value: Any) -> Task:
+    try:
+        return Task(value)
+    except ValueError:
+        choices = ", ".join(repr(t.value) for t in Task)
+        raise ConfigError("task", f"unknown task {value!r}; choose one of {choices}") from None
+
+
+def _section_dict(section: Any) -> dict[str, Any]:
+    values = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    return {name: value.value if isinstance(value, enum.Enum) else value for name, value in values.items()}
+
+
+def _check_at_least(obj: Any, minimums: Mapping[str, float]) -> None:
+    for name, minimum in minimums.items():
+        value = getattr(obj, name)
+        if value < minimum:
+            raise ConfigError(name, f"must be >= {minimum}, got {value}")

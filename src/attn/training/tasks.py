@@ -1,0 +1,328 @@
+"""Task adapters: how each task turns its files into `Batch`es for one training engine.
+
+| task | architecture | model method | targets | ignored id | default metric |
+| --- | --- | --- | --- | --- | --- |
+| translation | encoder-decoder | `forward(src, tgt_in, src_mask, tgt_mask)` | next target token | pad | val_loss |
+| lm | decoder-only | `forward(x)` | next token | none | val_loss |
+| classification | encoder-only | `classify(tokens, mask)` | the label | none | val_accuracy |
+| mlm | encoder-only | `mlm_logits(tokens, mask)` | the masked tokens | pad (every other position) | val_loss |
+
+Each adapter trains the tokenizer on the training split (or reuses the one of the checkpoint
+being resumed, or loads `tokenizer.path`), sets the model's vocabulary size (and number of
+labels) from it, and returns a `TaskData`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attn.config import ModelConfig
+from attn.data import (
+    LMStream,
+    Pair,
+    TokenBudgetSampler,
+    TranslationBatch,
+    collate_classification,
+    filter_long,
+    load_labelled,
+    load_parallel,
+    read_text,
+    translation_collate,
+)
+from attn.errors import ConfigError
+from attn.tokenizers import Tokenizer
+from attn.training.batches import Batch, BatchSource, IndexedBatches, WindowBatches, lm_batch
+from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
+
+
+@dataclass
+class TaskData:
+    """Everything the trainer needs from a task.
+
+    Attributes:
+        model_config: the model to build (vocabulary and labels filled in from the data).
+        head: the model method that gives the logits: "forward", "classify" or "mlm_logits".
+        ignore_id: the target id that is not scored (the padding id), or None.
+        train: this rank's training batches.
+        valid: returns the validation batches (every rank sees all of them), or None.
+        metric: the validation metric for early stopping and the best checkpoint.
+        tokenizer: saved in every checkpoint, when there is one.
+        info: JSON-ready facts inference needs (`task.json`), e.g. the label names.
+    """
+
+    model_config: ModelConfig
+    head: str
+    ignore_id: int | None
+    train: BatchSource
+    valid: Callable[[], Iterable[Batch]] | None
+    metric: str = "val_loss"
+    tokenizer: Tokenizer | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task builder needs to know about the process and the run being resumed."""
+
+    rank: int = 0
+    world_size: int = 1
+    tokenizer: Tokenizer | None = None  # the resumed checkpoint's, reused instead of training one
+
+
+TaskBuilder = Callable[[RunConfig, ModelConfig, TaskContext], TaskData]
+TextBatches = tuple[list[list[int]], Callable[..., Batch]]  # encoded texts, (indices, epoch) -> Batch
+
+
+def build_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
+    """The adapter of `config.task`, built from the files in `config.data`."""
+    builders: dict[Task, TaskBuilder] = {
+        Task.TRANSLATION: translation_task,
+        Task.LM: lm_task,
+        Task.CLASSIFICATION: classification_task,
+        Task.MLM: mlm_task,
+    }
+    return builders[config.task](config, model_config, ctx)
+
+
+# -- translation ------------------------------------------------------------------------------
+
+
+def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
+    """Source -> target translation with a joint source-target tokenizer (section 5.1)."""
+    corpus = load_parallel(_required(config.data.train, "data.train"), source=config.data.source)
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.sources + corpus.targets)
+    pad, bos, eos = special_ids(tokenizer, "pad", "bos", "eos")
+    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
+    limit = length_limit(config, model_config)
+    pairs, _ = filter_long(_encode_pairs(tokenizer, corpus.sources, corpus.targets), limit, "drop")
+    collate = translation_collate(pad, bos, eos)
+    batch = config.batch
+
+    def batches_of(examples: Sequence[Pair]) -> Callable[..., Batch]:
+        return lambda indices, epoch=0: translation_batch(collate([examples[i] for i in indices]))
+
+    sampler = TokenBudgetSampler(
+        [len(s) for s, _ in pairs], [len(t) + 1 for _, t in pairs], batch.max_tokens, batch.max_sentences,
+        seed=config.train.seed,
+    )
+    train = IndexedBatches(sampler, batches_of(pairs), ctx.rank, ctx.world_size)
+    valid = None
+    if config.data.valid:
+        held_out = load_parallel(config.data.valid, source=config.data.source)
+        valid_pairs, _ = filter_long(_encode_pairs(tokenizer, held_out.sources, held_out.targets), limit, "truncate")
+        valid = _fixed_batches(
+            [len(s) for s, _ in valid_pairs], [len(t) + 1 for _, t in valid_pairs], batch, batches_of(valid_pairs)
+        )
+    return TaskData(model_config, "forward", pad, train, valid, tokenizer=tokenizer, info={"task": "translation"})
+
+
+def translation_batch(batch: TranslationBatch) -> Batch:
+    """A collated translation batch as the trainer's `Batch` (targets: tgt_out, pad not scored)."""
+    inputs = (batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    return Batch(inputs, batch.tgt_out, batch.n_tgt_tokens, int(batch.src_mask.sum()) + batch.n_tgt_tokens)
+
+
+def _encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str]) -> list[Pair]:
+    return list(zip(tokenizer.encode_batch(sources), tokenizer.encode_batch(targets), strict=True))
+
+
+# -- language modelling -----------------------------------------------------------------------
+
+
+def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
+    """Next-token prediction over one text stream (the Shakespeare quickstart)."""
+    text = read_text(_required(config.data.train, "data.train"))
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, [text])
+    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
+    block = config.batch.block_size
+    if block > model_config.max_positions:
+        limit = model_config.max_positions
+        raise ConfigError("batch.block_size", f"is {block}, more than the model's max_positions={limit}; lower it")
+    stream = LMStream(torch.tensor(tokenizer.encode(text)), block, seed=config.train.seed)
+    train = WindowBatches(stream, config.batch.batch_size, ctx.rank, ctx.world_size)
+    valid = None
+    if config.data.valid:
+        held_out = LMStream(torch.tensor(tokenizer.encode(read_text(config.data.valid))), block)
+        blocks = [lm_batch(x, y) for x, y in held_out.eval_blocks(config.batch.eval_batch_size)]
+        valid = lambda: blocks
+    return TaskData(model_config, "forward", None, train, valid, tokenizer=tokenizer, info={"task": "lm"})
+
+
+# -- classification ---------------------------------------------------------------------------
+
+
+def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
+    """One label per text, from the encoder's first-token summary."""
+    corpus = load_labelled(_required(config.data.train, "data.train"))
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts)
+    (pad,) = special_ids(tokenizer, "pad")
+    model_config = model_config.replace(vocab_size=tokenizer.vocab_size, num_labels=len(corpus.label_names))
+    limit = length_limit(config, model_config)
+
+    def batches_of(texts: Sequence[str], labels: Sequence[int]) -> TextBatches:
+        ids = [seq[:limit] for seq in tokenizer.encode_batch(texts, add_special=True)]
+
+        def make(indices: Sequence[int], epoch: int = 0) -> Batch:
+            tokens, mask, targets = collate_classification([ids[i] for i in indices], [labels[i] for i in indices], pad)
+            return Batch((tokens, mask), targets, len(indices), int(mask.sum()))
+
+        return ids, make
+
+    held_out = load_labelled(config.data.valid, labels=corpus.label_names) if config.data.valid else None
+    train, valid = _text_batches(
+        config, ctx, limit, batches_of(corpus.texts, corpus.labels),
+        batches_of(held_out.texts, held_out.labels) if held_out else None,
+    )
+    info = {"task": "classification", "label_names": corpus.label_names}
+    return TaskData(model_config, "classify", None, train, valid, "val_accuracy", tokenizer, info)
+
+
+# -- masked language modelling ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Masker:
+    """BERT's masking: each ordinary token is predicted with probability p; of those, 80% are
+    replaced by the mask token, 10% by a random token and 10% kept. At least one token per
+    text is predicted. Draws come from (seed, key), so a text's masks are reproducible.
+    """
+
+    probability: float
+    mask_id: int
+    pad_id: int
+    specials: tuple[int, ...]
+    vocab_size: int
+    seed: int
+
+    def __call__(self, ids: Sequence[int], key: tuple[int, ...]) -> tuple[list[int], list[int]]:
+        """ids (L,) -> (inputs (L,), targets (L,) with pad_id where nothing is predicted)."""
+        rng = np.random.default_rng((self.seed, *key))
+        tokens = np.asarray(ids, dtype=np.int64)
+        ordinary = ~np.isin(tokens, self.specials)
+        chosen = ordinary & (rng.random(len(tokens)) < self.probability)
+        if ordinary.any() and not chosen.any():
+            chosen[rng.choice(np.flatnonzero(ordinary))] = True
+        roll = rng.random(len(tokens))
+        inputs = np.where(chosen & (roll < 0.8), self.mask_id, tokens)
+        swapped = chosen & (roll >= 0.8) & (roll < 0.9)
+        inputs[swapped] = rng.integers(max(self.specials) + 1, self.vocab_size, int(swapped.sum()))
+        return inputs.tolist(), np.where(chosen, tokens, self.pad_id).tolist()
+
+
+_TRAIN_STREAM, _VALID_STREAM = 0, 1
+
+
+def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
+    """Masked-token prediction over texts (one per line, or the text column of a labelled TSV).
+
+    Training texts get fresh masks every epoch; validation texts always the same ones.
+    """
+    texts = _texts(_required(config.data.train, "data.train"))
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, texts)
+    pad, mask_id = special_ids(tokenizer, "pad", "mask")
+    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
+    limit = length_limit(config, model_config)
+    roles = ("pad", "unk", "bos", "eos", "cls", "sep", "mask")
+    specials = tuple(i for i in (getattr(tokenizer, f"{role}_id") for role in roles) if i is not None)
+    masker = Masker(config.data.mask_probability, mask_id, pad, specials, tokenizer.vocab_size, config.train.seed)
+
+    def batches_of(lines: Sequence[str], stream: int) -> TextBatches:
+        ids = [seq[:limit] for seq in tokenizer.encode_batch(lines, add_special=True)]
+
+        def make(indices: Sequence[int], epoch: int = 0) -> Batch:
+            masked = [masker(ids[i], (stream, epoch, i)) for i in indices]
+            zeros = [0] * len(indices)
+            tokens, mask, _ = collate_classification([m[0] for m in masked], zeros, pad)
+            targets, _, _ = collate_classification([m[1] for m in masked], zeros, pad)
+            return Batch((tokens, mask), targets, int((targets != pad).sum()), int(mask.sum()))
+
+        return ids, make
+
+    held_out = batches_of(_texts(config.data.valid), _VALID_STREAM) if config.data.valid else None
+    train, valid = _text_batches(config, ctx, limit, batches_of(texts, _TRAIN_STREAM), held_out)
+    return TaskData(model_config, "mlm_logits", pad, train, valid, tokenizer=tokenizer, info={"task": "mlm"})
+
+
+def _texts(path: str) -> list[str]:
+    """The text column of a `label<TAB>text` file, or the non-blank lines of a text file."""
+    if Path(path).name.removesuffix(".gz").endswith(".tsv"):
+        return load_labelled(path).texts
+    return [line for line in read_text(path).splitlines() if line.strip()]
+
+
+# -- shared helpers ---------------------------------------------------------------------------
+
+
+def make_tokenizer(config: TokenizerConfig, texts: Sequence[str]) -> Tokenizer:
+    """Loads `config.path`, or trains a tokenizer of `config.kind` on `texts`."""
+    if config.path:
+        return Tokenizer.load(config.path)
+    if config.kind == "chars":
+        return Tokenizer.train_chars(texts)
+    if config.kind == "wordpiece":
+        return Tokenizer.train_wordpiece(texts, config.vocab_size, config.lowercase)
+    return Tokenizer.train_bpe(texts, config.vocab_size, byte_level=config.kind == "byte-bpe")
+
+
+def special_ids(tokenizer: Tokenizer, *roles: str) -> tuple[int, ...]:
+    """The ids of special-token roles ("pad", "bos", ...), which the task cannot do without.
+
+    Raises:
+        ConfigError: the tokenizer has no token for one of the roles.
+    """
+    ids = tuple(getattr(tokenizer, f"{role}_id") for role in roles)
+    for role, token_id in zip(roles, ids):
+        if token_id is None:
+            raise ConfigError(
+                "tokenizer.path", f"the tokenizer has no {role} token, which this task needs; train one instead"
+            )
+    return ids
+
+
+def length_limit(config: RunConfig, model_config: ModelConfig) -> int:
+    """The longest example in tokens: data.max_length, capped by the model's max_positions."""
+    return min(config.data.max_length or model_config.max_positions, model_config.max_positions)
+
+
+def _required(path: str, key: str) -> str:
+    if not path:
+        raise ConfigError(key, "is not set; give the path of the file, e.g. in the TOML or as an override")
+    return path
+
+
+def _text_batches(
+    config: RunConfig, ctx: TaskContext, limit: int, train: TextBatches, valid: TextBatches | None
+) -> tuple[BatchSource, Callable[[], list[Batch]] | None]:
+    """Training batches of `batch_size` texts grouped by length, and fixed validation batches."""
+    ids, make = train
+    size = config.batch.batch_size
+    # The token budget never binds: batch_size texts of at most `limit` tokens.
+    sampler = TokenBudgetSampler([len(x) for x in ids], [0] * len(ids), size * limit, size, seed=config.train.seed)
+    source = IndexedBatches(sampler, make, ctx.rank, ctx.world_size)
+    if valid is None:
+        return source, None
+    valid_ids, valid_make = valid
+    return source, _fixed_batches([len(x) for x in valid_ids], [0] * len(valid_ids), config.batch, valid_make)
+
+
+def _fixed_batches(
+    src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch: BatchConfig, make: Callable[..., Batch]
+) -> Callable[[], list[Batch]]:
+    """Validation batches in length order, collated once on first use."""
+    if not src_lengths:
+        raise ConfigError("data.valid", "the validation file has no usable examples")
+    sampler = TokenBudgetSampler(src_lengths, tgt_lengths, batch.max_tokens, batch.eval_batch_size, shuffle=False)
+    cache: list[Batch] = []
+
+    def batches() -> list[Batch]:
+        if not cache:
+            cache.extend(make(indices) for indices in sampler.epoch_batches(0))
+        return cache
+
+    return batches

@@ -1,0 +1,115 @@
+"""Several processes on the CPU (gloo): the same global batch gives the same losses as one process.
+
+Two ranks each take half of every global batch; DistributedDataParallel (and FSDP2) average
+their gradients, and the trainer's normalisation by the update's total target count makes the
+result that of one process seeing the whole batch. Resuming with the same number of ranks is
+exact too. A second test launches through torchrun, whose environment variables train() reads.
+"""
+
+import faulthandler
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from attn.data import TokenBudgetSampler, collate_translation
+from attn.training.batches import IndexedBatches
+from attn.training.runconfig import RunConfig
+from attn.training.tasks import TaskData, translation_batch
+from attn.training.trainer import train
+
+STEPS = 4
+RUNS = [  # (name, strategy, first stop) in the two-process job
+    ("ddp", "ddp", STEPS),
+    ("ddp-resumed", "ddp", STEPS // 2),
+    ("fsdp", "fsdp", STEPS),
+    ("fsdp-resumed", "fsdp", STEPS // 2),
+]
+
+
+def reversal_task(config, model_config, ctx):
+    rng = random.Random(0)
+    sources = [[rng.randrange(7, 97) for _ in range(rng.randint(2, 9))] for _ in range(48)]
+    pairs = [(src, src[::-1]) for src in sources]
+    sampler = TokenBudgetSampler([len(s) for s, _ in pairs], [len(t) + 1 for _, t in pairs], 60, 64, seed=0)
+
+    def make(indices, epoch):
+        return translation_batch(collate_translation([pairs[i] for i in indices], 0, 2, 3))
+
+    batches = IndexedBatches(sampler, make, ctx.rank, ctx.world_size)
+    return TaskData(model_config.replace(dropout=0.0), "forward", 0, batches, None)
+
+
+def run_config(run_dir, *overrides):
+    return RunConfig().override(
+        f"run_dir={run_dir}", "model.preset=paper-base-tiny", "optim.schedule=noam", "optim.warmup_steps=2",
+        "optim.clip=1.0", "batch.grad_accum=2", "train.quiet=true", "train.eval_interval=0", "train.log_interval=1",
+        "train.checkpoint_interval=0", "train.device=cpu", f"train.max_steps={STEPS}", *overrides,
+    )
+
+
+def worker(rank, world_size, root):
+    faulthandler.dump_traceback_later(100, exit=True)  # a hung rank shows where it waits, then exits
+    torch.set_num_threads(1)
+    # One process group for all the runs, as under torchrun; train() finds it and keeps it. A file
+    # rendezvous, because creating and destroying TCP stores in quick succession can hang.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=world_size)
+    losses = {}
+    for name, strategy, first_stop in RUNS:
+        config = run_config(f"{root}/{name}", f"train.strategy={strategy}")
+        for stop in sorted({first_stop, STEPS}):
+            run = train(config.override(f"train.max_steps={stop}"), task_builder=reversal_task)
+            losses.setdefault(name, []).extend(run.losses)
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(f"{root}/losses.json", "w") as handle:
+            json.dump(losses, handle)
+
+
+def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
+    single = train(run_config(tmp_path / "single"), task_builder=reversal_task).losses
+    job = mp.start_processes(worker, args=(2, str(tmp_path)), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while not job.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in job.processes:
+                process.kill()
+            pytest.fail("the two-process run did not finish within 120 s")
+    losses = json.loads((tmp_path / "losses.json").read_text())
+    assert len(single) == STEPS and len(set(single)) == STEPS
+    for name, _, _ in RUNS:
+        assert losses[name] == pytest.approx(single, abs=1e-5), name
+    assert losses["ddp-resumed"] == losses["ddp"] and losses["fsdp-resumed"] == losses["fsdp"]
+
+
+LAUNCHED = """
+import json, sys
+sys.path.insert(0, {here!r})
+from test_ddp import reversal_task, run_config
+from attn.training.trainer import train
+result = train(run_config({run_dir!r}, "train.max_steps=2"), task_builder=reversal_task)
+if result.checkpoint is not None:
+    print("LOSSES", json.dumps(result.losses))
+"""
+
+
+def test_torchrun_launch_rendezvous_from_the_environment(tmp_path):
+    """The way users run it: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT; train() joins and leaves."""
+    script = tmp_path / "launched.py"
+    script.write_text(LAUNCHED.format(here=str(Path(__file__).parent), run_dir=str(tmp_path / "run")))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    launched = json.loads(done.stdout.split("LOSSES", 1)[1])
+    single = train(run_config(tmp_path / "single", "train.max_steps=2"), task_builder=reversal_task).losses
+    assert launched == pytest.approx(single, abs=1e-5)

@@ -1,0 +1,99 @@
+"""RunConfig: TOML loading, command-line overrides, errors that name the key, shipped configs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attn.errors import ConfigError
+from attn.training.runconfig import Optimizer, Precision, RunConfig, Schedule, Task, load_run_config, parse_value
+
+CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
+
+
+def test_configs_are_shipped():
+    names = {path.stem for path in CONFIGS}
+    assert {"translation-quick", "translation-cpu-1h", "translation-paper-base-gpu", "shakespeare-char-quick",
+            "shakespeare-char-1h", "fortunes-classify"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_parses_and_round_trips(path):
+    config = load_run_config(path)
+    assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    model = config.model_config()
+    assert model.d_model % model.heads == 0
+    for key in ("train", "valid"):
+        assert (Path(__file__).parents[3] / getattr(config.data, key)).exists()
+
+
+def test_paper_config_follows_the_paper():
+    config = load_run_config(Path(__file__).parents[3] / "configs" / "translation-paper-base-gpu.toml")
+    optim = config.optim
+    assert (optim.optimizer, optim.beta1, optim.beta2, optim.eps) == (Optimizer.ADAM, 0.9, 0.98, 1e-9)
+    assert (optim.schedule, optim.warmup_steps, optim.lr) == (Schedule.NOAM, 4000, 1.0)
+    assert config.train.label_smoothing == 0.1 and config.model_config().d_model == 512
+
+
+def test_toml_sections_and_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(
+        'task = "lm"\nrun_dir = "runs/x"\n[model]\npreset = "gpt2-tiny"\nd_model = 64\n[train]\nmax_steps = 10\n'
+    )
+    config = load_run_config(
+        path, ["train.max_steps=20", "optim.lr=1e-4", "train.precision=bf16", "data.train=data/a b.txt",
+               "model.heads=8", "train.quiet=true", "run_dir=runs/y"]
+    )
+    assert config.task is Task.LM and config.run_dir == "runs/y"
+    assert config.train.max_steps == 20 and config.optim.lr == 1e-4 and config.train.quiet is True
+    assert config.train.precision is Precision.BF16 and config.data.train == "data/a b.txt"
+    model = config.model_config()
+    assert (model.d_model, model.heads, model.decoder_layers) == (64, 8, 2)
+
+
+def test_parse_value_reads_toml_values_else_strings():
+    assert parse_value("3") == 3 and parse_value("1e-4") == 1e-4 and parse_value("false") is False
+    assert parse_value('"7"') == "7" and parse_value("[1, 2]") == [1, 2] and parse_value("cuda:1") == "cuda:1"
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("train.max_step=3", "train.max_step"),
+        ("train.max_steps=three", "train.max_steps"),
+        ("train.max_steps=1.5", "train.max_steps"),
+        ("train.compile=1", "train.compile"),
+        ("train.max_steps=0", "train.max_steps"),
+        ("optim.schedule=linear", "optim.schedule"),
+        ("optim.beta2=1.0", "optim.beta2"),
+        ("batch.grad_accum=0", "batch.grad_accum"),
+        ("tokenizer.kind=sentencepiece", "tokenizer.kind"),
+        ("model.colour=blue", "model.colour"),
+        ("model.preset=gpt3", "model.preset"),
+        ("model.dropout=2.0", "model.dropout"),
+        ("data.mask_probability=0", "data.mask_probability"),
+        ("optimiser.lr=1", "optimiser.lr"),
+        ("task=summarise", "task"),
+        ("colour=blue", "colour"),
+        ("train", "train"),
+        ("a.b.c=1", "a.b.c"),
+    ],
+)
+def test_bad_keys_and_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        RunConfig().override(override)
+    assert err.value.field == key
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_run_config(tmp_path / "missing.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[train\nmax_steps = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_run_config(broken)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("train = 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_run_config(wrong)
+    assert err.value.field == "train"

@@ -1,0 +1,71 @@
+"""Learning-rate schedules against their formulas, and through torch's LambdaLR."""
+
+import math
+
+import pytest
+import torch
+
+from attn.errors import ConfigError
+from attn.training.schedules import Constant, Noam, WarmupCosine, make_schedule
+
+
+def paper_rate(step, d_model=512, warmup=4000):
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+@pytest.mark.parametrize("step", [1, 4000, 40000])
+def test_noam_equals_the_papers_formula(step):
+    assert Noam(512, 4000).rate(step) == pytest.approx(paper_rate(step), rel=1e-12)
+
+
+def test_noam_hand_values_and_peak():
+    noam = Noam(512, 4000)
+    assert noam.rate(1) == pytest.approx(512**-0.5 * 4000**-1.5)  # 1.747e-7
+    assert noam.rate(1) == pytest.approx(1.74692811e-07, rel=1e-8)
+    assert noam.rate(4000) == pytest.approx(512**-0.5 * 4000**-0.5)  # the peak
+    assert noam.rate(4000) == pytest.approx(6.98771242e-04, rel=1e-8)
+    assert noam.rate(40000) == pytest.approx(2.20970869e-04, rel=1e-8)
+    assert max(noam.rate(s) for s in range(1, 20000, 7)) <= noam.rate(4000)
+
+
+def test_noam_counts_updates_from_one():
+    noam = Noam(64, 10)
+    assert noam(0) == noam.rate(1) and noam(9) == noam.rate(10)
+
+
+def test_lambda_lr_applies_the_rate_of_update_n_to_update_n():
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([param], lr=2.0)  # a multiplier of the formula
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, Noam(512, 4000))
+    seen = []
+    for _ in range(3):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([2.0 * paper_rate(s) for s in (1, 2, 3)], rel=1e-12)
+
+
+def test_cosine_warms_up_linearly_then_decays_to_the_floor():
+    schedule = WarmupCosine(warmup=10, total=110, min_ratio=0.1)
+    assert schedule.rate(1) == pytest.approx(0.1)
+    assert schedule.rate(10) == pytest.approx(1.0)
+    assert schedule.rate(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # 0.55
+    assert schedule.rate(110) == pytest.approx(0.1)
+    assert schedule.rate(500) == pytest.approx(0.1)
+
+
+def test_constant_with_warmup():
+    assert [Constant(4).rate(s) for s in (1, 2, 4, 9)] == [0.25, 0.5, 1.0, 1.0]
+    assert Constant(0).rate(1) == 1.0
+
+
+def test_make_schedule_names_and_errors():
+    assert isinstance(make_schedule("noam", 512, 4000, 100), Noam)
+    assert isinstance(make_schedule("cosine", 512, 10, 100), WarmupCosine)
+    with pytest.raises(ConfigError, match="schedule"):
+        make_schedule("linear", 512, 10, 100)
+    with pytest.raises(ConfigError) as err:
+        make_schedule("cosine", 512, 100, 50)
+    assert err.value.field == "train.max_steps" and "warmup_steps" in str(err.value)
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        Noam(512, 0)

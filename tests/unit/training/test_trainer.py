@@ -1,0 +1,159 @@
+"""The training engine: each architecture learns, non-finite losses, early stopping, metrics, resume checks."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from attn.config import preset
+from attn.errors import CheckpointError, ConfigError
+from attn.training import checkpoint as ckpt
+from attn.training import trainer as trainer_module
+from attn.training.batches import Batch, lm_batch
+from attn.training.distributed import init_distributed
+from attn.training.tasks import TaskData
+from attn.training.logs import FlopCounter, model_flops, read_metrics
+from attn.training.trainer import TrainingError, train
+from training_helpers import PAD, RepeatBatch, collate, quick_config, reversal_builder, reversal_pairs
+
+
+def one_batch(name):
+    """(head, batch, ignore id) of one fixed batch for an architecture's task."""
+    torch.manual_seed(0)
+    tokens = torch.randint(7, 97, (4, 12))
+    mask = torch.ones(4, 12, dtype=torch.bool)
+    if name == "translation":
+        return "forward", collate(reversal_pairs(4)), PAD
+    if name == "lm":
+        return "forward", lm_batch(tokens[:2, :-1], tokens[:2, 1:]), None
+    if name == "classification":
+        return "classify", Batch((tokens, mask), torch.tensor([0, 1, 2, 1]), 4, 48), None
+    targets = torch.full_like(tokens, PAD)
+    targets[:, [3, 7]] = tokens[:, [3, 7]]
+    masked = tokens.clone()
+    masked[:, [3, 7]] = 6
+    return "mlm_logits", Batch((masked, mask), targets, 8, 48), PAD
+
+
+# (preset, updates) per task: each of the three architectures, and the encoder on both its heads.
+SETTINGS = {
+    "translation": ("paper-base-tiny", 60),
+    "lm": ("gpt2-tiny", 80),
+    "classification": ("bert-base-tiny", 40),
+    "mlm": ("bert-base-tiny", 60),
+}
+
+
+@pytest.mark.parametrize("task", list(SETTINGS))
+def test_a_tiny_model_overfits_one_batch(tmp_path, task):
+    head, batch, ignore = one_batch(task)
+    name, steps = SETTINGS[task]
+
+    def build(config, model_config, ctx):
+        return TaskData(preset(name).replace(dropout=0.0), head, ignore, RepeatBatch(batch), None)
+
+    config = quick_config(tmp_path, f"train.max_steps={steps}", "train.label_smoothing=0.0", "optim.lr=1e-2")
+    result = train(config, task_builder=build)
+    assert result.losses[0] > 1.0
+    assert result.losses[-1] < 0.05
+
+
+def nan_on_call(monkeypatch, bad_call):
+    """Makes the loss of the `bad_call`-th micro-batch NaN."""
+    calls = {"n": 0}
+    real = trainer_module.label_smoothed_cross_entropy
+
+    def patched(logits, targets, smoothing, ignore_id):
+        calls["n"] += 1
+        sums = real(logits, targets, smoothing, ignore_id)
+        return sums._replace(loss=sums.loss * math.nan) if calls["n"] == bad_call else sums
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_cross_entropy", patched)
+
+
+def test_a_nan_loss_stops_with_the_step_and_no_nan_checkpoint(tmp_path, monkeypatch):
+    nan_on_call(monkeypatch, bad_call=3)
+    config = quick_config(tmp_path, "train.max_steps=5", "train.checkpoint_interval=1")
+    with pytest.raises(TrainingError, match=r"step 3: the training loss is nan; lower optim.lr, set optim.clip"):
+        train(config, task_builder=reversal_builder())
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000001", "step-00000002"]
+
+
+def test_a_nan_loss_can_skip_the_update(tmp_path, monkeypatch):
+    nan_on_call(monkeypatch, bad_call=3)
+    config = quick_config(
+        tmp_path, "train.max_steps=4", "train.checkpoint_interval=1", "train.keep_last=10", "train.on_nonfinite=skip"
+    )
+    result = train(config, task_builder=reversal_builder())
+    assert math.isnan(result.losses[2]) and all(math.isfinite(x) for x in result.losses[:2] + result.losses[3:])
+    weights = [ckpt.load_checkpoint(p).model.state_dict() for p in ckpt.list_checkpoints(tmp_path)]
+    assert len(weights) == 4 and all(torch.isfinite(t).all() for w in weights for t in w.values())
+    for key in weights[1]:  # the skipped update left the weights as they were
+        assert torch.equal(weights[1][key], weights[2][key])
+    assert {"step": 3, "skipped": "loss"} in read_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_early_stopping_when_the_metric_stops_improving(tmp_path):
+    # lr = 0: the validation loss never improves after the first evaluation.
+    config = quick_config(tmp_path, "optim.lr=0.0", "train.eval_interval=1", "train.patience=2", "train.max_steps=10")
+    result = train(config, task_builder=reversal_builder())
+    assert result.stopped_early and result.step == 3 and result.best_step == 1
+    assert ckpt.best_checkpoint(tmp_path).name == "step-00000001"
+    assert result.metrics["val_loss"] == pytest.approx(result.best_metric)
+    summary = result.summary()
+    assert summary.startswith("stopped early at step 3; val_loss ") and "best at step 1 (" in summary
+    assert summary.endswith(f"checkpoint {tmp_path / 'checkpoints' / 'step-00000003'}")
+
+
+def test_metrics_file_records_training_and_validation(tmp_path):
+    config = quick_config(
+        tmp_path, "train.max_steps=4", "train.eval_interval=2", "train.log_interval=2", "optim.schedule=noam",
+        "optim.warmup_steps=4", "optim.lr=2.0",
+    )
+    result = train(config, task_builder=reversal_builder())
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    training = [r for r in records if "loss" in r]
+    validation = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in training] == [2, 4] and [r["step"] for r in validation] == [2, 4]
+    assert training[0]["lr"] == pytest.approx(2.0 * 32**-0.5 * 2 * 4**-1.5)  # the rate of update 2
+    assert training[1]["loss"] == pytest.approx((result.losses[2] + result.losses[3]) / 2)
+    assert all(r["tokens_per_s"] > 0 and r["elapsed"] > 0 and "mfu" not in r for r in training)
+    assert validation[-1]["val_ppl"] == pytest.approx(math.exp(validation[-1]["val_loss"]))
+    assert 0.0 <= validation[-1]["val_accuracy"] <= 1.0
+    stored = json.loads((ckpt.latest_checkpoint(tmp_path) / ckpt.RUN_CONFIG_FILE).read_text())
+    assert stored["train"]["max_steps"] == 4
+
+
+def test_resuming_needs_the_same_model_and_refuses_to_overwrite(tmp_path):
+    train(quick_config(tmp_path, "train.max_steps=1"), task_builder=reversal_builder())
+    with pytest.raises(CheckpointError, match="differs from this run's in 'd_ff'"):
+        train(quick_config(tmp_path, "train.max_steps=2", "model.d_ff=48"), task_builder=reversal_builder())
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        train(quick_config(tmp_path, "train.max_steps=2", "train.resume=false"), task_builder=reversal_builder())
+
+
+def test_an_unknown_metric_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="train.metric: unknown metric 'bleu'"):
+        train(quick_config(tmp_path, "train.metric=bleu"), task_builder=reversal_builder())
+
+
+def test_model_flops_and_utilisation():
+    # 6 N per token for the weights, 12 L d T per token for the attention scores.
+    assert model_flops(n_params=1000, n_layers=2, d_model=8, context=10, tokens=5) == (6000 + 1920) * 5
+    counter = FlopCounter(n_params=1000, n_layers=2, d_model=8, peak_flops=1e4)
+    counter.add(context=10.2, tokens=5)
+    counter.add(context=10, tokens=5)
+    assert counter.utilisation(seconds=2.0) == pytest.approx(2 * 39600 / 2e4)
+    assert counter.flops == 0.0 and FlopCounter(1, 1, 1, 0.0).utilisation(1.0) is None
+
+
+def test_device_choice(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert init_distributed("cpu").device == torch.device("cpu") and not init_distributed("cpu").distributed
+    with pytest.raises(ConfigError, match="train.device: unknown device 'gpu0'"):
+        init_distributed("gpu0")
+    if not torch.cuda.is_available():
+        assert init_distributed("auto").device == torch.device("cpu")
+        with pytest.raises(ConfigError, match="no GPU is available"):
+            init_distributed("cuda")
