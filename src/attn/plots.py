@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from attn.errors import AttnError
 
 PLOTS_DIR = "plots"
@@ -52,12 +54,18 @@ def _series(records: Sequence[dict[str, Any]], key: str) -> list[tuple[int, floa
     return sorted(points.items())
 
 
-def _draw(path: Path, title: str, series: dict[str, list[tuple[int, float]]]) -> Path:
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend, imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _draw(path: Path, title: str, series: dict[str, list[tuple[int, float]]]) -> Path:
+    plt = _pyplot()
     figure, first_axis = plt.subplots(figsize=(7, 4))
     axes = [first_axis] + [first_axis.twinx() for _ in list(series)[1:]]
     for (key, points), axis, colour in zip(series.items(), axes, ("tab:blue", "tab:orange")):
@@ -71,3 +79,55 @@ def _draw(path: Path, title: str, series: dict[str, list[tuple[int, float]]]) ->
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def plot_attention(
+    weights: Tensor, queries: Sequence[str], keys: Sequence[str], title: str, out: str | Path
+) -> Path:
+    """Draws (Tq, Tk) attention weights as a heat map with the tokens on both axes."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * len(keys) + 2), max(3.0, 0.3 * len(queries) + 1.5)))
+    image = ax.imshow(weights.float().numpy(), cmap="viridis", aspect="auto", vmin=0.0)
+    ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(queries)), queries, fontsize=8)
+    ax.set_xlabel("attended (keys)")
+    ax.set_ylabel("attending (queries)")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_attention_for(
+    model_path: str | Path, text: str, kind: str, layer: int, head: int | None, out: str | Path
+) -> Path:
+    """Runs a model on `text` and draws one layer's attention (one head, or the mean over heads).
+
+    For an encoder-decoder, "cross" and "decoder" attention are drawn over the model's own greedy
+    translation of `text`: cross-attention then shows the alignment between source and output.
+    """
+    from attn.attention_maps import attention_maps
+    from attn.generation import GenerationConfig, generate_seq2seq
+    from attn.inference import load_for_inference
+    from attn.models import EncoderDecoder
+
+    loaded = load_for_inference(model_path)
+    tok = loaded.tokenizer
+    source = tok.encode(text)
+    target = None
+    if isinstance(loaded.model, EncoderDecoder) and kind != "encoder":
+        output = generate_seq2seq(loaded.model, [source], loaded.start_id, loaded.eos_id, loaded.pad_id,
+                                  GenerationConfig())[0]
+        target = [loaded.start_id, *output]
+    weights = attention_maps(loaded.model, source, layer, kind, target)  # (h, Tq, Tk)
+    chosen = weights.mean(0) if head is None else weights[head]
+    pieces = [tok.id_to_token(i) or str(i) for i in source]
+    target_pieces = [tok.id_to_token(i) or str(i) for i in target] if target else pieces
+    queries, keys = {"cross": (target_pieces, pieces), "decoder": (target_pieces, target_pieces)}.get(
+        kind, (pieces, pieces))
+    which = "mean over heads" if head is None else f"head {head}"
+    return plot_attention(chosen, queries, keys, f"{kind} attention, layer {layer}, {which}", out)

@@ -19,7 +19,8 @@ from attn.training.losses import LossSums, label_smoothed_cross_entropy
 from attn.training.runconfig import RunConfig, load_run_config
 from attn.training.schedules import Noam, WarmupCosine, make_schedule
 from attn.training.logs import read_metrics
-from attn.training.trainer import RunResult, Trainer, TrainingError, train
+from attn.errors import TrainingError
+from attn.training.trainer import RunResult, Trainer, train
 
 __all__ = [
     "Checkpoint",

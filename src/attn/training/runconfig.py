@@ -50,7 +50,7 @@ class Schedule(str, enum.Enum):
 
 class Precision(str, enum.Enum):
     FP32 = "fp32"
-    BF16 = "bf16"  # autocast to bfloat16 on GPU
+    BF16 = "bf16"  # autocast to bfloat16, on GPU or CPU
     FP16 = "fp16"  # autocast to float16 with a gradient scaler on GPU
 
 
@@ -110,29 +110,36 @@ class ModelSection:
     """A preset name and the `ModelConfig` fields that override it.
 
     The vocabulary size and the number of labels come from the tokenizer and the data, so they
-    need no override.
+    need no override. `init_from` names a Hugging Face directory or an `attn` checkpoint to
+    fine-tune: its architecture (with the overrides applied), weights and tokenizer replace the
+    preset's; heads it lacks (a classifier) start from fresh weights.
     """
 
     preset: str = "paper-base"
     overrides: tuple[tuple[str, Any], ...] = ()
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.preset, str):
             raise ConfigError("preset", f"expected a preset name, got {self.preset!r}")
+        if not isinstance(self.init_from, str):
+            raise ConfigError("init_from", f"expected a directory path, got {self.init_from!r}")
         self.build()
 
-    def build(self) -> ModelConfig:
-        """The preset with the overrides applied (validated)."""
-        return preset(self.preset).replace(**dict(self.overrides))
+    def build(self, base: ModelConfig | None = None) -> ModelConfig:
+        """The preset (or `base`, e.g. a pretrained model's config) with the overrides applied."""
+        return (base or preset(self.preset)).replace(**dict(self.overrides))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"preset": self.preset, **dict(self.overrides)}
+        start = {"init_from": self.init_from} if self.init_from else {}
+        return {"preset": self.preset, **start, **dict(self.overrides)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelSection:
         fields = dict(data)
         name = fields.pop("preset", cls.preset)
-        return cls(name, tuple(sorted(fields.items())))
+        init_from = fields.pop("init_from", "")
+        return cls(name, tuple(sorted(fields.items())), init_from)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +203,7 @@ class TrainConfig:
     """
 
     max_steps: int = 1000
+    max_minutes: float = 0.0  # stop after this much training time (0 = no limit), then evaluate and save
     eval_interval: int = 500
     eval_batches: int = 0  # 0 = the whole validation set
     checkpoint_interval: int = 1000
@@ -217,7 +225,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self)
-        minimums = {"max_steps": 1, "keep_last": 1, "log_interval": 1, "peak_tflops": 0.0}
+        minimums = {"max_steps": 1, "keep_last": 1, "log_interval": 1, "peak_tflops": 0.0, "max_minutes": 0.0}
         minimums.update(dict.fromkeys(("eval_interval", "eval_batches", "checkpoint_interval", "patience"), 0))
         _check_at_least(self, minimums)
         if not 0.0 <= self.label_smoothing < 1.0:

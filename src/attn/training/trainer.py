@@ -33,10 +33,12 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from attn.config import ModelConfig
-from attn.errors import AttnError, CheckpointError, ConfigError
+from attn.errors import AttnError, CheckpointError, ConfigError, TrainingError
 from attn.models import Model, build_model, count_parameters
 from attn.training.batches import Batch
 from attn.training.checkpoint import (
+    copy_pretrained,
+    load_initial,
     Checkpoint,
     capture_rng,
     config_difference,
@@ -66,10 +68,6 @@ from attn.training.tasks import TaskBuilder, TaskContext, TaskData, build_task
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
-
-
-class TrainingError(AttnError):
-    """Training cannot go on: a non-finite loss or gradient, or an update without targets."""
 
 
 @dataclasses.dataclass
@@ -177,8 +175,12 @@ def accumulate_gradients(
 
 
 def autocast_factory(device: torch.device, precision: Precision) -> Callable[[], contextlib.AbstractContextManager]:
-    """The forward pass's mixed-precision context: bf16/fp16 autocast on a GPU, nothing on the CPU."""
-    if device.type != "cuda" or precision == Precision.FP32:
+    """The forward pass's mixed-precision context.
+
+    bf16 autocast works on a GPU and on a CPU (where bfloat16 matrix units make it faster on recent
+    processors); fp16 needs a GPU's gradient scaler and is a no-op on the CPU.
+    """
+    if precision == Precision.FP32 or (precision == Precision.FP16 and device.type != "cuda"):
         return contextlib.nullcontext
     dtype = torch.bfloat16 if precision == Precision.BF16 else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)
@@ -304,7 +306,7 @@ class Trainer:
         stopped = False
         window = LogWindow()
         with self._progress() as bar:
-            while self.step < train.max_steps and not stopped:
+            while self.step < train.max_steps and not stopped and not self._out_of_time():
                 started = time.perf_counter()
                 stats = self.train_step()
                 seconds = time.perf_counter() - started
@@ -324,6 +326,17 @@ class Trainer:
         tracker = self.tracker
         run_dir = Path(self.config.run_dir)
         return RunResult(run_dir, self.step, losses, metrics, tracker.best, tracker.best_step, checkpoint, stopped)
+
+    def _out_of_time(self) -> bool:
+        """Whether the training time (resumed runs included) reached `train.max_minutes`.
+
+        Ranks decide together, so all of them stop after the same step.
+        """
+        limit = self.config.train.max_minutes
+        if not limit:
+            return False
+        over = torch.tensor([float(self.elapsed >= 60 * limit)])
+        return bool(all_reduce_sum(over, self.ctx).item() > 0)
 
     def train_step(self) -> StepStats:
         """One update of `grad_accum` micro-batches.
@@ -523,10 +536,16 @@ def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder,
             "train.resume", f"{config.run_dir} already holds checkpoints; choose a new run_dir, delete it, or resume"
         )
     resumed = load_checkpoint(previous, train_config.attention, with_state=True) if previous else None
+    initial = load_initial(config.model.init_from) if config.model.init_from else None
+    if initial is not None:
+        model_config = config.model.build(initial.model_config)
     seed_everything(train_config.seed)
-    task = builder(config, model_config, TaskContext(ctx.rank, ctx.world_size, resumed and resumed.tokenizer))
+    tokenizer = (resumed and resumed.tokenizer) or (initial and initial.tokenizer)
+    task = builder(config, model_config, TaskContext(ctx.rank, ctx.world_size, tokenizer))
     if resumed is None:
         model = build_model(task.model_config, train_config.attention)
+        if initial is not None:
+            copy_pretrained(initial, model)
     else:
         if resumed.model_config != task.model_config:
             raise CheckpointError(

@@ -1,0 +1,198 @@
+"""Using a trained or imported model on text: what `attn translate/generate/classify/embed` call.
+
+`load_for_inference(path)` accepts an `attn` checkpoint, a run directory (its latest checkpoint)
+or a local Hugging Face directory (GPT-2, BERT, Marian), and returns the model with the tokenizer
+and the facts needed to use it (task, special ids, label names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attn.beam_search import beam_search_seq2seq
+from attn.data import pad_batch
+from attn.errors import AttnError, CheckpointError, GenerationError
+from attn.generation import GenerationConfig, generate_seq2seq, stream
+from attn.models import Decoder, Encoder, EncoderDecoder, Model
+from attn.tokenizers import Tokenizer
+
+# What an imported Hugging Face family is used for.
+_FAMILY_TASKS = {"gpt2": "lm", "marian": "translation", "bert": "embedding"}
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A model ready for inference.
+
+    Attributes:
+        model: in eval mode, on the CPU.
+        tokenizer: the model's tokenizer.
+        task: "translation", "lm", "classification", "mlm" or "embedding".
+        start_id: the token a decoder starts from (bos; Marian's pad).
+        eos_id: the end-of-sequence id, or None.
+        pad_id: the padding id used for batches.
+        label_names: the classes of a classifier, by id.
+        path: where it was loaded from.
+    """
+
+    model: Model
+    tokenizer: Tokenizer
+    task: str
+    start_id: int | None
+    eos_id: int | None
+    pad_id: int
+    label_names: list[str]
+    path: Path
+
+
+def load_for_inference(path: str | Path) -> Loaded:
+    """Loads an `attn` checkpoint, a run directory or a Hugging Face model directory.
+
+    Raises:
+        CheckpointError: nothing loadable at `path`, or a model without a tokenizer.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint or model directory; check the path")
+    if (path / "config.json").exists() and not (path / "model_config.json").exists():
+        return _load_huggingface(path)
+    from attn.training.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    tokenizer = _require_tokenizer(checkpoint.tokenizer, checkpoint.path)
+    task = checkpoint.task_info.get("task") or _default_task(checkpoint.model)
+    return Loaded(
+        checkpoint.model, tokenizer, task, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id or 0,
+        list(checkpoint.task_info.get("label_names", [])), checkpoint.path,
+    )
+
+
+def _load_huggingface(path: Path) -> Loaded:
+    from attn.pretrained import load_pretrained
+
+    model, tokenizer, info = load_pretrained(path)
+    tokenizer = _require_tokenizer(tokenizer, path)
+    start = info.ids.decoder_start if info.family == "marian" else tokenizer.bos_id
+    pad = info.ids.pad if info.ids.pad is not None else (tokenizer.pad_id or 0)
+    eos = info.ids.eos if info.ids.eos is not None else tokenizer.eos_id
+    return Loaded(model, tokenizer, _FAMILY_TASKS[info.family], start, eos, pad, [], path)
+
+
+def _require_tokenizer(tokenizer: Tokenizer | None, path: Path) -> Tokenizer:
+    if tokenizer is None:
+        raise CheckpointError(
+            f"{path}: no tokenizer file attn can read (tokenizer.json, vocab.json + merges.txt, or vocab.txt); "
+            "add one next to the weights"
+        )
+    return tokenizer
+
+
+def _default_task(model: Model) -> str:
+    if isinstance(model, EncoderDecoder):
+        return "translation"
+    return "lm" if isinstance(model, Decoder) else "embedding"
+
+
+def _expect(loaded: Loaded, kind: type, what: str) -> None:
+    if not isinstance(loaded.model, kind):
+        raise AttnError(f"{loaded.path} holds a {type(loaded.model).__name__} model ({loaded.task}); "
+                        f"{what} needs a {kind.__name__} model")
+
+
+def _checked(texts: Sequence[str]) -> list[str]:
+    texts = [t.strip() for t in texts]
+    if not texts or not all(texts):
+        raise GenerationError("empty input text: give at least one non-blank line per input")
+    return texts
+
+
+def _texts_to_ids(loaded: Loaded, texts: Sequence[str], add_special: bool) -> list[list[int]]:
+    return loaded.tokenizer.encode_batch(_checked(texts), add_special=add_special)
+
+
+def translate(loaded: Loaded, texts: Sequence[str], config: GenerationConfig | None = None,
+              batch_size: int = 32) -> list[str]:
+    """Translates each text with the encoder-decoder (the paper's beam 4, alpha 0.6 by default)."""
+    _expect(loaded, EncoderDecoder, "translation")
+    config = config or GenerationConfig.paper()
+    sources = _texts_to_ids(loaded, texts, add_special=False)
+    outputs: list[list[int]] = []
+    with torch.inference_mode():
+        for start in range(0, len(sources), batch_size):
+            chunk = sources[start : start + batch_size]
+            outputs += generate_seq2seq(loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config)
+    return loaded.tokenizer.decode_batch(outputs)
+
+
+def translate_n_best(loaded: Loaded, text: str, config: GenerationConfig) -> list[tuple[str, float]]:
+    """The n best translations of one text with their scores."""
+    _expect(loaded, EncoderDecoder, "translation")
+    source = _texts_to_ids(loaded, [text], add_special=False)
+    with torch.inference_mode():
+        (hypotheses,) = beam_search_seq2seq(
+            loaded.model, source, loaded.start_id, loaded.eos_id, loaded.pad_id, config
+        )
+    return [(loaded.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
+
+
+def generate_stream(loaded: Loaded, prompt: str, config: GenerationConfig) -> Iterator[str]:
+    """Continues a prompt with the decoder-only model, yielding text pieces as tokens arrive."""
+    _expect(loaded, Decoder, "text generation")
+    ids = loaded.tokenizer.encode(prompt) if prompt else []
+    if not ids:
+        if loaded.start_id is None:
+            raise GenerationError("empty prompt and the tokenizer has no start token: give a prompt")
+        ids = [loaded.start_id]
+    decode = loaded.tokenizer.decode
+    produced: list[int] = []
+    shown = ""
+    with torch.inference_mode():
+        for token in stream(loaded.model, ids, config, eos_id=loaded.eos_id, decode=decode):
+            produced.append(token)
+            text = decode(produced)
+            yield text[len(shown):]
+            shown = text
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    label: str
+    probability: float
+    probabilities: dict[str, float]
+
+
+def classify(loaded: Loaded, texts: Sequence[str], batch_size: int = 64) -> list[Prediction]:
+    """The most probable label of each text, with the class probabilities."""
+    _expect(loaded, Encoder, "classification")
+    if not loaded.label_names:
+        raise AttnError(f"{loaded.path} is not a trained classifier (no label names); train one with task=classification")
+    probs = _class_probabilities(loaded, texts, batch_size)
+    names = loaded.label_names
+    return [
+        Prediction(names[int(row.argmax())], float(row.max()), {n: float(p) for n, p in zip(names, row)})
+        for row in probs
+    ]
+
+
+def _class_probabilities(loaded: Loaded, texts: Sequence[str], batch_size: int) -> Tensor:
+    limit = loaded.model.stack.max_positions
+    ids = [seq[:limit] for seq in _texts_to_ids(loaded, texts, add_special=True)]
+    rows = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), batch_size):
+            tokens, mask = pad_batch(ids[start : start + batch_size], loaded.pad_id)
+            rows.append(loaded.model.classify(tokens, mask).softmax(-1))
+    return torch.cat(rows)
+
+
+def embed(loaded: Loaded, texts: Sequence[str], batch_size: int = 64) -> Tensor:
+    """Mean-pooled, L2-normalised sentence embeddings (N, d_model)."""
+    from attn.pretrained import embed_texts
+
+    _expect(loaded, Encoder, "embedding")
+    return embed_texts(loaded.model, loaded.tokenizer, _checked(texts), batch_size)
