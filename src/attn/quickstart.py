@@ -84,7 +84,7 @@ def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     run_dir, seconds = _train("lm", run_dir, smoke, quiet)
     loaded = load_for_inference(run_dir)
     result = evaluate_lm(loaded, "data/shakespeare/test.txt", context=128)
-    config = GenerationConfig(max_new_tokens=40 if smoke else 300, sample=True, temperature=0.8, seed=0)
+    config = GenerationConfig(max_new_tokens=40 if smoke else 110, sample=True, temperature=0.8, seed=0)
     prompt = "OTHELLO.\n"
     sample = prompt + "".join(generate_stream(loaded, prompt, config))
     print(f"test (Othello, As You Like It): {result['nats_per_char']:.3f} nats/char = "

@@ -1,18 +1,13 @@
 """The `attn` command line, run as a user runs it."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_helpers import run_cli
 
 from attn import __version__
 from attn.cli import main
 from attn.config import preset_names
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "attn.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_version():
