@@ -54,7 +54,9 @@ class Decoder(nn.Module):
         attn = self.blocks[0].attn
         weight = attn.qkv.weight
         head_dim = weight.size(1) // attn.heads
-        return KVCache(len(self.blocks), batch, attn.heads, max_length, head_dim, weight.dtype, weight.device)
+        cache = KVCache(len(self.blocks), batch, attn.heads, max_length, head_dim, weight.dtype, weight.device)
+        cache.keep_projection(self.lm_head)
+        return cache
 
     def decode_step(self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None) -> Tensor:
         """Appends tokens (B, T) to the cache and returns their logits (B, T, vocab).
@@ -65,7 +67,7 @@ class Decoder(nn.Module):
         check_tokens(tokens, mask, self.max_positions, offset=cache.length)
         positions = cache.next_positions() + positions_from_mask(mask)  # (B, T)
         key_positions, key_tokens = cache.extend(positions, mask)
-        return self.lm_head(self._blocks(tokens, positions, key_positions, key_tokens, cache.slots))
+        return cache.project(self._blocks(tokens, positions, key_positions, key_tokens, cache.slots))
 
     def _blocks(
         self, tokens: Tensor, positions: Tensor, key_positions: Tensor, key_tokens: Tensor | None,

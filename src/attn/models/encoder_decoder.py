@@ -78,6 +78,7 @@ class EncoderDecoder(nn.Module):
         )
         cache.memory = [block.cross.memory_kv(memory) for block in self.blocks]
         cache.memory_mask = None if src_mask is None else key_mask(src_mask)
+        cache.keep_projection(self.generator)
         return cache
 
     def decode_step(self, tgt: Tensor, cache: KVCache) -> Tensor:
@@ -87,7 +88,7 @@ class EncoderDecoder(nn.Module):
         positions = cache.next_positions() + positions_from_mask(mask)
         key_positions, key_tokens = cache.extend(positions, mask)
         x = self._blocks(tgt, positions, key_positions, None, cache.memory, cache.memory_mask, cache.slots)
-        return self.generator(x)
+        return cache.project(x)
 
     def _blocks(
         self, tgt: Tensor, positions: Tensor, key_positions: Tensor, key_tokens: Tensor | None,
