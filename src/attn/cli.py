@@ -90,7 +90,7 @@ def _write_lines(lines: Sequence[str], output: str | None) -> None:
 def _generation_config(args: argparse.Namespace, **defaults: object):
     from attn.generation import GenerationConfig
 
-    fields = {k: v for k, v in defaults.items()}
+    fields = dict(defaults)
     for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
                  "repetition_penalty", "no_repeat_ngram"):
         value = getattr(args, name, None)
@@ -209,7 +209,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.quiet:
         overrides.append("train.quiet=true")
     result = train(load_run_config(args.config, overrides))
-    print(result.summary() if hasattr(result, "summary") else result)
+    print(result.summary())
     return 0
 
 

@@ -160,7 +160,7 @@ class ModelConfig:
             fix = "set decoder_layers >= 1" if needs_decoder else "set decoder_layers = 0"
             raise ConfigError("decoder_layers", f"{arch.value} model: {fix}")
         if self.src_vocab_size and arch != Architecture.ENCODER_DECODER:
-            raise ConfigError("src_vocab_size", f"only an encoder-decoder has a source vocabulary; set it to 0")
+            raise ConfigError("src_vocab_size", "only an encoder-decoder has a source vocabulary; set it to 0")
         if self.tying == Tying.ALL and arch == Architecture.ENCODER_DECODER:
             if self.source_vocab_size != self.vocab_size:
                 raise ConfigError(

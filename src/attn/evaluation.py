@@ -18,7 +18,7 @@ import torch
 from attn.data import load_labelled, load_parallel, read_text
 from attn.errors import AttnError
 from attn.generation import GenerationConfig
-from attn.inference import Loaded, _class_probabilities, translate
+from attn.inference import Loaded, class_probabilities, translate
 from attn.metrics import accuracy, bleu, chrf, confusion_matrix, lm_metrics, macro_f1, stream_nll
 
 
@@ -65,7 +65,7 @@ def evaluate_classifier(loaded: Loaded, path: str | Path) -> dict[str, Any]:
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names)")
     corpus = load_labelled(path, labels=loaded.label_names)
-    predictions = _class_probabilities(loaded, corpus.texts, 64).argmax(-1).tolist()
+    predictions = class_probabilities(loaded, corpus.texts).argmax(-1).tolist()
     n = len(loaded.label_names)
     return {
         "task": "classification", "file": str(path), "examples": len(corpus.texts),

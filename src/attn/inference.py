@@ -171,7 +171,7 @@ def classify(loaded: Loaded, texts: Sequence[str], batch_size: int = 64) -> list
     _expect(loaded, Encoder, "classification")
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names); train one with task=classification")
-    probs = _class_probabilities(loaded, texts, batch_size)
+    probs = class_probabilities(loaded, texts, batch_size)
     names = loaded.label_names
     return [
         Prediction(names[int(row.argmax())], float(row.max()), {n: float(p) for n, p in zip(names, row)})
@@ -179,7 +179,8 @@ def classify(loaded: Loaded, texts: Sequence[str], batch_size: int = 64) -> list
     ]
 
 
-def _class_probabilities(loaded: Loaded, texts: Sequence[str], batch_size: int) -> Tensor:
+def class_probabilities(loaded: Loaded, texts: Sequence[str], batch_size: int = 64) -> Tensor:
+    """(N, num_labels) class probabilities of each text."""
     limit = loaded.model.stack.max_positions
     ids = [seq[:limit] for seq in _texts_to_ids(loaded, texts, add_special=True)]
     rows = []

@@ -124,6 +124,8 @@ def plot_attention_for(
                                   GenerationConfig())[0]
         target = [loaded.start_id, *output]
     weights = attention_maps(loaded.model, source, layer, kind, target)  # (h, Tq, Tk)
+    if head is not None and not 0 <= head < weights.size(0):
+        raise AttnError(f"head {head} does not exist: the model has heads 0..{weights.size(0) - 1}")
     chosen = weights.mean(0) if head is None else weights[head]
     pieces = [tok.id_to_token(i) or str(i) for i in source]
     target_pieces = [tok.id_to_token(i) or str(i) for i in target] if target else pieces

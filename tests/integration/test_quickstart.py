@@ -64,6 +64,8 @@ def test_average_plot_and_attention(quickstart_runs, tmp_path):
                       "-o", str(tmp_path / "a.png"))
     assert heatmap.returncode == 0, heatmap.stderr
     assert Image.open(tmp_path / "a.png").size[0] > 100
+    bad_head = run_cli("attention", "--model", str(run), "--head", "99", "God is love.", "-o", str(tmp_path / "b.png"))
+    assert bad_head.returncode == 1 and "head 99" in bad_head.stderr and "Traceback" not in bad_head.stderr
 
 
 def test_convert_exports_and_reimports(quickstart_runs, tmp_path):
