@@ -9,6 +9,11 @@ and step 0 (where the paper's `step^-0.5` is undefined) is never evaluated.
 `Noam` is the paper's schedule (section 5.3) with a base learning rate of 1.0 reproducing it
 exactly; `WarmupCosine` is the linear-warmup, cosine-decay schedule of GPT/BERT-style runs,
 whose base learning rate is the peak.
+
+A run with a wall-clock budget (`train.max_minutes`) stops at a step nobody knows in advance, so
+the factor also takes `budget_used`, the fraction of that budget already spent: the cosine decays
+with whichever of steps and time runs out first, and reaches its floor when the time does. Noam and
+Constant do not decay towards an end and ignore it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class Noam:
         """The formula at 1-based update `step`."""
         return self.d_model**-0.5 * min(step**-0.5, step * self.warmup**-1.5)
 
-    def __call__(self, done: int) -> float:
+    def __call__(self, done: int, budget_used: float = 0.0) -> float:
         return self.rate(done + 1)
 
 
@@ -66,15 +71,15 @@ class WarmupCosine:
         if not 0.0 <= self.min_ratio <= 1.0:
             raise ConfigError("optim.min_lr_ratio", f"must be in [0, 1], got {self.min_ratio}")
 
-    def rate(self, step: int) -> float:
-        """The factor at 1-based update `step`."""
+    def rate(self, step: int, budget_used: float = 0.0) -> float:
+        """The factor at 1-based update `step`, with `budget_used` of the time budget spent."""
         if step <= self.warmup:
             return step / self.warmup
-        progress = min(1.0, (step - self.warmup) / (self.total - self.warmup))
+        progress = min(1.0, max((step - self.warmup) / (self.total - self.warmup), budget_used))
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    def __call__(self, done: int) -> float:
-        return self.rate(done + 1)
+    def __call__(self, done: int, budget_used: float = 0.0) -> float:
+        return self.rate(done + 1, budget_used)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +92,16 @@ class Constant:
         """The factor at 1-based update `step`."""
         return min(1.0, step / self.warmup) if self.warmup else 1.0
 
-    def __call__(self, done: int) -> float:
+    def __call__(self, done: int, budget_used: float = 0.0) -> float:
         return self.rate(done + 1)
 
 
 SCHEDULES = ("noam", "cosine", "constant")
 
 
-def make_schedule(name: str, d_model: int, warmup: int, total: int, min_ratio: float = 0.0) -> Callable[[int], float]:
+def make_schedule(
+    name: str, d_model: int, warmup: int, total: int, min_ratio: float = 0.0
+) -> Callable[[int, float], float]:
     """The schedule called `name` ("noam", "cosine" or "constant") as a LambdaLR factor function.
 
     Args:

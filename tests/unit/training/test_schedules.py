@@ -54,6 +54,17 @@ def test_cosine_warms_up_linearly_then_decays_to_the_floor():
     assert schedule.rate(500) == pytest.approx(0.1)
 
 
+def test_cosine_follows_the_time_budget_when_it_runs_out_before_the_steps():
+    schedule = WarmupCosine(warmup=10, total=100_000, min_ratio=0.1)
+    assert schedule.rate(5, budget_used=0.9) == pytest.approx(0.5)  # warmup counts steps only
+    assert schedule.rate(50, budget_used=0.5) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert schedule.rate(50, budget_used=1.0) == pytest.approx(0.1)
+    assert schedule.rate(50, budget_used=1.7) == pytest.approx(0.1)
+    steps_first = WarmupCosine(warmup=0, total=100, min_ratio=0.0)
+    assert steps_first.rate(75, budget_used=0.5) == pytest.approx(0.5 * (1 + math.cos(0.75 * math.pi)))
+    assert Noam(512, 10)(49, budget_used=0.9) == Noam(512, 10)(49)
+
+
 def test_constant_with_warmup():
     assert [Constant(4).rate(s) for s in (1, 2, 4, 9)] == [0.25, 0.5, 1.0, 1.0]
     assert Constant(0).rate(1) == 1.0
