@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
-
 from attn import __version__
 from attn.config import preset, preset_names
 from attn.errors import AttnError, ConfigError
-from attn.models import build_model, count_parameters
+
+# torch and the models are imported by the commands that need them, so that a mistyped command
+# line is answered at once rather than after PyTorch has loaded.
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -29,6 +31,10 @@ Handler = Callable[[argparse.Namespace], int]
 
 def presets_table() -> list[dict[str, object]]:
     """One row per preset: its shape and parameter count (built on the meta device, no memory used)."""
+    import torch
+
+    from attn.models import build_model, count_parameters
+
     rows = []
     for name in preset_names():
         cfg = preset(name)
@@ -72,40 +78,63 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
     """The texts of a command: positional arguments, else --input FILE, else standard input."""
     if args.text:
         return list(args.text)
-    if args.input:
-        from attn.data import read_text
+    from attn.data import decode_text, read_text
 
-        return [line for line in read_text(args.input).splitlines() if line.strip()]
-    return [line for line in sys.stdin.read().splitlines() if line.strip()]
+    text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def _write_lines(lines: Sequence[str], output: str | None) -> None:
     if output:
-        Path(output).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        text = "".join(f"{line}\n" for line in lines)
+        _write_output(output, lambda path: path.write_text(text, encoding="utf-8"))
     else:
         for line in lines:
             print(line)
 
 
+def _write_output(output: str, write: Callable[[Path], object]) -> None:
+    """Writes a file through a hidden sibling renamed into place, so a failed write leaves no partial file.
+
+    Raises:
+        AttnError: the file cannot be written (a directory, a missing folder, no permission, a full disk).
+    """
+    path = Path(output)
+    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise AttnError(f"{output}: cannot write the output ({err.strerror}); give a file path in an existing, "
+                        "writable directory") from err
+
+
 def _generation_config(args: argparse.Namespace, **defaults: object):
+    from attn.errors import GenerationError
     from attn.generation import GenerationConfig
 
-    fields = dict(defaults)
+    # Sampling draws one continuation, so a command's default beam search gives way to it.
+    fields = {k: v for k, v in defaults.items() if not (args.sample and k in ("beam_size", "length_penalty"))}
     for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
                  "repetition_penalty", "no_repeat_ngram"):
         value = getattr(args, name, None)
         if value is not None:
             fields[name] = value
-    if getattr(args, "sample", False):
+    if args.sample:
         fields["sample"] = True
-    return GenerationConfig(**fields)
+    try:
+        return GenerationConfig(**fields)
+    except GenerationError as error:  # a bad flag is a usage error: name the flag
+        field, _, message = str(error).partition(": ")
+        raise ConfigError(f"--{field.replace('_', '-')}", message) from None
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from attn.inference import load_for_inference, translate
 
+    config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_for_inference(args.model)
-    config = _generation_config(args, beam_size=4, length_penalty=0.6)
     outputs = translate(loaded, _read_inputs(args), config)
     if args.json:
         print(json.dumps([{"translation": t} for t in outputs], ensure_ascii=False))
@@ -117,14 +146,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from attn.inference import generate_stream, load_for_inference
 
+    config = _generation_config(args, sample=True, temperature=0.8, seed=0)  # checked before a model is loaded
     loaded = load_for_inference(args.model)
-    config = _generation_config(args, max_new_tokens=200, sample=True, temperature=0.8, seed=0)
     prompt = " ".join(args.text) if args.text else args.prompt
+    pieces = generate_stream(loaded, prompt, config)  # checks the prompt's length before anything is printed
     if args.json:
-        print(json.dumps({"prompt": prompt, "text": "".join(generate_stream(loaded, prompt, config))}))
+        print(json.dumps({"prompt": prompt, "text": "".join(pieces)}))
         return 0
     print(prompt, end="", flush=True)
-    for piece in generate_stream(loaded, prompt, config):
+    for piece in pieces:
         print(piece, end="", flush=True)
     print()
     return 0
@@ -153,12 +183,12 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if args.output and args.output.endswith(".npy"):
         import numpy as np
 
-        np.save(args.output, vectors.numpy())
+        _write_output(args.output, lambda path: np.save(path, vectors.numpy()))
         print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
     elif args.output and args.output.endswith(".safetensors"):
         from safetensors.torch import save_file
 
-        save_file({"embeddings": vectors.contiguous()}, args.output)
+        _write_output(args.output, lambda path: save_file({"embeddings": vectors.contiguous()}, str(path)))
         print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
     else:
         _write_lines([json.dumps({"text": t, "embedding": [round(x, 6) for x in v.tolist()]}, ensure_ascii=False)
@@ -170,10 +200,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from attn.evaluation import evaluate
     from attn.inference import load_for_inference
 
+    config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_for_inference(args.model)
     options: dict[str, object] = {}
     if loaded.task == "translation":
-        options = {"config": _generation_config(args, beam_size=4, length_penalty=0.6), "limit": args.limit}
+        options = {"config": config, "limit": args.limit}
     elif loaded.task == "lm":
         options = {"context": args.context}
     result = evaluate(loaded, args.data, **options)
@@ -203,17 +234,42 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from attn.training.runconfig import load_run_config
-    from attn.training.trainer import train
 
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("train.quiet=true")
-    result = train(load_run_config(args.config, overrides))
+    config = load_run_config(args.config, overrides)  # a mistake in it is reported before the trainer loads
+    from attn.training.trainer import TrainingInterrupted, train
+
+    try:
+        result = train(config)
+    except TrainingInterrupted as stop:
+        if stop.checkpoint is not None:  # rank 0 speaks for all ranks of a torchrun job
+            print(f"attn: {stop}; resume with: {_resume_command(args)}", file=sys.stderr)
+        return stop.exit_code
     print(result.summary())
     return 0
 
 
+def _resume_command(args: argparse.Namespace) -> str:
+    """The command that continues the run: the same one, with resuming switched on.
+
+    Under torchrun it is a torchrun command with as many processes per node (a multi-node job
+    adds its node options again).
+    """
+    kept = [item for item in args.overrides if item.partition("=")[0].strip() != "train.resume"]
+    arguments = ["train", "--config", args.config, *kept, "train.resume=true", *(["--quiet"] if args.quiet else [])]
+    world = os.environ.get("WORLD_SIZE", "1")
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", world)
+    launcher = ["attn"] if world == "1" else ["torchrun", f"--nproc_per_node={per_node}", "-m", "attn.cli"]
+    return shlex.join([*launcher, *arguments])
+
+
 def cmd_average(args: argparse.Namespace) -> int:
+    if not args.checkpoints and args.run is None:
+        raise ConfigError(
+            "average", "no checkpoints given; name a run with --run RUN_DIR or list checkpoint directories"
+        )
     from attn.training.checkpoint import last_checkpoints, write_averaged_checkpoint
 
     paths = args.checkpoints or last_checkpoints(args.run, args.last)
@@ -279,7 +335,9 @@ def _decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float)
     p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int)
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   help="most new tokens (default: translate source length + 50; generate 200, fewer when the "
+                   "model's positions run out)")
     p.add_argument("--seed", type=int, help="seed of the sampler")
 
 
@@ -384,12 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AttnError as error:
         print(f"attn: error: {error}", file=sys.stderr)
         return 1
-    except FileNotFoundError as error:
-        print(f"attn: error: {error.filename}: no such file or directory; check the path", file=sys.stderr)
+    except OSError as error:  # a path no library function checked: a missing file, a directory, no permission
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"attn: error: {where}{error.strerror or error}; check the path and its permissions", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("attn: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # Ctrl-C, or TrainingInterrupted from a quickstart step
+        print(f"attn: {error or 'interrupted'}", file=sys.stderr)
+        return getattr(error, "exit_code", 130)
 
 
 if __name__ == "__main__":

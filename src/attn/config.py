@@ -243,6 +243,8 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
     if value is None and type(None) in options:
         return value
+    if float in options and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(name, f"must be a finite number, got {value}")
     for option in options:
         if option is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)

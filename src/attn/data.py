@@ -2,9 +2,10 @@
 
 File formats (see `data/README.md`): UTF-8 text, optionally gzipped (`.gz`); TSV files start
 with a header line and are split on tabs only, never with a CSV dialect, because the texts
-contain `"`. A `\\r` before a line end is dropped, so Windows line ends are read too. Blank
-lines are skipped and counted (`skipped_blank`); every other defect is a `DataFormatError`
-that names the file, the 1-based line and the fix.
+contain `"`. A `\\r` before a line end is dropped, so Windows line ends are read too, and so is
+a UTF-8 byte-order mark at the start of a file. Blank lines are skipped and counted
+(`skipped_blank`); every other defect is a `DataFormatError` that names the file, the 1-based
+line and the fix.
 
 Batching:
 - language modelling: `LMStream` cuts one long id stream into (input, next-token) windows;
@@ -19,6 +20,7 @@ Masks are boolean with True = real token, built once here from the sequence leng
 
 from __future__ import annotations
 
+import codecs
 import functools
 import gzip
 import zlib
@@ -58,26 +60,39 @@ def read_text(path: str | Path) -> str:
         path: the file.
 
     Returns:
-        The text, line ends unchanged.
+        The text, line ends unchanged, without a leading byte-order mark.
 
     Raises:
         DataFormatError: the file is missing, not valid gzip, not valid UTF-8 or binary.
     """
-    data = _read_bytes(Path(path))
+    return decode_text(_read_bytes(Path(path)), str(path))
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """UTF-8 bytes -> text, without a leading byte-order mark.
+
+    Args:
+        data: the bytes, e.g. of a file or of standard input.
+        source: what they came from, for the message (a path, or "<stdin>").
+
+    Raises:
+        DataFormatError: the bytes are binary (hold a NUL byte) or not valid UTF-8; names the line.
+    """
+    data = data.removeprefix(codecs.BOM_UTF8)
+    # Text never holds a NUL byte; checked first, so that a binary file is called binary rather
+    # than "invalid UTF-8".
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        message = ("contains a NUL byte, so it is binary (or UTF-16) rather than text; give a UTF-8 text file, "
+                   "or re-save the file as UTF-8")
+        raise DataFormatError(source, message, data.count(b"\n", 0, nul) + 1)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        byte = data[err.start]
         raise DataFormatError(
-            str(path), f"invalid UTF-8 (byte 0x{byte:02x}); re-save the file as UTF-8", line
+            source, f"invalid UTF-8 (byte 0x{data[err.start]:02x}); re-save the file as UTF-8", line
         ) from err
-    nul = text.find("\x00")
-    if nul >= 0:
-        line = text.count("\n", 0, nul) + 1
-        message = "contains a NUL character, so it is binary; give a UTF-8 text file"
-        raise DataFormatError(str(path), message, line)
-    return text
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from attn.data import load_labelled, load_parallel, read_text
-from attn.errors import AttnError
+from attn.errors import AttnError, ConfigError
 from attn.generation import GenerationConfig
 from attn.inference import Loaded, class_probabilities, translate
 from attn.metrics import accuracy, bleu, chrf, confusion_matrix, lm_metrics, macro_f1, stream_nll
@@ -27,6 +27,7 @@ def evaluate_translation(
     source: str = "en",
 ) -> dict[str, Any]:
     """BLEU and chrF of the model's translations of a `ref en es` file against its `es` column."""
+    _check_positive("limit", limit)
     corpus = load_parallel(path, source=source)
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
     started = time.perf_counter()
@@ -44,6 +45,7 @@ def evaluate_translation(
 
 def evaluate_lm(loaded: Loaded, path: str | Path, context: int | None = None) -> dict[str, Any]:
     """Nats per token/character over a whole text file, in non-overlapping windows of `context` tokens."""
+    _check_positive("context", context)
     text = read_text(path)
     ids = loaded.tokenizer.encode(text)
     context = context or loaded.model.max_positions
@@ -58,6 +60,11 @@ def evaluate_lm(loaded: Loaded, path: str | Path, context: int | None = None) ->
         "bits_per_token": round(m.bits_per_token, 4), "bits_per_char": round(m.bits_per_char, 4),
         "nats_per_char": round(total.nll / chars, 4),
     }
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(name, f"is {value}, must be at least 1; leave it out to use the default")
 
 
 def evaluate_classifier(loaded: Loaded, path: str | Path) -> dict[str, Any]:

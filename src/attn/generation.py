@@ -179,10 +179,12 @@ def start_decoder(model: Decoder, prompts: Sequence[Sequence[int]], config: Gene
     """Left-pads the prompts and prefills a fresh cache with all of them in one step.
 
     Raises:
-        GenerationError: an empty prompt, or prompt + max_new_tokens beyond `model.max_positions`.
+        GenerationError: an empty prompt, a token id outside the vocabulary, or prompt + max_new_tokens
+            beyond `model.max_positions`.
     """
     if not prompts or not all(prompts):
         raise GenerationError("every prompt needs at least one token; start empty prompts with a BOS token")
+    check_token_ids(prompts, _embedding_rows(model, "embeddings"), "prompt")
     longest = max(map(len, prompts))
     limit = _decoder_limit(config.max_new_tokens, longest, model.max_positions)
     cache = model.new_cache(len(prompts), longest + limit - 1)
@@ -192,6 +194,31 @@ def start_decoder(model: Decoder, prompts: Sequence[Sequence[int]], config: Gene
     logits = model.decode_step(prompt.clamp(min=0), cache, prompt >= 0)[:, -1].float()
     limits = torch.full((len(prompts),), limit, dtype=torch.long, device=history.device)
     return Session(model, cache, logits, history, longest, limits)
+
+
+def check_token_ids(rows: Sequence[Sequence[int]], vocab_size: int | None, what: str) -> None:
+    """Raises a GenerationError naming the first id outside [0, vocab_size) (an embedding would fail on it).
+
+    `vocab_size=None` (a model without a token embedding) checks nothing.
+    """
+    if vocab_size is None:
+        return
+    for row in rows:
+        bad = next((token for token in row if not 0 <= token < vocab_size), None)
+        if bad is not None:
+            raise GenerationError(
+                f"{what} token id {bad} is outside the model's vocabulary of {vocab_size} ids (0..{vocab_size - 1}); "
+                "encode the text with the model's own tokenizer"
+            )
+
+
+def _embedding_rows(model: object, *path: str) -> int | None:
+    """Rows of the token embedding at `model.<path>.tokens`, or None for a model without one (a
+    scripted stand-in in tests)."""
+    module = model
+    for name in (*path, "tokens"):
+        module = getattr(module, name, None)
+    return module.num_embeddings if isinstance(module, torch.nn.Embedding) else None
 
 
 def _decoder_limit(max_new_tokens: int | None, longest: int, max_positions: int) -> int:
@@ -216,9 +243,12 @@ def start_seq2seq(
     """Encodes the right-padded sources once, builds the cache and feeds the start token.
 
     Raises:
-        GenerationError: an empty or too long source, or max_new_tokens beyond `model.max_positions`.
+        GenerationError: an empty or too long source, a token id outside the vocabulary, or
+            max_new_tokens beyond `model.max_positions`.
     """
     limits = _seq2seq_limits(config.max_new_tokens, [len(s) for s in sources], model.max_positions)
+    check_token_ids(sources, _embedding_rows(model, "encoder", "embeddings"), "source")
+    check_token_ids([[start_id]], _embedding_rows(model, "embeddings"), "start_id")
     device = model.generator.weight.device
     longest = max(map(len, sources))
     src = torch.tensor([list(s) + [pad_id] * (longest - len(s)) for s in sources], dtype=torch.long, device=device)

@@ -8,13 +8,14 @@ and the facts needed to use it (task, special ids, label names).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from attn.beam_search import beam_search_seq2seq
+from attn.config import ModelConfig
 from attn.data import pad_batch
 from attn.errors import AttnError, CheckpointError, GenerationError
 from attn.generation import GenerationConfig, generate_seq2seq, stream
@@ -23,6 +24,8 @@ from attn.tokenizers import Tokenizer
 
 # What an imported Hugging Face family is used for.
 _FAMILY_TASKS = {"gpt2": "lm", "marian": "translation", "bert": "embedding"}
+_KIND_NAMES = {EncoderDecoder: "an encoder-decoder", Decoder: "a decoder-only", Encoder: "an encoder-only"}
+DEFAULT_NEW_TOKENS = 200  # what `generate_stream` writes when the config sets no limit
 
 
 @dataclasses.dataclass
@@ -64,7 +67,7 @@ def load_for_inference(path: str | Path) -> Loaded:
     from attn.training.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(path)
-    tokenizer = _require_tokenizer(checkpoint.tokenizer, checkpoint.path)
+    tokenizer = _require_tokenizer(checkpoint.tokenizer, checkpoint.path, checkpoint.model_config)
     task = checkpoint.task_info.get("task") or _default_task(checkpoint.model)
     return Loaded(
         checkpoint.model, tokenizer, task, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id or 0,
@@ -76,18 +79,26 @@ def _load_huggingface(path: Path) -> Loaded:
     from attn.pretrained import load_pretrained
 
     model, tokenizer, info = load_pretrained(path)
-    tokenizer = _require_tokenizer(tokenizer, path)
+    tokenizer = _require_tokenizer(tokenizer, path, info.config)
     start = info.ids.decoder_start if info.family == "marian" else tokenizer.bos_id
     pad = info.ids.pad if info.ids.pad is not None else (tokenizer.pad_id or 0)
     eos = info.ids.eos if info.ids.eos is not None else tokenizer.eos_id
     return Loaded(model, tokenizer, _FAMILY_TASKS[info.family], start, eos, pad, [], path)
 
 
-def _require_tokenizer(tokenizer: Tokenizer | None, path: Path) -> Tokenizer:
+def _require_tokenizer(tokenizer: Tokenizer | None, path: Path, config: ModelConfig) -> Tokenizer:
+    """The model's tokenizer, checked to give only ids that the model's embeddings have."""
     if tokenizer is None:
         raise CheckpointError(
             f"{path}: no tokenizer file attn can read (tokenizer.json, vocab.json + merges.txt, or vocab.txt); "
             "add one next to the weights"
+        )
+    rows = min(config.vocab_size, config.source_vocab_size)
+    if tokenizer.vocab_size > rows:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary only {rows}, so "
+            "some token ids would fall outside it; the tokenizer files belong to another model: restore this "
+            "model's own tokenizer.json"
         )
     return tokenizer
 
@@ -100,8 +111,8 @@ def _default_task(model: Model) -> str:
 
 def _expect(loaded: Loaded, kind: type, what: str) -> None:
     if not isinstance(loaded.model, kind):
-        raise AttnError(f"{loaded.path} holds a {type(loaded.model).__name__} model ({loaded.task}); "
-                        f"{what} needs a {kind.__name__} model")
+        raise AttnError(f"{loaded.path} holds {_KIND_NAMES[type(loaded.model)]} model ({loaded.task}); "
+                        f"{what} needs {_KIND_NAMES[kind]} model: give a checkpoint trained for it")
 
 
 def _checked(texts: Sequence[str]) -> list[str]:
@@ -141,22 +152,38 @@ def translate_n_best(loaded: Loaded, text: str, config: GenerationConfig) -> lis
 
 
 def generate_stream(loaded: Loaded, prompt: str, config: GenerationConfig) -> Iterator[str]:
-    """Continues a prompt with the decoder-only model, yielding text pieces as tokens arrive."""
+    """Continues a prompt with the decoder-only model, yielding text pieces as tokens arrive.
+
+    The prompt is checked and prefilled when this is called, so its errors come before any text.
+    Without `config.max_new_tokens`, at most `DEFAULT_NEW_TOKENS` tokens are written, fewer when the
+    model's positions run out first.
+
+    Raises:
+        GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
+    """
     _expect(loaded, Decoder, "text generation")
     ids = loaded.tokenizer.encode(prompt) if prompt else []
     if not ids:
         if loaded.start_id is None:
             raise GenerationError("empty prompt and the tokenizer has no start token: give a prompt")
         ids = [loaded.start_id]
+    if config.max_new_tokens is None:
+        room = loaded.model.max_positions - len(ids) + 1  # as in generation: the last token is never fed back
+        config = dataclasses.replace(config, max_new_tokens=max(1, min(DEFAULT_NEW_TOKENS, room)))
     decode = loaded.tokenizer.decode
+    tokens = stream(loaded.model, ids, config, eos_id=loaded.eos_id, decode=decode)
+    return _text_pieces(tokens, decode)
+
+
+def _text_pieces(tokens: Iterator[int], decode: Callable[[list[int]], str]) -> Iterator[str]:
+    """The new text of each token: decoding the whole output each time keeps multi-byte characters whole."""
     produced: list[int] = []
     shown = ""
-    with torch.inference_mode():
-        for token in stream(loaded.model, ids, config, eos_id=loaded.eos_id, decode=decode):
-            produced.append(token)
-            text = decode(produced)
-            yield text[len(shown):]
-            shown = text
+    for token in tokens:  # `stream` decodes under inference mode
+        produced.append(token)
+        text = decode(produced)
+        yield text[len(shown):]
+        shown = text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     if not metrics_file.is_file():
         raise AttnError(f"{metrics_file}: no such file; plot a run directory that train() has written to")
     records = read_metrics(metrics_file)
+    if not records:
+        raise AttnError(f"{metrics_file}: holds no metric records; plot a run after at least one logged step")
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     figures = [

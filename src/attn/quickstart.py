@@ -32,8 +32,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 # A few steps of every task on tiny models: exercises every artefact in well under a minute.
 _SMOKE = {
-    "translation": ["train.max_steps=3", "train.max_minutes=0", "model.d_model=32", "model.d_ff=64",
-                    "model.encoder_layers=1", "model.decoder_layers=1", "tokenizer.vocab_size=400"],
+    "translation": ["train.max_steps=3", "train.max_minutes=0", "optim.warmup_steps=1", "model.d_model=32",
+                    "model.d_ff=64", "model.encoder_layers=1", "model.decoder_layers=1", "tokenizer.vocab_size=400"],
     "lm": ["train.max_steps=3", "train.max_minutes=0", "optim.warmup_steps=1", "model.d_model=32",
            "model.d_ff=64", "model.decoder_layers=1"],
     "classification": ["train.max_steps=3", "train.max_minutes=0", "optim.warmup_steps=1", "train.eval_interval=0"],

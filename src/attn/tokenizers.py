@@ -2,8 +2,11 @@
 
 Kinds (`Tokenizer.kind`), and when `decode(encode(x)) == x` holds:
 - `bpe` (`train_bpe`): BPE over NFC-normalised characters, words marked by a Metaspace `▁`.
-  Exact for NFC text of characters seen in training that does not start with whitespace.
-- `byte-bpe` (`train_bpe(byte_level=True)`): BPE over UTF-8 bytes, as GPT-2. Exact for every string.
+  Exact for NFC text of characters seen in training, less one leading space.
+- `byte-bpe` (`train_bpe(byte_level=True)`): BPE over UTF-8 bytes, as GPT-2. Exact for every string
+  (with `skip_special=False`).
+In every kind the text of a special token (`<s>`, `[CLS]`, ...) inside a text encodes to that
+token's id, which `decode` leaves out by default (tests/unit/test_properties.py checks all this).
 - `wordpiece` (`train_wordpiece`): BERT's WordPiece. Equal up to BERT's normalisation
   (lower case, no accents, no control characters) and whitespace, when no `[UNK]` is produced.
 - `chars` (`train_chars`): one token per character. Exact for text of characters seen in training.
@@ -121,7 +124,7 @@ class Tokenizer:
             The trained tokenizer, with the special ids of the module table.
         """
         alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_level else []
-        _check_vocab_size(vocab_size, len(SEQ_SPECIALS) + len(alphabet) + 1)
+        _check_vocab_size(vocab_size, minimum_vocab_size("byte-bpe" if byte_level else "bpe"))
         if byte_level:
             backend = hf.Tokenizer(models.BPE())
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -152,7 +155,7 @@ class Tokenizer:
         Returns:
             The trained tokenizer (kind `wordpiece`), with the special ids of the module table.
         """
-        _check_vocab_size(vocab_size, len(WORDPIECE_SPECIALS) + 1)
+        _check_vocab_size(vocab_size, minimum_vocab_size("wordpiece"))
         backend = hf.Tokenizer(models.WordPiece(unk_token="[UNK]"))
         _set_bert_pipeline(backend, lowercase)
         trainer = trainers.WordPieceTrainer(
@@ -387,6 +390,13 @@ def _non_empty(texts: Iterable[str]) -> list[str]:
     if not any(listed):
         raise ConfigError("texts", "the training texts are empty; pass at least one non-empty text")
     return listed
+
+
+def minimum_vocab_size(kind: str) -> int:
+    """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of
+    `byte-bpe`, and one token more."""
+    alphabet = len(pre_tokenizers.ByteLevel.alphabet()) if kind == "byte-bpe" else 0
+    return len(WORDPIECE_SPECIALS if kind == "wordpiece" else SEQ_SPECIALS) + alphabet + 1
 
 
 def _check_vocab_size(vocab_size: int, minimum: int) -> None:

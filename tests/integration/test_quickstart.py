@@ -74,9 +74,10 @@ def test_convert_exports_and_reimports(quickstart_runs, tmp_path):
     imported = run_cli("convert", "--to", "attn", str(tmp_path / "hf"), str(tmp_path / "back"))
     assert imported.returncode == 0, imported.stderr
     assert load_for_inference(tmp_path / "back").task == "lm"
-    # The paper's interleaved sinusoids have no Marian equivalent: refused with the reason.
+    # Marian is post-norm: the quickstart's pre-norm translator is refused with the reason.
     refused = run_cli("convert", "--to", "marian", str(quickstart_runs / "translation"), str(tmp_path / "m"))
-    assert refused.returncode == 1 and "sinusoidal_layout" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 1 and "norm='pre' cannot be expressed" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "m").exists()
 
 
 def test_user_errors_are_one_line_without_traceback(tmp_path):

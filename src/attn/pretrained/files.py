@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from attn.config import ModelConfig
@@ -23,6 +22,7 @@ from attn.models import Model, build_model
 from attn.pretrained import bert, gpt2, marian
 from attn.pretrained.keymap import Family, SpecialIds, export_from, load_into, same_config
 from attn.tokenizers import Tokenizer
+from attn.torch_files import load_torch_file
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (gpt2.FAMILY, bert.FAMILY, marian.FAMILY)}
 
@@ -130,7 +130,7 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # Recursion: nested too deep
         raise CheckpointError(f"{path}: not readable JSON ({err}); restore the file") from err
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
@@ -180,7 +180,13 @@ def _shards(index: Path) -> list[str]:
     weight_map = _read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index}: has no 'weight_map' object; restore the file")
-    return sorted(set(weight_map.values()))
+    shards = set(weight_map.values())
+    # A shard name is a file beside the index: never a path that leads out of the model directory.
+    for shard in shards:
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise CheckpointError(f"{index}: shard name {shard!r} is not a file name in the model directory; "
+                                  "restore the index")
+    return sorted(shards)
 
 
 def _read_safetensors(path: Path) -> dict[str, Tensor]:
@@ -195,10 +201,7 @@ def _read_safetensors(path: Path) -> dict[str, Tensor]:
 
 
 def _read_torch(path: Path) -> dict[str, Tensor]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # pickle, zip and torch each raise their own types for a bad file
-        raise CheckpointError(f"{path}: not a readable PyTorch state dict ({err}); restore the file") from err
+    state = load_torch_file(path, "restore the file")
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a mapping of names to tensors (a state dict)")
     return dict(state)

@@ -13,20 +13,24 @@ A run keeps its checkpoints in `run_dir/checkpoints/step-00001000/` with the tex
 `latest` and `best` naming the newest and the best one. Every write goes to a temporary
 directory next to its destination, is flushed to disk (files and directory), and is then
 renamed into place, and the pointers are replaced the same way, so a crash at any moment
-leaves either the previous checkpoint or the new one, never a torn one.
+leaves either the previous checkpoint or the new one, never a torn one. A write that fails
+(full disk) raises a CheckpointWriteError and leaves the previous checkpoint as it was. The
+pointers must name a step directory of the run; any other name is refused, never followed.
 
-`trainer_state.pt` is read with `torch.load(weights_only=True)`, so it holds only containers,
-numbers, strings and tensors.
+`trainer_state.pt` is read with `torch.load(weights_only=True)` (`attn.torch_files`), so it holds
+only containers, numbers, strings and tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,9 +42,11 @@ import torch
 from torch import nn
 
 from attn.config import ModelConfig
-from attn.errors import AttnError, CheckpointError
+from attn.errors import AttnError, CheckpointError, ConfigError
 from attn.models import Model, build_model
 from attn.tokenizers import META_FILE, Tokenizer
+from attn.torch_files import load_torch_file
+from attn.training.faults import fault_point
 from attn.training.runconfig import RunConfig
 
 MODEL_FILE = "model.safetensors"
@@ -54,6 +60,15 @@ BEST = "best"
 _STEP = "step-"
 
 T = TypeVar("T")
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (disk full, no permission, I/O error).
+
+    Nothing was replaced: the previous checkpoint and pointers are intact and no temporary
+    directory is left. It is an OSError too, so code that handles the operating system's
+    error still does.
+    """
 
 
 @dataclass
@@ -108,24 +123,41 @@ def write_checkpoint(
 
     Raises:
         CheckpointError: a weight is NaN or infinite (nothing is written).
+        CheckpointWriteError: the disk is full or not writable (nothing is replaced).
     """
     return _write(Path(path), Checkpoint(model, model_config, run_config, state, tokenizer, task_info or {}))
 
 
+@contextlib.contextmanager
+def _reporting_write_errors(path: Path) -> Iterator[None]:
+    """Turns the operating system's errors while writing `path` into a CheckpointWriteError."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except OSError as err:
+        raise CheckpointWriteError(
+            f"{path}: cannot write the checkpoint ({err}); the previous checkpoint is intact: free disk space "
+            f"or fix the permissions of {path.parent}, then run again (a training run resumes from its last checkpoint)"
+        ) from err
+
+
 def _write(path: Path, checkpoint: Checkpoint) -> Path:
     check_finite(checkpoint.model, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
-        _write_files(staging, checkpoint)
-        for file in staging.iterdir():
-            _fsync(file)
-        _fsync(staging)
-        _move_into_place(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with _reporting_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            _write_files(staging, checkpoint)
+            fault_point("checkpoint-write")
+            for file in staging.iterdir():
+                _fsync(file)
+            _fsync(staging)
+            _move_into_place(staging, path)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     checkpoint.path = path
     return path
 
@@ -153,15 +185,20 @@ def save_checkpoint(
 
     Returns:
         The checkpoint directory.
+
+    Raises:
+        CheckpointError: a weight is NaN or infinite (nothing is written).
+        CheckpointWriteError: the disk is full or not writable (nothing is replaced).
     """
     folder = Path(run_dir) / CHECKPOINTS
-    folder.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(folder)
-    path = _write(folder / step_name(step), checkpoint)
-    _write_pointer(folder, LATEST, path.name)
-    if is_best:
-        _write_pointer(folder, BEST, path.name)
-    _prune(folder, keep_last)
+    with _reporting_write_errors(folder / step_name(step)):
+        folder.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(folder)
+        path = _write(folder / step_name(step), checkpoint)
+        _write_pointer(folder, LATEST, path.name)
+        if is_best:
+            _write_pointer(folder, BEST, path.name)
+        _prune(folder, keep_last)
     return path
 
 
@@ -199,7 +236,12 @@ def _move_into_place(staging: Path, path: Path) -> None:
     if path.exists():
         old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
         os.replace(path, old)
-    os.replace(staging, path)
+    try:
+        os.replace(staging, path)
+    except OSError:
+        if old is not None:
+            os.replace(old, path)
+        raise
     _fsync(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -271,8 +313,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return path
     latest = latest_checkpoint(path) if path.is_dir() else None
     if latest is None:
+        pointer = path / CHECKPOINTS / LATEST
+        dangling = f"; {pointer} names a checkpoint that no longer exists" if pointer.is_file() else ""
         raise CheckpointError(
-            f"{path}: not a checkpoint (no {MODEL_CONFIG_FILE}) nor a run directory with checkpoints; "
+            f"{path}: not a checkpoint (no {MODEL_CONFIG_FILE}) nor a run directory with checkpoints{dangling}; "
             f"give a checkpoint directory such as RUN_DIR/{CHECKPOINTS}/{step_name(1000)}"
         )
     return latest
@@ -317,10 +361,14 @@ def load_weights(model: nn.Module, file: str | Path) -> None:
     file = Path(file)
     if not file.is_file():
         raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
+    _check_shapes(model, file)
     try:
         missing, unexpected = safetensors.torch.load_model(model, str(file), strict=False)
     except (RuntimeError, OSError, safetensors.SafetensorError) as err:
-        raise CheckpointError(f"{file}: cannot be loaded into the model ({str(err).strip()})") from err
+        reason = " ".join(str(err).split())  # torch lists every mismatch on its own line
+        raise CheckpointError(
+            f"{file}: cannot be loaded into the model ({reason[:300]}); use another checkpoint"
+        ) from err
     if missing or unexpected:
         raise CheckpointError(
             f"{file}: missing keys {sorted(missing)[:5]}, unexpected keys {sorted(unexpected)[:5]}; "
@@ -328,28 +376,66 @@ def load_weights(model: nn.Module, file: str | Path) -> None:
         )
 
 
+def _check_shapes(model: nn.Module, file: Path) -> None:
+    """Reads the file's header and names the first weight whose shape differs from the model's.
+
+    Raises:
+        CheckpointError: the header cannot be read (a truncated or foreign file), or a shape differs.
+    """
+    expected = model.state_dict()
+    try:
+        with safetensors.safe_open(str(file), "pt") as weights:
+            shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}
+    except (OSError, safetensors.SafetensorError) as err:
+        raise CheckpointError(
+            f"{file}: not a readable safetensors file ({err}); it is truncated or corrupt, use another checkpoint"
+        ) from err
+    for key, shape in shapes.items():
+        if key in expected and tuple(expected[key].shape) != shape:
+            raise CheckpointError(
+                f"{file}: size mismatch for weight {key!r}: {shape} in the file, {tuple(expected[key].shape)} in "
+                f"the model described by {MODEL_CONFIG_FILE}; the weights belong to another model: use the "
+                "checkpoint's own files"
+            )
+
+
 def _read_pointer(folder: Path, name: str) -> Path | None:
     pointer = folder / name
     if not pointer.is_file():
         return None
-    target = folder / pointer.read_text(encoding="utf-8").strip()
-    return target if target.is_dir() else None
+    target = pointer.read_text(encoding="utf-8", errors="replace").strip()  # garbage is refused below
+    # The name comes from a file anyone may have edited: only a sibling step directory is
+    # followed, never a path that leads out of the run (`../..`, `/etc`).
+    if not _is_step_name(target):
+        raise CheckpointError(
+            f"{pointer}: names {target[:80]!r}, which is not a checkpoint of this run (a name such as "
+            f"{step_name(1000)}); delete {pointer} to use the newest checkpoint, or write the right name into it"
+        )
+    return folder / target if (folder / target).is_dir() else None
+
+
+def _is_step_name(name: str) -> bool:
+    return re.fullmatch(rf"{_STEP}[0-9]+", name) is not None
 
 
 def _step_dirs(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(_STEP) and p.name[len(_STEP):].isdigit()]
+    found = [p for p in folder.iterdir() if p.is_dir() and _is_step_name(p.name)]
     return sorted(found, key=lambda p: int(p.name[len(_STEP):]))
 
 
-def _read_json(file: Path) -> Any:
+def _read_json(file: Path) -> dict[str, Any]:
     if not file.is_file():
         raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nested too deep
         raise CheckpointError(f"{file}: not valid JSON ({err}); the checkpoint is corrupt, use another one") from err
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}; the checkpoint is corrupt, "
+                              "use another one")
+    return data
 
 
 def _read_config(file: Path, parse: Callable[[Any], T]) -> T:
@@ -367,10 +453,7 @@ def _read_state(file: Path, map_location: str) -> dict[str, Any]:
             f"{file}: no such file; this checkpoint cannot resume training (averaged or imported checkpoints "
             "hold weights only): start a new run_dir, or resume from a checkpoint that train() wrote"
         )
-    try:
-        return torch.load(file, map_location=map_location, weights_only=True)
-    except Exception as err:  # torch raises many kinds for a corrupt or foreign file
-        raise CheckpointError(f"{file}: cannot be read ({err}); the checkpoint is corrupt, use another one") from err
+    return load_torch_file(file, "the checkpoint is corrupt, use another one", map_location)
 
 
 # -- averaging --------------------------------------------------------------------------------
@@ -434,10 +517,15 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     """The newest `n` checkpoints of a run, oldest first (what `attn average` averages).
 
     Raises:
-        CheckpointError: the run has fewer than `n` checkpoints.
+        ConfigError: n < 1.
+        CheckpointError: no such run, or it has fewer than `n` checkpoints.
     """
+    if n < 1:
+        raise ConfigError("last", f"is {n}; average at least 1 checkpoint (the paper averages the last 5)")
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(f"{run_dir}: no such run directory; give the run_dir that train() wrote to")
     found = list_checkpoints(run_dir)
-    if n < 1 or len(found) < n:
+    if len(found) < n:
         raise CheckpointError(
             f"{run_dir}: asked to average the last {n} checkpoints, the run has {len(found)}; "
             "average fewer, or keep more with train.keep_last"

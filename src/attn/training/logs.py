@@ -40,11 +40,16 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a `metrics.jsonl` file (a torn last line is ignored)."""
+    """The records of a `metrics.jsonl` file: its JSON objects, in order.
+
+    A line that is not a JSON object (a torn last line, bytes that are not UTF-8) is skipped.
+    """
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         with contextlib.suppress(json.JSONDecodeError):
-            records.append(json.loads(line))
+            record = json.loads(line)
+            if isinstance(record, dict):
+                records.append(record)
     return records
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
 from attn.errors import ConfigError
+from attn.tokenizers import minimum_vocab_size
 
 
 class Task(str, enum.Enum):
@@ -82,6 +83,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         coerce_fields(self)
         _check_at_least(self, {"max_length": 0})
+        if self.source not in ("en", "en_kjv"):
+            message = f"is {self.source!r}; use 'en' (the WEB English column) or 'en_kjv' (King James)"
+            raise ConfigError("source", message)
         if not 0.0 < self.mask_probability < 1.0:
             raise ConfigError("mask_probability", f"must be in (0, 1), got {self.mask_probability}")
 
@@ -99,7 +103,11 @@ class TokenizerConfig:
         coerce_fields(self)
         if self.kind not in TRAINED_TOKENIZERS:
             raise ConfigError("kind", f"unknown kind {self.kind!r}; choose one of {', '.join(TRAINED_TOKENIZERS)}")
-        _check_at_least(self, {"vocab_size": 1})
+        # Checked here, before any data is read; a loaded tokenizer (path) or chars has its own size.
+        smallest = 1 if self.path or self.kind == "chars" else minimum_vocab_size(self.kind)
+        if self.vocab_size < smallest:
+            raise ConfigError("vocab_size", f"is {self.vocab_size}, but a {self.kind} tokenizer needs at least "
+                                            f"{smallest} (its special tokens and more); raise it")
 
 
 TRAINED_TOKENIZERS = ("bpe", "byte-bpe", "wordpiece", "chars")
@@ -309,6 +317,9 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError("config", f"cannot read {path} ({err.strerror}); check the path") from err
+    except UnicodeDecodeError as err:
+        message = f"{path} is not UTF-8 text (a bad byte at offset {err.start}); re-save it as UTF-8"
+        raise ConfigError("config", message) from err
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

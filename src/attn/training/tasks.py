@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attn.config import ModelConfig
+from attn.config import Architecture, ModelConfig
 from attn.data import (
     LMStream,
     Pair,
@@ -35,7 +35,7 @@ from attn.data import (
     read_text,
     translation_collate,
 )
-from attn.errors import ConfigError
+from attn.errors import ConfigError, DataFormatError
 from attn.tokenizers import Tokenizer
 from attn.training.batches import Batch, BatchSource, IndexedBatches, WindowBatches, lm_batch
 from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
@@ -79,8 +79,28 @@ TaskBuilder = Callable[[RunConfig, ModelConfig, TaskContext], TaskData]
 TextBatches = tuple[list[list[int]], Callable[..., Batch]]  # encoded texts, (indices, epoch) -> Batch
 
 
+_ARCHITECTURES = {
+    Task.TRANSLATION: Architecture.ENCODER_DECODER,
+    Task.LM: Architecture.DECODER_ONLY,
+    Task.CLASSIFICATION: Architecture.ENCODER_ONLY,
+    Task.MLM: Architecture.ENCODER_ONLY,
+}
+
+
 def build_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """The adapter of `config.task`, built from the files in `config.data`."""
+    """The adapter of `config.task`, built from the files in `config.data`.
+
+    Raises:
+        ConfigError: the model's architecture is not the one the task trains (see the module table).
+    """
+    needed = _ARCHITECTURES[config.task]
+    if model_config.architecture != needed:
+        source = config.model.init_from or f"preset {config.model.preset!r}"
+        raise ConfigError(
+            "model", f"task {config.task.value!r} trains {needed.value} models, but {source} is "
+            f"{model_config.architecture.value}; choose a preset of that architecture (attn presets lists them) "
+            "or another model.init_from"
+        )
     builders: dict[Task, TaskBuilder] = {
         Task.TRANSLATION: translation_task,
         Task.LM: lm_task,
@@ -158,8 +178,15 @@ def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> T
 
 
 def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """One label per text, from the encoder's first-token summary."""
+    """One label per text, from the encoder's first-token summary.
+
+    Raises:
+        DataFormatError: a malformed training file, or one whose rows all have the same label.
+    """
     corpus = load_labelled(_required(config.data.train, "data.train"))
+    if len(corpus.label_names) < 2:
+        only = corpus.label_names[0]
+        raise DataFormatError(corpus.path, f"every row has the label {only!r}; a classifier needs at least two classes")
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts)
     (pad,) = special_ids(tokenizer, "pad")
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size, num_labels=len(corpus.label_names))

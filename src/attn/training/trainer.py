@@ -14,6 +14,11 @@ Resuming is exact: the checkpoint holds the optimizer and gradient-scaler states
 (which alone fixes the learning rate), every rank's random generators, the data position and
 the early-stopping record, so N steps + resume + N steps gives the same losses and weights as
 2N steps.
+
+Before it trains a tokenizer or builds a model, `train` checks that the run directory can be
+written and that its disk has room for two checkpoints (`attn.training.preflight`). SIGINT and
+SIGTERM end training after the current update on every rank, with a checkpoint of that step
+(`TrainingInterrupted`; `attn train` then exits with 130 or 143).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import contextlib
 import dataclasses
 import math
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -60,14 +67,17 @@ from attn.training.distributed import (
     shutdown,
     wrap_model,
 )
+from attn.training.faults import fault_point
 from attn.training.logs import METRICS_FILE, FlopCounter, LogWindow, MetricsLog
 from attn.training.losses import LossSums, label_smoothed_cross_entropy
+from attn.training.preflight import check_run
 from attn.training.runconfig import NonFinite, OptimConfig, Optimizer, Precision, RunConfig, Strategy
 from attn.training.schedules import make_schedule
 from attn.training.tasks import TaskBuilder, TaskContext, TaskData, build_task
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclasses.dataclass
@@ -104,6 +114,66 @@ class RunResult:
         if self.checkpoint is not None:
             parts.append(f"checkpoint {self.checkpoint}")
         return "; ".join(parts)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped `train` after an update, and a checkpoint of that step was saved.
+
+    A KeyboardInterrupt, so a caller that does not handle it stops as on Ctrl-C; running the
+    same `train` again resumes from the checkpoint.
+
+    Attributes:
+        signal_number: signal.SIGINT or signal.SIGTERM.
+        step: the updates made so far.
+        checkpoint: the checkpoint of `step` (None on ranks other than 0).
+    """
+
+    def __init__(self, signal_number: int, step: int, checkpoint: Path | None) -> None:
+        self.signal_number, self.step, self.checkpoint = signal_number, step, checkpoint
+        where = checkpoint if checkpoint is not None else "the run directory by rank 0"
+        super().__init__(f"interrupted at step {step}; checkpoint saved to {where}")
+
+    @property
+    def exit_code(self) -> int:
+        """The status of a process that the signal ended: 130 for SIGINT, 143 for SIGTERM."""
+        return 128 + self.signal_number
+
+
+@contextlib.contextmanager
+def recording_stop_signals() -> Iterator[list[int]]:
+    """While active, SIGINT and SIGTERM are appended to the yielded list instead of stopping the process.
+
+    The previous handlers come back on exit. Further signals are recorded too rather than
+    aborting the final checkpoint: under torchrun every rank gets the terminal's Ctrl-C and then
+    the launcher's own copy of it. Only the main thread can catch signals; elsewhere nothing is
+    installed and the list stays empty.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    for number in STOP_SIGNALS:
+        signal.signal(number, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def agreed_stop_signal(received: Sequence[int], ctx: DistContext) -> int:
+    """The signal all ranks stop for: SIGINT if any rank received one, else SIGTERM if any did, else 0.
+
+    A collective (one all-reduce), so every rank leaves the training loop after the same update.
+
+    Args:
+        received: the stop signals this rank received (see `recording_stop_signals`).
+        ctx: the process context.
+    """
+    got = torch.tensor([signal.SIGINT in received, signal.SIGTERM in received], device=ctx.device)
+    interrupt, terminate = all_reduce_sum(got.float(), ctx).tolist()
+    return signal.SIGINT if interrupt else signal.SIGTERM if terminate else 0
 
 
 class TaskHead(nn.Module):
@@ -299,44 +369,60 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
 
     def fit(self) -> RunResult:
-        """Trains until `max_steps` or early stopping; evaluates and saves at the end."""
+        """Trains until `max_steps` or early stopping; evaluates and saves at the end.
+
+        SIGINT or SIGTERM ends training after the current update (on every rank): the trainer
+        saves a checkpoint of that step, without evaluating, and raises TrainingInterrupted.
+
+        Raises:
+            TrainingInterrupted: a stop signal arrived.
+        """
         train = self.config.train
         losses: list[float] = []
         metrics: dict[str, float] = {}
         stopped = False
         window = LogWindow()
-        with self._progress() as bar:
-            while self.step < train.max_steps and not stopped and not self._out_of_time():
-                started = time.perf_counter()
-                stats = self.train_step()
-                seconds = time.perf_counter() - started
-                self.elapsed += seconds
-                losses.append(stats.loss)
-                window.add(stats.loss, stats.tokens, seconds)
-                bar.update(1)
-                if self.step % train.log_interval == 0 or self.step == train.max_steps:
-                    self._log(window.flush(), stats, bar)
-                if train.eval_interval and self.step % train.eval_interval == 0:
-                    metrics, stopped = self._evaluate_and_track()
-                if train.checkpoint_interval and self.step % train.checkpoint_interval == 0:
-                    self._save_once()
-        if self._evaluated_step != self.step:
-            metrics, stopped = self._evaluate_and_track(stopped)
-        checkpoint = self._save_once()
+        with recording_stop_signals() as received:
+            with self._progress() as bar:
+                while self.step < train.max_steps and not stopped and not self._out_of_time():
+                    if halt := agreed_stop_signal(received, self.ctx):
+                        raise TrainingInterrupted(halt, self.step, self._save_once())
+                    started = time.perf_counter()
+                    stats = self.train_step()
+                    seconds = time.perf_counter() - started
+                    self.elapsed += seconds
+                    losses.append(stats.loss)
+                    window.add(stats.loss, stats.tokens, seconds)
+                    bar.update(1)
+                    if self.step % train.log_interval == 0 or self.step == train.max_steps:
+                        self._log(window.flush(), stats, bar)
+                    if train.eval_interval and self.step % train.eval_interval == 0:
+                        metrics, stopped = self._evaluate_and_track()
+                    if train.checkpoint_interval and self.step % train.checkpoint_interval == 0:
+                        self._save_once()
+            if self._evaluated_step != self.step:
+                metrics, stopped = self._evaluate_and_track(stopped)
+            checkpoint = self._save_once()
         tracker = self.tracker
         run_dir = Path(self.config.run_dir)
         return RunResult(run_dir, self.step, losses, metrics, tracker.best, tracker.best_step, checkpoint, stopped)
 
-    def _out_of_time(self) -> bool:
-        """Whether the training time (resumed runs included) reached `train.max_minutes`.
+    def _budget_used(self) -> float:
+        """The fraction of `train.max_minutes` spent so far (0 without a time budget).
 
-        Ranks decide together, so all of them stop after the same step.
+        Ranks average their clocks, so all of them follow the same learning rate and stop after
+        the same step.
         """
         limit = self.config.train.max_minutes
         if not limit:
-            return False
-        over = torch.tensor([float(self.elapsed >= 60 * limit)])
-        return bool(all_reduce_sum(over, self.ctx).item() > 0)
+            return 0.0
+        spent = torch.tensor([self.elapsed / (60 * limit)], dtype=torch.float64, device=self.ctx.device)
+        spent = all_reduce_sum(spent, self.ctx)
+        return spent.item() / self.ctx.world_size
+
+    def _out_of_time(self) -> bool:
+        """Whether the training time (resumed runs included) reached `train.max_minutes`."""
+        return self._budget_used() >= 1.0
 
     def train_step(self) -> StepStats:
         """One update of `grad_accum` micro-batches.
@@ -344,7 +430,7 @@ class Trainer:
         Raises:
             TrainingError: the loss or gradient is not finite and `on_nonfinite` is "stop".
         """
-        lr = self.config.optim.lr * self.schedule(self.step)
+        lr = self.config.optim.lr * self.schedule(self.step, self._budget_used())
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batches = [self.task.train.next_batch() for _ in range(self.config.batch.grad_accum)]
@@ -352,6 +438,7 @@ class Trainer:
             self.engine, batches, self.task.ignore_id, self.config.train.label_smoothing, self.ctx,
             self.autocast, self.scaler.scale, self.wrapped,
         )
+        fault_point("step")
         self._flops.add(sum(b.inputs[0].size(-1) for b in batches) / len(batches), tokens)
         loss = sums.loss.item() / sums.count.item()
         self.scaler.unscale_(self.optimizer)
@@ -401,6 +488,7 @@ class Trainer:
                 with self.autocast():
                     logits = self.engine(*batch.inputs)
                 loss, nll, count = label_smoothed_cross_entropy(logits, batch.targets, 0.0, self.task.ignore_id)
+                fault_point("eval")
                 scored = batch.targets != self.task.ignore_id if self.task.ignore_id is not None else True
                 correct = ((logits.argmax(-1) == batch.targets) & scored).sum()
                 sums += torch.stack([loss.double(), nll.double(), count.double(), correct.double()])
@@ -510,15 +598,32 @@ def train(
         What the run did (on every rank; checkpoint paths only on rank 0).
 
     Raises:
-        ConfigError: invalid settings; CheckpointError: an unusable checkpoint to resume;
-        TrainingError: a non-finite loss with `on_nonfinite = "stop"`.
+        ConfigError: invalid settings; CheckpointError: an unusable checkpoint to resume, or a
+        checkpoint that cannot be written; TrainingError: an unwritable run_dir, too little free
+        disk space, or a non-finite loss with `on_nonfinite = "stop"`.
+        TrainingInterrupted: SIGINT or SIGTERM stopped training (a checkpoint was saved).
     """
     ctx = init_distributed(run_config.train.device)
     try:
-        trainer = _prepare(run_config, model_config or run_config.model_config(), task_builder or build_task, ctx)
+        model_config = model_config or run_config.model_config()
+        _preflight(run_config, model_config, ctx)
+        trainer = _prepare(run_config, model_config, task_builder or build_task, ctx)
         return trainer.fit()
     finally:
         shutdown(ctx)
+
+
+def _preflight(config: RunConfig, model_config: ModelConfig, ctx: DistContext) -> None:
+    """Rank 0 checks the run directory and free disk space; every rank raises its error."""
+    problem = None
+    if ctx.is_main:
+        try:
+            check_run(config.run_dir, model_config)
+        except TrainingError as err:
+            problem = err
+    problem = all_gather_objects(problem, ctx)[0]
+    if problem is not None:
+        raise problem
 
 
 def seed_everything(seed: int) -> None:

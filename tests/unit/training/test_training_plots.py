@@ -32,3 +32,11 @@ def test_without_validation_there_is_no_validation_figure(tmp_path):
 def test_a_run_without_metrics_is_an_error(tmp_path):
     with pytest.raises(AttnError, match="metrics.jsonl: no such file"):
         plot_run(tmp_path)
+
+
+def test_read_metrics_keeps_the_json_objects_and_skips_torn_or_foreign_lines(tmp_path):
+    from attn.training.logs import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 2.5}\n7\n\xff\xfe not utf-8\n{"step": 2, "loss": 2.0}\n{"step": 3, "lo')
+    assert read_metrics(path) == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.0}]

@@ -1,0 +1,50 @@
+"""Reading PyTorch pickle files without running code from them.
+
+A pickle can call any function while it is read, so `attn` reads `.pt` / `.bin` files only with
+`torch.load(weights_only=True)`, which accepts tensors, numbers, strings and containers and
+refuses everything else. This module says so in one line instead of torch's paragraph (which
+suggests turning the protection off).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attn.errors import CheckpointError
+
+
+def load_torch_file(path: str | Path, fix: str, map_location: str = "cpu") -> Any:
+    """`torch.load(path, weights_only=True)` with one-line errors.
+
+    Args:
+        path: the file.
+        fix: what the user should do about a corrupt file, e.g. "restore the file".
+        map_location: where tensors go.
+
+    Returns:
+        The file's contents: tensors, numbers, strings and containers of them.
+
+    Raises:
+        CheckpointError: the file holds other Python objects (refused, as reading them could run
+            code), or it is not a readable PyTorch file.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # zip, pickle and torch each raise their own types for a torn or foreign file
+        if not (isinstance(err, pickle.UnpicklingError) and "Weights only load failed" in str(err)):
+            raise CheckpointError(f"{path}: not a readable PyTorch file ({_first_line(err)}); {fix}") from err
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        raise CheckpointError(
+            f"{path}: refused: it holds a Python object ({found[1] if found else 'not a tensor'}) and reading "
+            "one can run code; attn reads only tensors, numbers, strings and containers: use a file that attn "
+            "wrote, or model.safetensors from a source you trust"
+        ) from err
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

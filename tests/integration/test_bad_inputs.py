@@ -1,0 +1,489 @@
+"""The bad-input catalogue: broken input of every kind, given to the real `attn` command line.
+
+Each case runs one `attn` command in a subprocess, in a folder of its own, and checks what the
+user gets: exit status 2 for a usage or configuration mistake and 1 for any other failure; one
+line `attn: error: ...` that names what was wrong and the fix (argparse keeps its own usage line
+above its `error:` line); no traceback; and no file written by the failed command, temporary or
+partial. Cases that need a checkpoint use three tiny runs trained once for the module (one step
+each of a translator, a language model and a classifier).
+
+`docs/bad-inputs.md` lists the same cases with the messages users see;
+`test_docs_table_lists_exactly_the_cases` keeps the two in step. Running this file as a script
+(`python tests/integration/test_bad_inputs.py`) runs every case and rewrites that table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from attn.cli import main
+from attn.errors import GenerationError
+from attn.generation import GenerationConfig, generate, generate_seq2seq
+from attn.tokenizers import Tokenizer
+from attn.training.checkpoint import load_checkpoint
+from cli_helpers import ROOT, run_cli
+
+DOCS = ROOT / "docs" / "bad-inputs.md"
+TASKS = ("translation", "lm", "classifier")
+TINY_CONFIGS = {
+    "translation": 'task = "translation"\n[data]\ntrain = "{data}/pairs.tsv"\n[tokenizer]\nkind = "chars"\n'
+                   '[model]\npreset = "paper-base-tiny"\n[batch]\nmax_tokens = 512\n',
+    "lm": 'task = "lm"\n[data]\ntrain = "{data}/text.txt"\n[tokenizer]\nkind = "chars"\n'
+          '[model]\npreset = "char-gpt-tiny"\n[batch]\nbatch_size = 2\nblock_size = 16\n',
+    "classifier": 'task = "classification"\n[data]\ntrain = "{data}/labels.tsv"\n[tokenizer]\nkind = "chars"\n'
+                  '[model]\npreset = "bert-base-tiny"\n[batch]\nbatch_size = 4\n',
+}
+ONE_STEP = '[train]\nmax_steps = 1\neval_interval = 0\ncheckpoint_interval = 0\nquiet = true\ndevice = "cpu"\n'
+PAIRS = "ref\ten\tes\nGen 1:1\tIn the beginning.\tEn el principio.\nGen 1:3\tLet there be light.\tSea la luz.\n"
+LABELS = "label\ttext\nart\tA yawn is a silent shout.\nlaw\tThe court adjourned.\nfood\tEat your greens.\n"
+LONG_TEXT = "x" * 100  # more characters, so more tokens, than the tiny models' 64 positions
+STEP = "checkpoints/step-00000001"
+
+
+# -- the world every case runs in -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Tiny configs, their data and one-step runs, under `root`: `tiny/` and `runs/<task>`."""
+
+    root: Path
+
+    def names(self, case_dir: Path) -> dict[str, str]:
+        """What the `{...}` fields of a case's arguments stand for."""
+        return {"case": str(case_dir), "tiny": str(self.root / "tiny"),
+                **{task: str(self.root / "runs" / task) for task in TASKS}}
+
+    def shown(self, text: str, case_dir: Path) -> str:
+        """`text` with this world's temporary paths cut, as in the docs table."""
+        return text.replace(f"{case_dir}/", "").replace(str(case_dir), ".").replace(f"{self.root}/", "")
+
+
+def make_world(root: Path) -> World:
+    """Writes the tiny data and configs and trains each tiny run for one step (in this process)."""
+    tiny = root / "tiny"
+    tiny.mkdir(parents=True)
+    (tiny / "pairs.tsv").write_text(PAIRS * 4, encoding="utf-8")
+    (tiny / "labels.tsv").write_text(LABELS + "".join(LABELS.splitlines(keepends=True)[1:]) * 3, encoding="utf-8")
+    (tiny / "text.txt").write_text((ROOT / "data/shakespeare/valid.txt").read_text(encoding="utf-8")[:3000])
+    for task, config in TINY_CONFIGS.items():
+        (tiny / f"{task}.toml").write_text(config.format(data=tiny) + ONE_STEP, encoding="utf-8")
+        assert main(["train", "--config", str(tiny / f"{task}.toml"), f"run_dir={root / 'runs' / task}"]) == 0
+    return World(root)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return make_world(tmp_path_factory.mktemp("bad-inputs"))
+
+
+# -- what a case prepares ---------------------------------------------------------------------
+
+Prepare = Callable[[Path, Mapping[str, str]], None]  # (case folder, names) -> files written there
+
+
+def files(contents: Mapping[str, bytes | str] | None = None) -> Prepare:
+    """Writes each file (relative path: contents) into the case folder."""
+
+    def prepare(folder: Path, names: Mapping[str, str]) -> None:
+        for name, data in (contents or {}).items():
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+    return prepare
+
+
+def copy(source: str, name: str, change: Callable[[Path], None] = lambda path: None) -> Prepare:
+    """Copies a run or checkpoint (`{translation}/...`) into the case folder as `name`, then breaks it."""
+
+    def prepare(folder: Path, names: Mapping[str, str]) -> None:
+        shutil.copytree(source.format(**names), folder / name)
+        change(folder / name)
+
+    return prepare
+
+
+def truncate(name: str, keep: int) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).write_bytes((folder / name).read_bytes()[:keep])
+
+
+def delete(name: str) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).unlink()
+
+
+def overwrite(name: str, data: str) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).write_text(data, encoding="utf-8")
+
+
+def edit_json(name: str, change: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        data = json.loads((folder / name).read_text(encoding="utf-8"))
+        change(data)
+        (folder / name).write_text(json.dumps(data), encoding="utf-8")
+
+    return apply
+
+
+def big_tokenizer(folder: Path) -> None:
+    """Puts a tokenizer with more ids than the model's embeddings into a checkpoint."""
+    Tokenizer.train_chars(["".join(map(chr, range(0x100, 0x200)))]).save(folder)
+
+
+def export_gpt2(change: Callable[[Path], None]) -> Prepare:
+    """Exports the tiny LM as a Hugging Face GPT-2 folder `hf` in the case folder, then breaks it."""
+
+    def prepare(folder: Path, names: Mapping[str, str]) -> None:
+        assert main(["convert", "--to", "gpt2", names["lm"], str(folder / "hf")]) == 0
+        change(folder / "hf")
+
+    return prepare
+
+
+def gzipped(data: bytes) -> bytes:
+    return gzip.compress(data, mtime=0)
+
+
+# -- the catalogue ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One broken input.
+
+    Attributes:
+        id: the case's name (the docs table's key).
+        input: what is wrong, in words.
+        args: the arguments after `attn`; `{case}`, `{tiny}`, `{translation}`, `{lm}` and
+            `{classifier}` name the case folder, the tiny configs and data, and the tiny runs.
+        code: the exit status: 2 for usage and configuration errors, 1 for the others.
+        expect: a part of the message that names the problem or the fix.
+        prepare: writes the broken files into the case folder first.
+    """
+
+    id: str
+    input: str
+    args: tuple[str, ...]
+    code: int
+    expect: str
+    prepare: Prepare = files()
+
+    def argv(self, names: Mapping[str, str]) -> list[str]:
+        return [arg.format(**names) for arg in self.args]
+
+
+def train(task: str, *overrides: str) -> tuple[str, ...]:
+    """`attn train` of a tiny one-step config into the case folder, with overrides."""
+    return ("train", "--config", f"{{tiny}}/{task}.toml", "run_dir={case}/run", *overrides)
+
+
+def translate(*args: str) -> tuple[str, ...]:
+    return ("translate", "--model", "{translation}", *args)
+
+
+def generate_from(*args: str) -> tuple[str, ...]:
+    return ("generate", "--model", "{lm}", *args)
+
+
+def translate_with(checkpoint: str) -> tuple[str, ...]:
+    return ("translate", "--model", f"{{case}}/{checkpoint}", "In the beginning.", "-o", "{case}/out.txt")
+
+
+def broken_translator(change: Callable[[Path], None]) -> Prepare:
+    """The tiny translator's checkpoint, copied to `ckpt` in the case folder and broken by `change`."""
+    return copy("{translation}/" + STEP, "ckpt", change)
+
+
+TRAIN_PAIRS = "data.train={case}/pairs.tsv"
+
+CASES = [
+    # usage: argparse answers before anything is loaded
+    Case("unknown-command", "a command that does not exist", ("frobnicate",), 2, "invalid choice: 'frobnicate'"),
+    Case("unknown-option", "an option the command does not have", translate("--colour", "red", "x"), 2,
+         "unrecognized arguments: --colour"),
+    Case("option-not-a-number", "a word where a number goes", translate("--beam-size", "four", "x"), 2,
+         "invalid int value: 'four'"),
+    Case("missing-model-option", "no --model", ("translate", "x"), 2, "the following arguments are required: --model"),
+    Case("unknown-attention-kind", "--kind outside its choices", ("attention", "--model", "{translation}", "--kind",
+         "diagonal", "x"), 2, "invalid choice: 'diagonal'"),
+    # decoding settings: checked before the model is loaded
+    Case("temperature-zero", "sampling temperature 0", generate_from("--temperature", "0", "ROMEO."), 2,
+         "--temperature: must be > 0 when sampling"),
+    Case("temperature-without-sampling", "a temperature for beam search", translate("--temperature", "0.5", "x"), 2,
+         "--temperature: only applies when sampling; set sample=True"),
+    Case("top-p-zero", "nucleus mass 0", generate_from("--top-p", "0", "ROMEO."), 2,
+         "--top-p: must be in (0, 1], got 0.0"),
+    Case("top-p-above-one", "nucleus mass 1.5", generate_from("--top-p", "1.5", "ROMEO."), 2,
+         "--top-p: must be in (0, 1], got 1.5"),
+    Case("beam-size-zero", "beam size 0", translate("--beam-size", "0", "x"), 2, "--beam-size: must be >= 1, got 0"),
+    Case("max-new-tokens-zero", "no new tokens allowed", generate_from("--max-new-tokens", "0", "ROMEO."), 2,
+         "--max-new-tokens: must be >= 1, got 0"),
+    # data files
+    Case("tsv-wrong-header", "a translation TSV whose header is not `ref en es`", train("translation", TRAIN_PAIRS), 1,
+         "pairs.tsv:1: header is 'src\\ttgt', expected 'ref\\ten\\tes'; make the first line that header",
+         files({"pairs.tsv": "src\ttgt\nIn the beginning.\tEn el principio.\n"})),
+    Case("tsv-wrong-column-count", "a row with a missing field", train("translation", TRAIN_PAIRS), 1,
+         "pairs.tsv:3: expected 3 tab-separated fields (ref, en, es), got 2",
+         files({"pairs.tsv": "ref\ten\tes\nGen 1:1\tIn the beginning.\tEn el principio.\nGen 1:2\tLight.\n"})),
+    Case("tsv-stray-tab", "a tab inside a text", train("translation", TRAIN_PAIRS), 1,
+         "pairs.tsv:2: expected 3 tab-separated fields (ref, en, es), got 4; a text must not contain a tab",
+         files({"pairs.tsv": "ref\ten\tes\nGen 1:1\tIn the\tbeginning.\tEn el principio.\n"})),
+    Case("tsv-empty-file", "an empty data file", train("translation", TRAIN_PAIRS), 1,
+         "pairs.tsv:1: the file is empty; it must start with the header", files({"pairs.tsv": ""})),
+    Case("tsv-invalid-utf8", "Latin-1 bytes in a UTF-8 file", train("translation", TRAIN_PAIRS), 1,
+         "pairs.tsv:2: invalid UTF-8 (byte 0xe9); re-save the file as UTF-8",
+         files({"pairs.tsv": b"ref\ten\tes\nGen 1:1\tIn the beginning.\tcaf\xe9\n"})),
+    Case("tsv-binary", "a PNG image given as data", train("translation", TRAIN_PAIRS), 1,
+         "contains a NUL byte, so it is binary", files({"pairs.tsv": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"})),
+    Case("gzip-truncated", "a .gz file cut short", train("translation", "data.train={case}/pairs.tsv.gz"), 1,
+         "is not a valid gzip file", files({"pairs.tsv.gz": gzipped(PAIRS.encode() * 40)[:60]})),
+    Case("data-file-missing", "a data path that does not exist", train("translation", "data.train={case}/nowhere.tsv"),
+         1, "nowhere.tsv: cannot be read (No such file or directory); check the path"),
+    Case("data-path-is-a-directory", "a folder where a file goes", train("translation", "data.train={case}"), 1,
+         "cannot be read (Is a directory); check the path"),
+    Case("labels-single-class", "a classification file with one label", train("classifier", "data.train={case}/l.tsv"),
+         1, "every row has the label 'art'; a classifier needs at least two classes",
+         files({"l.tsv": "label\ttext\nart\tA yawn is a silent shout.\nart\tBrevity is the soul of wit.\n"})),
+    Case("labels-unknown", "a test file with a label the classifier never saw",
+         ("evaluate", "--model", "{classifier}", "{case}/test.tsv"), 1, "test.tsv:3: unknown label 'music'",
+         files({"test.tsv": "label\ttext\nart\tA yawn.\nmusic\tLa la la.\n"})),
+    # run configurations
+    Case("config-file-missing", "--config names no file", ("train", "--config", "{case}/nowhere.toml"), 2,
+         "config: cannot read nowhere.toml (No such file or directory)"),
+    Case("toml-invalid-syntax", "a TOML file with a syntax error", ("train", "--config", "{case}/run.toml"), 2,
+         "run.toml is not valid TOML", files({"run.toml": 'task = "lm"\n[data\ntrain = "x"\n'})),
+    Case("toml-unknown-key", "a misspelt key in a TOML file", ("train", "--config", "{case}/run.toml"), 2,
+         "optim.learning_rate: unknown key in OptimConfig; valid keys: optimizer, lr,",
+         files({"run.toml": 'task = "lm"\n[optim]\nlearning_rate = 0.001\n'})),
+    Case("toml-wrong-type", "a string where a number goes", ("train", "--config", "{case}/run.toml"), 2,
+         "batch.batch_size: expected int, got str 'thirty-two'",
+         files({"run.toml": 'task = "lm"\n[batch]\nbatch_size = "thirty-two"\n'})),
+    Case("toml-without-data", "a config without its [data] section", ("train", "--config", "{case}/run.toml",
+         "run_dir={case}/run"), 2, "data.train: is not set; give the path of the file",
+         files({"run.toml": 'task = "lm"\n[model]\npreset = "char-gpt-tiny"\n' + ONE_STEP})),
+    Case("unknown-preset", "a preset name that does not exist", train("lm", "model.preset=paper-huge"), 2,
+         "model.preset: unknown preset 'paper-huge'; valid presets: paper-base,"),
+    Case("heads-not-dividing-d-model", "d_model=30 with 4 heads", train("lm", "model.d_model=30"), 2,
+         "model.d_model: d_model=30 is not divisible by heads=4; pick heads among the divisors"),
+    Case("rotary-odd-head-size", "rotary positions with a head size of 9", train("lm", "model.positional=rotary",
+         "model.d_model=36"), 2, "rotary positions rotate pairs of features, but the head size d_model/heads=9 is odd"),
+    Case("task-needs-other-architecture", "a decoder-only preset for translation",
+         train("translation", "model.preset=gpt2-tiny"), 2,
+         "model: task 'translation' trains encoder-decoder models, but preset 'gpt2-tiny' is decoder-only"),
+    Case("override-unknown-key", "an override of a field that does not exist", train("lm", "model.colour=red"), 2,
+         "model.colour: unknown field; valid fields: architecture,"),
+    Case("override-not-a-number", "a word for a number in an override", train("lm", "optim.lr=fast"), 2,
+         "optim.lr: expected float, got str 'fast'"),
+    Case("negative-learning-rate", "optim.lr below 0", train("lm", "optim.lr=-0.1"), 2,
+         "optim.lr: must be >= 0.0, got -0.1"),
+    Case("learning-rate-not-a-number", "optim.lr=nan", train("lm", "optim.lr=nan"), 2,
+         "optim.lr: must be a finite number, got nan"),
+    Case("batch-size-zero", "batch.batch_size 0", train("lm", "batch.batch_size=0"), 2,
+         "batch.batch_size: must be >= 1, got 0"),
+    Case("negative-max-minutes", "a negative time budget", train("lm", "train.max_minutes=-1"), 2,
+         "train.max_minutes: must be >= 0.0, got -1.0"),
+    Case("vocab-size-too-small", "a BPE vocabulary smaller than its special tokens",
+         train("translation", "tokenizer.kind=bpe", "tokenizer.vocab_size=5"), 2,
+         "tokenizer.vocab_size: is 5, but a bpe tokenizer needs at least 8"),
+    Case("run-dir-is-a-file", "run_dir names an existing file", ("train", "--config", "{tiny}/lm.toml",
+         "run_dir={case}/run"), 1, "is a file, not a directory; set run_dir to a new directory path",
+         files({"run": "not a directory\n"})),
+    Case("resume-with-other-model", "resuming a run with a different d_model", train("lm", "model.d_model=64"), 1,
+         "its model differs from this run's in 'd_model'; use the same model settings to resume, or a new run_dir",
+         copy("{lm}", "run")),
+    Case("init-from-other-architecture", "fine-tuning a translator from a language model",
+         train("translation", "model.init_from={lm}"), 2,
+         "model: task 'translation' trains encoder-decoder models, but runs/lm is decoder-only"),
+    # checkpoints and model folders
+    Case("model-path-missing", "--model names nothing", translate_with("nowhere"), 1,
+         "nowhere: no such checkpoint or model directory; check the path"),
+    Case("safetensors-truncated", "a model.safetensors cut short",
+         translate_with("ckpt"), 1, "model.safetensors: not a readable safetensors file",
+         broken_translator(truncate("model.safetensors", 1000))),
+    Case("checkpoint-missing-file", "a checkpoint without its weights file", translate_with("ckpt"), 1,
+         "model.safetensors: no such file; the checkpoint is incomplete",
+         broken_translator(delete("model.safetensors"))),
+    Case("model-config-invalid-json", "a model_config.json that is not JSON", translate_with("ckpt"), 1,
+         "model_config.json: not valid JSON", broken_translator(overwrite("model_config.json", '{"d_model": 32,'))),
+    Case("weights-of-another-model", "weights from a differently sized model", translate_with("ckpt"), 1,
+         "size mismatch for weight 'blocks.0.attn.out.bias': (32,) in the file, (64,) in the model described by "
+         "model_config.json",
+         broken_translator(edit_json("model_config.json", lambda config: config.update(d_model=64)))),
+    Case("tokenizer-of-another-model", "a tokenizer with ids beyond the model's vocabulary (token ids outside it)",
+         translate_with("ckpt"), 1, "some token ids would fall outside it", broken_translator(big_tokenizer)),
+    Case("latest-pointer-dangling", "checkpoints/latest names a deleted checkpoint", translate_with("run"), 1,
+         "checkpoints/latest names a checkpoint that no longer exists",
+         copy("{translation}", "run", lambda run: shutil.rmtree(run / STEP))),
+    Case("huggingface-unsupported-family", "a Hugging Face T5 folder", translate_with("t5"), 1,
+         "model_type 't5' is not supported; attn converts gpt2, bert, marian",
+         files({"t5/config.json": '{"model_type": "t5", "d_model": 512}'})),
+    Case("huggingface-config-missing-fields", "a GPT-2 config.json without its sizes",
+         ("generate", "--model", "{case}/hf", "ROMEO."), 1,
+         "but config.json implies (50257, 768); the weights and config.json do not match",
+         export_gpt2(overwrite("config.json", '{"model_type": "gpt2"}'))),
+    # inputs at inference
+    Case("wrong-model-for-command", "translating with a classifier",
+         ("translate", "--model", "{classifier}", "x"), 1, "translation needs an encoder-decoder model"),
+    Case("embed-with-decoder-only", "sentence embeddings from a language model", ("embed", "--model", "{lm}", "x"), 1,
+         "embedding needs an encoder-only model"),
+    Case("input-longer-than-positions", "a sentence longer than the model's positions", translate(LONG_TEXT), 1,
+         "a source of 100 tokens exceeds the model's max_positions=64; split or truncate long sentences"),
+    Case("empty-input-text", "an empty sentence", translate(""), 1,
+         "empty input text: give at least one non-blank line"),
+    Case("output-is-a-directory", "--output names a folder", translate("x", "-o", "{case}/out"), 1,
+         "out: cannot write the output (Is a directory); give a file path", files({"out/keep": ""})),
+    Case("embed-batch-size-zero", "embedding batches of 0 texts", ("embed", "--model", "{classifier}",
+         "--batch-size", "0", "x"), 2, "batch_size: must be >= 1, got 0"),
+    Case("evaluate-negative-limit", "--limit -1", ("evaluate", "--model", "{translation}", "{tiny}/pairs.tsv",
+         "--limit", "-1"), 2, "limit: is -1, must be at least 1"),
+    # tools
+    Case("average-nothing", "`attn average` with no checkpoints", ("average", "--output", "{case}/avg"), 2,
+         "no checkpoints given; name a run with --run RUN_DIR or list checkpoint directories"),
+    Case("average-more-than-kept", "averaging more checkpoints than the run kept",
+         ("average", "--run", "{translation}", "--last", "3", "--output", "{case}/avg"), 1,
+         "asked to average the last 3 checkpoints, the run has 1"),
+    Case("average-different-models", "averaging a translator with a language model",
+         ("average", "{translation}/" + STEP, "{lm}/" + STEP, "--output", "{case}/avg"), 1,
+         "model_config differs from runs/translation/checkpoints/step-00000001 in 'architecture'"),
+    Case("plot-without-metrics", "`attn plot` on a folder that is not a run", ("plot", "{case}"), 1,
+         "metrics.jsonl: no such file; plot a run directory that train() has written to"),
+    Case("attention-head-out-of-range", "head 99 of a 4-head model",
+         ("attention", "--model", "{translation}", "--head", "99", "x", "-o", "{case}/a.png"), 1,
+         "head 99 does not exist: the model has heads 0..3"),
+    Case("attention-kind-not-in-model", "cross-attention of a decoder-only model",
+         ("attention", "--model", "{lm}", "--kind", "cross", "x", "-o", "{case}/a.png"), 1,
+         "has no 'cross' attention; choose one of decoder"),
+]
+
+
+# -- running a case ---------------------------------------------------------------------------
+
+
+def _listing(folder: Path) -> set[Path]:
+    return {path for path in folder.rglob("*") if path.is_file()}
+
+
+def run_case(case: Case, world: World) -> tuple[int, str, str]:
+    """Prepares the case's folder and runs its command there; checks that nothing was left behind.
+
+    Returns:
+        (exit status, stdout, stderr).
+    """
+    folder = world.root / "cases" / case.id
+    folder.mkdir(parents=True)
+    names = world.names(folder)
+    case.prepare(folder, names)
+    before = _listing(folder)
+    result = run_cli(*case.argv(names), cwd=folder, timeout=120)
+    leftovers = [p for p in folder.rglob("*") if re.search(r"\.tmp|\.partial|^\.old-|^\.trash-", p.name)]
+    assert not leftovers, f"temporary files left behind: {leftovers}"
+    assert _listing(folder) == before, f"the failed command wrote {sorted(_listing(folder) - before)}"
+    return result.returncode, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_gets_one_clear_line(case: Case, world: World) -> None:
+    code, stdout, stderr = run_case(case, world)
+    assert "Traceback" not in stdout + stderr, stderr
+    assert code == case.code, stderr
+    message = world.shown(stderr, world.root / "cases" / case.id)
+    if stderr.startswith("usage:"):  # argparse's own format: a usage line, then `attn ...: error: ...`
+        assert code == 2 and "error: " in stderr.splitlines()[-1]
+    else:
+        assert stderr.count("\n") == 1 and stderr.startswith("attn: error: "), stderr
+    assert case.expect in message, message
+
+
+def test_case_ids_are_unique_and_there_are_enough() -> None:
+    ids = [case.id for case in CASES]
+    assert len(set(ids)) == len(ids) >= 45
+
+
+def test_docs_table_lists_exactly_the_cases() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| .* \| ([12]) \| (.*) \|$", text, flags=re.MULTILINE)
+    assert [case_id for case_id, _, _ in rows] == [case.id for case in CASES]
+    assert f"{len(CASES)} cases" in text.split("\n\n")[1]
+    for case, (_, code, message) in zip(CASES, rows):
+        assert int(code) == case.code and _cell(case.expect) in message, case.id
+
+
+# -- token ids outside the vocabulary (no command line takes ids: the Python API) -------------
+
+
+def test_generation_rejects_token_ids_outside_the_vocabulary(world: World) -> None:
+    """A user's own ids reach the model only through the Python API; the command line encodes text."""
+    translator = load_checkpoint(world.root / "runs" / "translation").model
+    language_model = load_checkpoint(world.root / "runs" / "lm").model
+    vocab = language_model.embeddings.tokens.num_embeddings
+    with pytest.raises(GenerationError, match=f"prompt token id {vocab} is outside the model's vocabulary of {vocab}"):
+        generate(language_model, [[5, vocab]], GenerationConfig(max_new_tokens=2))
+    with pytest.raises(GenerationError, match="prompt token id -1 is outside"):
+        generate(language_model, [[-1]], GenerationConfig(beam_size=2, max_new_tokens=2))
+    with pytest.raises(GenerationError, match="source token id 1000 is outside"):
+        generate_seq2seq(translator, [[4, 1000]], 2, 3, 0, GenerationConfig(max_new_tokens=2))
+    # The largest valid id still decodes.
+    assert len(generate(language_model, [[vocab - 1]], GenerationConfig(max_new_tokens=2))[0]) <= 2
+
+
+def test_standard_input_that_is_not_utf8_is_named(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Piped Latin-1 text (no subprocess: `run_cli` pipes text, so it cannot send invalid UTF-8)."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ok\ncaf\xe9\n")))
+    assert main(["translate", "--model", str(world.root / "runs" / "translation")]) == 1
+    assert capsys.readouterr().err == "attn: error: <stdin>:2: invalid UTF-8 (byte 0xe9); re-save the file as UTF-8\n"
+
+
+# -- the docs table, from live runs -----------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.strip().replace("|", "\\|").replace("\n", " ")
+
+
+def write_docs_table(world: World) -> None:
+    """Runs every case and writes docs/bad-inputs.md with the command and the message of each."""
+    names = {"case": ".", "tiny": "tiny", **{task: f"runs/{task}" for task in TASKS}}
+    rows = []
+    for case in CASES:
+        code, _, stderr = run_case(case, world)
+        command = " ".join(["attn", *(f'"{a}"' if not a or " " in a else a for a in case.argv(names))])
+        message = world.shown(stderr, world.root / "cases" / case.id).strip().splitlines()[-1]
+        rows.append(f"| `{case.id}` | {_cell(case.input)} | `{_cell(command)}` | {code} | {_cell(message)} |")
+    DOCS.write_text(DOCS_HEADER.format(count=len(CASES)) + "\n".join(rows) + "\n", encoding="utf-8")
+
+
+DOCS_HEADER = """# What `attn` says about bad input
+
+{count} cases, each run by `tests/integration/test_bad_inputs.py` through the real command line.
+Every one exits with status 2 (a usage or configuration mistake) or 1 (anything else), prints one
+line that names what was wrong and the fix (argparse adds its usage line above), shows no
+traceback and leaves no partial file. `tiny/` holds one-step configs and their data, `runs/` the
+runs they trained, `.` the folder the command runs in. No command takes token ids, so ids outside
+the vocabulary are tested through the Python API (`generate` names the first bad id); from the
+command line they can only come from a tokenizer that does not belong to its model
+(`tokenizer-of-another-model`). Regenerate the table with
+`python tests/integration/test_bad_inputs.py`.
+
+| case | input | command | exit | message |
+| --- | --- | --- | --- | --- |
+"""
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as scratch:
+        write_docs_table(make_world(Path(scratch)))
