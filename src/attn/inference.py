@@ -128,15 +128,23 @@ def _texts_to_ids(loaded: Loaded, texts: Sequence[str], add_special: bool) -> li
 
 def translate(loaded: Loaded, texts: Sequence[str], config: GenerationConfig | None = None,
               batch_size: int = 32) -> list[str]:
-    """Translates each text with the encoder-decoder (the paper's beam 4, alpha 0.6 by default)."""
+    """Translates each text with the encoder-decoder (the paper's beam 4, alpha 0.6 by default).
+
+    Texts are decoded in batches of similar source length (a batch runs until its longest
+    translation ends), and returned in their input order.
+    """
     _expect(loaded, EncoderDecoder, "translation")
     config = config or GenerationConfig.paper()
     sources = _texts_to_ids(loaded, texts, add_special=False)
-    outputs: list[list[int]] = []
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs: list[list[int]] = [[] for _ in sources]
     with torch.inference_mode():
-        for start in range(0, len(sources), batch_size):
-            chunk = sources[start : start + batch_size]
-            outputs += generate_seq2seq(loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            decoded = generate_seq2seq(loaded.model, [sources[i] for i in chunk], loaded.start_id, loaded.eos_id,
+                                       loaded.pad_id, config)
+            for i, tokens in zip(chunk, decoded, strict=True):
+                outputs[i] = tokens
     return loaded.tokenizer.decode_batch(outputs)
 
 
