@@ -36,7 +36,7 @@ def required_disk_bytes(n_params: int) -> int:
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """The parameters of the model `config` describes (built on the meta device: no memory, no time)."""
+    """The parameters of the model `config` describes (built on the meta device: no memory for the weights)."""
     with torch.device("meta"):
         return count_parameters(build_model(config))
 

@@ -384,11 +384,11 @@ class Trainer:
         window = LogWindow()
         with recording_stop_signals() as received:
             with self._progress() as bar:
-                while self.step < train.max_steps and not stopped and not self._out_of_time():
+                while self.step < train.max_steps and not stopped and (used := self._budget_used()) < 1.0:
                     if halt := agreed_stop_signal(received, self.ctx):
                         raise TrainingInterrupted(halt, self.step, self._save_once())
                     started = time.perf_counter()
-                    stats = self.train_step()
+                    stats = self.train_step(used)
                     seconds = time.perf_counter() - started
                     self.elapsed += seconds
                     losses.append(stats.loss)
@@ -420,17 +420,17 @@ class Trainer:
         spent = all_reduce_sum(spent, self.ctx)
         return spent.item() / self.ctx.world_size
 
-    def _out_of_time(self) -> bool:
-        """Whether the training time (resumed runs included) reached `train.max_minutes`."""
-        return self._budget_used() >= 1.0
-
-    def train_step(self) -> StepStats:
+    def train_step(self, budget_used: float = 0.0) -> StepStats:
         """One update of `grad_accum` micro-batches.
+
+        Args:
+            budget_used: the fraction of `train.max_minutes` spent (resumed runs included), which
+                the schedule may decay with.
 
         Raises:
             TrainingError: the loss or gradient is not finite and `on_nonfinite` is "stop".
         """
-        lr = self.config.optim.lr * self.schedule(self.step, self._budget_used())
+        lr = self.config.optim.lr * self.schedule(self.step, budget_used)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batches = [self.task.train.next_batch() for _ in range(self.config.batch.grad_accum)]

@@ -1,5 +1,6 @@
 """The training engine: each architecture learns, non-finite losses, early stopping, metrics, resume checks."""
 
+import itertools
 import json
 import math
 
@@ -157,3 +158,15 @@ def test_device_choice(monkeypatch):
         assert init_distributed("auto").device == torch.device("cpu")
         with pytest.raises(ConfigError, match="no GPU is available"):
             init_distributed("cuda")
+
+
+def test_a_time_budgeted_cosine_run_decays_with_the_clock_and_stops_when_it_runs_out(tmp_path, monkeypatch):
+    clock = itertools.count(0, 15)  # every step takes 15 s: a quarter of a one-minute budget
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
+    config = quick_config(tmp_path / "run", "optim.schedule=cosine", "train.max_steps=1000", "train.max_minutes=1")
+    result = train(config, task_builder=reversal_builder())
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lr" in r]
+    spent = [0.0, 0.25, 0.5, 0.75]  # budget used before each update; the step count barely moves the cosine
+    assert result.step == 4
+    progress = [max(used, (step + 1) / 1000) for step, used in enumerate(spent)]
+    assert lrs == pytest.approx([3e-3 * 0.5 * (1 + math.cos(math.pi * p)) for p in progress])
