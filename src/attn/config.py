@@ -49,6 +49,11 @@ class SinusoidalLayout(str, enum.Enum):
     CONCATENATED = "concatenated"  # sin in the first half, cos in the second (Marian)
 
 
+class Pooling(str, enum.Enum):
+    FIRST = "first"  # the first token's vector, through the pooler when pooler=true (BERT)
+    MEAN = "mean"  # the mean of the real tokens' vectors (sentence-transformers)
+
+
 class Tying(str, enum.Enum):
     NONE = "none"
     DECODER = "decoder"  # target (or LM) input embedding shared with the output projection
@@ -73,7 +78,9 @@ class ModelConfig:
     """Every architectural choice of a Transformer model.
 
     Vocabulary fields: `vocab_size` is the target / LM / encoder vocabulary; `src_vocab_size` is
-    the encoder-decoder's source vocabulary (0 means "same as vocab_size").
+    the encoder-decoder's source vocabulary (0 means "same as vocab_size"). `pooling` is the vector
+    an encoder-only model classifies: the first token's ("first") or the mean of the real tokens'
+    ("mean", for checkpoints trained as sentence embedders, such as all-MiniLM-L6-v2).
     """
 
     architecture: Architecture = Architecture.ENCODER_DECODER
@@ -106,6 +113,7 @@ class ModelConfig:
     embedding_norm: bool = False
     mlm_head: bool = True
     pooler: bool = True
+    pooling: Pooling = Pooling.FIRST
     num_labels: int = 0
 
     def __post_init__(self) -> None:
@@ -178,6 +186,10 @@ class ModelConfig:
             raise ConfigError(
                 "type_vocab_size" if self.type_vocab_size else "num_labels",
                 "segment embeddings and classification heads belong to encoder-only models; set it to 0",
+            )
+        if self.pooling == Pooling.MEAN and self.pooler:
+            raise ConfigError(
+                "pooling", "pooling='mean' averages the hidden states and reads no pooler; set pooler=false"
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attn.config import ModelConfig, Positional, preset
-from attn.errors import ShapeError
+from attn.errors import ConfigError, ShapeError
 from attn.models import build_model, count_parameters
 
 SCHEMES = list(Positional)
@@ -148,3 +148,31 @@ def test_feature_inputs_must_match_d_model():
 def test_config_divisibility_enforced_before_building():
     with pytest.raises(Exception, match="divisible"):
         build_model(ModelConfig(d_model=30, heads=4))
+
+
+def test_mean_pooling_classifies_the_mean_of_the_real_tokens():
+    model = model_for("bert-base-tiny", pooler=False, pooling="mean", num_labels=3)
+    tokens = torch.randint(1, 97, (2, 8))
+    tokens[1, 5:] = 0
+    mask = tokens != 0
+    with torch.no_grad():
+        hidden = model(tokens, mask)
+        by_hand = torch.stack([hidden[0].mean(0), hidden[1, :5].mean(0)])
+        torch.testing.assert_close(model.classify(tokens, mask), model.classifier(by_hand), atol=1e-6, rtol=1e-6)
+        padded = torch.cat([tokens, torch.zeros(2, 4, dtype=torch.long)], dim=1)
+        torch.testing.assert_close(model.classify(padded, padded != 0), model.classify(tokens, mask),
+                                   atol=1e-6, rtol=1e-6)
+
+
+def test_first_token_pooling_reads_only_the_first_vector():
+    model = model_for("bert-base-tiny", num_labels=3)
+    tokens = torch.randint(1, 97, (1, 8))
+    with torch.no_grad():
+        hidden = model(tokens)
+        expected = model.classifier(torch.tanh(model.pooler.dense(hidden[:, 0])))
+        torch.testing.assert_close(model.classify(tokens), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_mean_pooling_with_a_pooler_is_refused():
+    with pytest.raises(ConfigError, match="set pooler=false"):
+        preset("bert-base-tiny").replace(pooling="mean")

@@ -13,11 +13,11 @@ from torch import nn
 
 from attn.attention import ATTENTION_FUNCTIONS, CrossAttention, SelfAttention
 from attn.blocks import Block, DecoderBlock
-from attn.config import Architecture, ModelConfig, NormPlacement, Positional, Tying
+from attn.config import Architecture, ModelConfig, NormPlacement, Pooling, Positional, Tying
 from attn.errors import ConfigError
 from attn.layers import ACTIVATIONS, Embeddings, FeedForward, PostNorm, PreNorm, embedding_scale
 from attn.models.decoder import Decoder
-from attn.models.encoder import Encoder, EncoderStack, FirstToken, MaskedLMHead, Pooler
+from attn.models.encoder import Encoder, EncoderStack, FirstToken, MaskedLMHead, MeanPool, Pooler
 from attn.models.encoder_decoder import EncoderDecoder
 from attn.positional import (
     LearnedPositions,
@@ -126,7 +126,7 @@ class _Parts:
         if c.mlm_head:
             norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
             mlm = MaskedLMHead(nn.Linear(c.d_model, c.d_model), ACTIVATIONS[c.activation], norm, self.output(tokens))
-        pooler = Pooler(c.d_model) if c.pooler else FirstToken()
+        pooler = MeanPool() if c.pooling == Pooling.MEAN else Pooler(c.d_model) if c.pooler else FirstToken()
         classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
         return Encoder(self.encoder_stack(tokens), mlm, pooler, classifier, c.dropout)
 

@@ -2,7 +2,8 @@
 
 `EncoderStack` is the paper's encoder (section 3.1): embeddings, N self-attention blocks,
 an optional final LayerNorm. `Encoder` adds the heads of an encoder-only model: masked-LM
-logits, classification from the first token, and mean-pooled sentence embeddings. The stack
+logits, classification from the first token or the mean of the tokens, and mean-pooled sentence
+embeddings. The stack
 also takes precomputed input vectors instead of token ids (`features`), e.g. image regions.
 
 Departures from the paper: BERT's segment embeddings and LayerNorm after the embeddings are
@@ -82,7 +83,7 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
 
-    def forward(self, hidden: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         """(B, T, d_model) -> (B, d_model)."""
         return torch.tanh(self.dense(hidden[:, 0]))
 
@@ -90,8 +91,22 @@ class Pooler(nn.Module):
 class FirstToken(nn.Module):
     """The first token's vector, unchanged: the pooler of a model built without one."""
 
-    def forward(self, hidden: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         return hidden[:, 0]
+
+
+def mean_pool(hidden: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean of the real (mask True) tokens' vectors: (B, T, d_model) -> (B, d_model)."""
+    weights = hidden.new_ones(hidden.shape[:2]) if mask is None else mask.to(hidden.dtype)
+    summed = (hidden * weights[..., None]).sum(1)
+    return summed / weights.sum(1, keepdim=True).clamp(min=1e-9)
+
+
+class MeanPool(nn.Module):
+    """The mean of the real tokens' vectors: the pooler of pooling='mean'."""
+
+    def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
+        return mean_pool(hidden, mask)
 
 
 class Encoder(nn.Module):
@@ -127,19 +142,16 @@ class Encoder(nn.Module):
         return self.mlm(self.stack(tokens, mask, segments))
 
     def pooled(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
-        """tokens (B, T) -> the pooled first-token vector (B, d_model)."""
-        return self.pooler(self.stack(tokens, mask, segments))
+        """tokens (B, T) -> the pooled vector (B, d_model): the first token's or the mean (config.pooling)."""
+        return self.pooler(self.stack(tokens, mask, segments), mask)
 
     def classify(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
-        """tokens (B, T) -> class logits (B, num_labels), from the first token."""
+        """tokens (B, T) -> class logits (B, num_labels), from the pooled vector."""
         if self.classifier is None:
             raise AttnError("this encoder has no classification head: build it with num_labels > 0")
         return self.classifier(self.dropout(self.pooled(tokens, mask, segments)))
 
     def sentence_embedding(self, tokens: Tensor, mask: Tensor | None = None, normalize: bool = True) -> Tensor:
         """Mean of the real tokens' hidden states (B, d_model), L2-normalised by default."""
-        hidden = self.stack(tokens, mask)
-        weights = torch.ones_like(tokens, dtype=hidden.dtype) if mask is None else mask.to(hidden.dtype)
-        summed = (hidden * weights[..., None]).sum(1)  # (B, d_model)
-        mean = summed / weights.sum(1, keepdim=True).clamp(min=1e-9)
+        mean = mean_pool(self.stack(tokens, mask), mask)
         return F.normalize(mean, dim=-1) if normalize else mean

@@ -464,7 +464,9 @@ def _inert_fields(config: ModelConfig) -> set[str]:
     if config.positional != Positional.RELATIVE:
         inert |= {"relative_buckets", "relative_max_distance"}
     if config.architecture != Architecture.ENCODER_ONLY:
-        inert |= {"mlm_head", "pooler"}
+        inert |= {"mlm_head", "pooler", "pooling"}
+    elif not config.num_labels:
+        inert.add("pooling")  # only a classifier reads the pooled vector
     return inert
 
 

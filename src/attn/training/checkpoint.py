@@ -609,10 +609,16 @@ def load_initial(path: str | Path) -> Checkpoint:
 def copy_pretrained(initial: Checkpoint, model: nn.Module) -> list[str]:
     """Copies every weight of `initial.model` into `model`; returns the names left fresh (new heads).
 
+    An encoder head that `model` was configured without (`mlm` for mlm_head=false, `pooler` for
+    pooler=false) is left behind.
+
     Raises:
         CheckpointError: a pretrained weight has no place in `model`, or a different shape.
     """
     source, target = initial.model.state_dict(), model.state_dict()
+    present = {name.split(".")[0] for name in target}
+    dropped = {"mlm", "pooler"} - present
+    source = {name: tensor for name, tensor in source.items() if name.split(".")[0] not in dropped}
     for name, tensor in source.items():
         if name not in target or target[name].shape != tensor.shape:
             shape = tuple(target[name].shape) if name in target else "no such weight"

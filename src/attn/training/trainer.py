@@ -393,7 +393,7 @@ class Trainer:
                     self.elapsed += seconds
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
-                    bar.update(1)
+                    bar.update(seconds if train.max_minutes else 1)
                     if self.step % train.log_interval == 0 or self.step == train.max_steps:
                         self._log(window.flush(), stats, bar)
                     if train.eval_interval and self.step % train.eval_interval == 0:
@@ -552,15 +552,24 @@ class Trainer:
         if mfu is not None and self.ctx.device.type == "cuda":
             record["mfu"] = mfu
         self.metrics_log.write(record)
-        bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+        bar.set_postfix(
+            step=self.step, loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+            tok_s=f"{record['tokens_per_s']:.0f}",
+        )
 
     @contextlib.contextmanager
     def _progress(self) -> Iterator[tqdm]:
+        """A bar of updates, or of training seconds under a time budget (so that its end and its
+        estimate of the time left are the budget's, not those of a step limit it will not reach)."""
         train = self.config.train
-        bar = tqdm(
-            total=train.max_steps, initial=self.step, unit="step", dynamic_ncols=True,
-            disable=train.quiet or not self.ctx.is_main,
-        )
+        hide = train.quiet or not self.ctx.is_main
+        if train.max_minutes:
+            bar = tqdm(
+                total=60 * train.max_minutes, initial=self.elapsed, unit="s", dynamic_ncols=True, disable=hide,
+                bar_format="{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]",
+            )
+        else:
+            bar = tqdm(total=train.max_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=hide)
         try:
             yield bar
         finally:

@@ -177,3 +177,22 @@ def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
     first = (random.random(), np.random.rand(), torch.rand(1).item(), np.random.randn())
     ckpt.restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (random.random(), np.random.rand(), torch.rand(1).item(), np.random.randn()) == first
+
+
+def test_fine_tuning_without_the_pooler_leaves_its_weights_behind():
+    config = preset("bert-base-tiny").replace(num_labels=0)
+    pretrained = build_model(config)
+    target = build_model(config.replace(pooler=False, pooling="mean", num_labels=2))
+    fresh = ckpt.copy_pretrained(ckpt.Checkpoint(pretrained, config, None, None, None, {}), target)
+    assert fresh == ["classifier.bias", "classifier.weight"]
+    source = pretrained.state_dict()
+    for name, tensor in target.state_dict().items():
+        if not name.startswith("classifier."):
+            assert torch.equal(tensor, source[name]), name
+
+
+def test_fine_tuning_into_other_sizes_is_refused():
+    pretrained, config = tiny("bert-base-tiny")
+    target = build_model(config.replace(d_ff=48))
+    with pytest.raises(CheckpointError, match="does not fit the model"):
+        ckpt.copy_pretrained(ckpt.Checkpoint(pretrained, config, None, None, None, {}), target)

@@ -160,11 +160,15 @@ def test_device_choice(monkeypatch):
             init_distributed("cuda")
 
 
-def test_a_time_budgeted_cosine_run_decays_with_the_clock_and_stops_when_it_runs_out(tmp_path, monkeypatch):
+def test_a_time_budgeted_cosine_run_decays_with_the_clock_and_stops_when_it_runs_out(tmp_path, monkeypatch, capsys):
     clock = itertools.count(0, 15)  # every step takes 15 s: a quarter of a one-minute budget
     monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
-    config = quick_config(tmp_path / "run", "optim.schedule=cosine", "train.max_steps=1000", "train.max_minutes=1")
+    config = quick_config(
+        tmp_path / "run", "optim.schedule=cosine", "train.max_steps=1000", "train.max_minutes=1", "train.quiet=false"
+    )
     result = train(config, task_builder=reversal_builder())
+    bar = capsys.readouterr().err.split("\r")
+    assert "100%" in bar[-1] and "60/60 s" in bar[-1] and "step=4" in bar[-1]  # the budget's bar, not 1000 steps'
     lrs = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lr" in r]
     spent = [0.0, 0.25, 0.5, 0.75]  # budget used before each update; the step count barely moves the cosine
     assert result.step == 4
