@@ -393,7 +393,7 @@ class Trainer:
                     self.elapsed += seconds
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
-                    bar.update(seconds if train.max_minutes else 1)
+                    bar.update(min(seconds, bar.total - bar.n) if train.max_minutes else 1)
                     if self.step % train.log_interval == 0 or self.step == train.max_steps:
                         self._log(window.flush(), stats, bar)
                     if train.eval_interval and self.step % train.eval_interval == 0:
