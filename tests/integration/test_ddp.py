@@ -92,7 +92,8 @@ def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
 
 
 LAUNCHED = """
-import json, sys
+import faulthandler, json, sys
+faulthandler.dump_traceback_later(90, exit=True)  # a hung rank prints where it waits (seen once under CI load)
 sys.path.insert(0, {here!r})
 from test_ddp import reversal_task, run_config
 from attn.training.trainer import train
