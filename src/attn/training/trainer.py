@@ -393,7 +393,7 @@ class Trainer:
                     self.elapsed += seconds
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
-                    bar.update(min(seconds, bar.total - bar.n) if train.max_minutes else 1)
+                    bar.update(self._bar_position() - bar.n)
                     if self.step % train.log_interval == 0 or self.step == train.max_steps:
                         self._log(window.flush(), stats, bar)
                     if train.eval_interval and self.step % train.eval_interval == 0:
@@ -557,6 +557,12 @@ class Trainer:
             tok_s=f"{record['tokens_per_s']:.0f}",
         )
 
+    def _bar_position(self) -> float:
+        """The progress bar's count: updates, or training seconds capped at the time budget (the last
+        update overshoots it, and tqdm cannot draw a count beyond its total)."""
+        budget = 60 * self.config.train.max_minutes
+        return min(self.elapsed, budget) if budget else self.step
+
     @contextlib.contextmanager
     def _progress(self) -> Iterator[tqdm]:
         """A bar of updates, or of training seconds under a time budget (so that its end and its
@@ -565,7 +571,8 @@ class Trainer:
         hide = train.quiet or not self.ctx.is_main
         if train.max_minutes:
             bar = tqdm(
-                total=60 * train.max_minutes, initial=self.elapsed, unit="s", dynamic_ncols=True, disable=hide,
+                total=60 * train.max_minutes, initial=self._bar_position(), unit="s", dynamic_ncols=True,
+                disable=hide,
                 bar_format="{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]",
             )
         else:

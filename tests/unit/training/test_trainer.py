@@ -176,10 +176,12 @@ def test_a_time_budgeted_cosine_run_decays_with_the_clock_and_stops_when_it_runs
     assert lrs == pytest.approx([3e-3 * 0.5 * (1 + math.cos(math.pi * p)) for p in progress])
 
 
-def test_a_last_update_that_overshoots_the_time_budget_ends_the_bar_at_the_budget(tmp_path, monkeypatch, capsys):
+def test_an_overshooting_last_update_ends_the_bar_at_the_budget_and_the_run_resumes(tmp_path, monkeypatch, capsys):
     clock = itertools.count(0, 25)  # 25 s per step: the third update ends at 75 s of a 60 s budget
     monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
     config = quick_config(tmp_path / "run", "train.max_steps=1000", "train.max_minutes=1", "train.quiet=false")
     result = train(config, task_builder=reversal_builder())
     assert result.step == 3 and result.checkpoint is not None
     assert "100%" in capsys.readouterr().err.split("\r")[-1]
+    resumed = train(config.override("train.resume=true"), task_builder=reversal_builder())  # budget already spent
+    assert resumed.step == 3 and "100%" in capsys.readouterr().err.split("\r")[-1]
