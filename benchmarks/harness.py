@@ -44,6 +44,7 @@ class Settings:
         reps: timed rounds.
         out_dir: where the JSON files and the Markdown table go.
         plot: where case 5 draws its figure.
+        models: the training presets cases 1 and 6 measure (empty: all of them).
     """
 
     device: torch.device
@@ -55,6 +56,7 @@ class Settings:
     reps: int
     out_dir: Path
     plot: Path
+    models: tuple[str, ...] = ()
 
     @property
     def dtype_name(self) -> str:

@@ -104,7 +104,8 @@ def settings_from(document: dict[str, Any]) -> Settings:
     """The settings `settings_to` wrote."""
     paths = {"out_dir": Path(document["out_dir"]), "plot": Path(document["plot"])}
     return Settings(**{**document, **paths, "device": torch.device(document["device"]),
-                       "dtype": DTYPES[document["dtype"]]})
+                       "dtype": DTYPES[document["dtype"]],
+                       "models": tuple(document.get("models", ()))})
 
 
 def measure(shape: training.Shape, contender: str, settings: Settings) -> dict[str, float]:

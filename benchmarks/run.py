@@ -3,6 +3,7 @@
     python -m benchmarks.run                    # the full CPU run (about 30-40 minutes on 2 cores)
     python -m benchmarks.run --quick            # tiny shapes, a smoke run of every case (< 3 minutes)
     python -m benchmarks.run --cases 1,7        # some cases only
+    python -m benchmarks.run --cases 1 --models gpt2   # some training presets only
     python -m benchmarks.run --device cuda --dtype bf16 --compile
 
 Cases (issue 9): 1 training throughput, 2 greedy generation, 3 beam search, 4 sentence embeddings,
@@ -46,8 +47,12 @@ def _runners() -> dict[int, Runner]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from benchmarks.training import CONTENDERS
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="1,2,3,4,5,6,7", help="comma-separated case numbers (default: all)")
+    parser.add_argument("--models", default="", help=f"comma-separated training presets for cases 1 and 6, "
+                        f"from {', '.join(CONTENDERS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 warm-up + 2 timed rounds")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="default fp32")
@@ -71,6 +76,16 @@ def _cases(text: str) -> list[int]:
     return numbers
 
 
+def _models(text: str) -> tuple[str, ...]:
+    from benchmarks.training import CONTENDERS
+
+    models = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [model for model in models if model not in CONTENDERS]
+    if unknown:
+        raise SystemExit(f"--models: the training presets are {', '.join(CONTENDERS)}, got {text!r}")
+    return models
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -83,7 +98,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(
         device=device, dtype=DTYPES[args.dtype], threads=args.threads, compile=args.compile, quick=args.quick,
         warmup=warmup if args.warmup is None else args.warmup, reps=reps if args.reps is None else args.reps,
-        out_dir=out_dir, plot=out_dir / PLOT.name if (args.quick or args.out) else PLOT,
+        out_dir=out_dir, plot=out_dir / PLOT.name if (args.quick or args.out) else PLOT, models=_models(args.models),
     )
 
 

@@ -98,6 +98,12 @@ def _device(name: str, local_rank: int | None) -> torch.device:
             raise ConfigError("train.device", "CUDA was asked for but no GPU is available; use device=cpu or auto")
         if local_rank is not None:
             return torch.device("cuda", local_rank)
+        # `torch.cuda.set_device` needs an index: plain "cuda" is the current GPU.
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise ConfigError("train.device", f"{name!r}: this machine has {torch.cuda.device_count()} GPU(s), "
+                                              f"numbered from 0; choose one of them")
+        return torch.device("cuda", index)
     return device
 
 

@@ -160,6 +160,21 @@ def test_device_choice(monkeypatch):
             init_distributed("cuda")
 
 
+def test_plain_cuda_names_the_current_gpu_which_set_device_needs(monkeypatch):
+    """`torch.cuda.set_device(torch.device("cuda"))` raises: the one-process run must pass an index."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert init_distributed("cuda").device == torch.device("cuda", 1)
+    assert init_distributed("cuda:0").device == torch.device("cuda", 0)
+    assert chosen == [torch.device("cuda", 1), torch.device("cuda", 0)]
+    with pytest.raises(ConfigError, match="'cuda:2': this machine has 2 GPU"):
+        init_distributed("cuda:2")
+
+
 def test_a_time_budgeted_cosine_run_decays_with_the_clock_and_stops_when_it_runs_out(tmp_path, monkeypatch, capsys):
     clock = itertools.count(0, 15)  # every step takes 15 s: a quarter of a one-minute budget
     monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
