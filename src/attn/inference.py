@@ -53,13 +53,26 @@ class Loaded:
     path: Path
 
 
-def load_for_inference(path: str | Path) -> Loaded:
-    """Loads an `attn` checkpoint, a run directory or a Hugging Face model directory.
+def load_for_inference(path: str | Path, device: str = "auto") -> Loaded:
+    """Loads an `attn` checkpoint, a run directory or a Hugging Face model directory onto `device`.
+
+    Args:
+        path: the checkpoint or directory.
+        device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
 
     Raises:
         CheckpointError: nothing loadable at `path`, or a model without a tokenizer.
+        ConfigError: an unknown or unavailable device.
     """
-    path = Path(path)
+    from attn.training.distributed import resolve_device
+
+    chosen = resolve_device(device, field="--device")
+    loaded = _load(Path(path))
+    loaded.model.to(chosen)
+    return loaded
+
+
+def _load(path: Path) -> Loaded:
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint or model directory; check the path")
     if (path / "config.json").exists() and not (path / "model_config.json").exists():
@@ -218,17 +231,18 @@ def class_probabilities(loaded: Loaded, texts: Sequence[str], batch_size: int = 
     """(N, num_labels) class probabilities of each text."""
     limit = loaded.model.stack.max_positions
     ids = [seq[:limit] for seq in _texts_to_ids(loaded, texts, add_special=True)]
+    device = next(loaded.model.parameters()).device
     rows = []
     with torch.inference_mode():
         for start in range(0, len(ids), batch_size):
             tokens, mask = pad_batch(ids[start : start + batch_size], loaded.pad_id)
-            rows.append(loaded.model.classify(tokens, mask).softmax(-1))
+            rows.append(loaded.model.classify(tokens.to(device), mask.to(device)).softmax(-1).cpu())
     return torch.cat(rows)
 
 
 def embed(loaded: Loaded, texts: Sequence[str], batch_size: int = 64) -> Tensor:
-    """Mean-pooled, L2-normalised sentence embeddings (N, d_model)."""
+    """Mean-pooled, L2-normalised sentence embeddings (N, d_model), on the CPU."""
     from attn.pretrained import embed_texts
 
     _expect(loaded, Encoder, "embedding")
-    return embed_texts(loaded.model, loaded.tokenizer, _checked(texts), batch_size)
+    return embed_texts(loaded.model, loaded.tokenizer, _checked(texts), batch_size).cpu()

@@ -89,7 +89,7 @@ def plot_attention(
     """Draws (Tq, Tk) attention weights as a heat map with the tokens on both axes."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * len(keys) + 2), max(3.0, 0.3 * len(queries) + 1.5)))
-    image = ax.imshow(weights.float().numpy(), cmap="viridis", aspect="auto", vmin=0.0)
+    image = ax.imshow(weights.float().cpu().numpy(), cmap="viridis", aspect="auto", vmin=0.0)
     ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
     ax.set_yticks(range(len(queries)), queries, fontsize=8)
     ax.set_xlabel("attended (keys)")
@@ -105,7 +105,8 @@ def plot_attention(
 
 
 def plot_attention_for(
-    model_path: str | Path, text: str, kind: str, layer: int, head: int | None, out: str | Path
+    model_path: str | Path, text: str, kind: str, layer: int, head: int | None, out: str | Path,
+    device: str = "auto",
 ) -> Path:
     """Runs a model on `text` and draws one layer's attention (one head, or the mean over heads).
 
@@ -117,7 +118,7 @@ def plot_attention_for(
     from attn.inference import load_for_inference
     from attn.models import EncoderDecoder
 
-    loaded = load_for_inference(model_path)
+    loaded = load_for_inference(model_path, device)
     tok = loaded.tokenizer
     source = tok.encode(text)
     target = None

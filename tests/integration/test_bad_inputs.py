@@ -230,6 +230,8 @@ CASES = [
     Case("beam-size-zero", "beam size 0", translate("--beam-size", "0", "x"), 2, "--beam-size: must be >= 1, got 0"),
     Case("max-new-tokens-zero", "no new tokens allowed", generate_from("--max-new-tokens", "0", "ROMEO."), 2,
          "--max-new-tokens: must be >= 1, got 0"),
+    Case("unknown-device", "a device torch does not know", translate("--device", "gpu0", "x"), 2,
+         "--device: unknown device 'gpu0'; use auto, cpu, cuda or cuda:N"),
     # data files
     Case("tsv-wrong-header", "a translation TSV whose header is not `ref en es`", train("translation", TRAIN_PAIRS), 1,
          "pairs.tsv:1: header is 'src\\ttgt', expected 'ref\\ten\\tes'; make the first line that header",

@@ -2,8 +2,11 @@
 
 import json
 
+import pytest
+import torch
 from PIL import Image
 
+from attn.errors import ConfigError
 from attn.inference import load_for_inference
 from cli_helpers import ROOT, run_cli
 
@@ -49,8 +52,16 @@ def test_evaluate_prints_json_for_each_task(quickstart_runs, tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["sentences"] == 3
     result = run_cli("evaluate", "--model", str(quickstart_runs / "classifier"), "data/fortunes-topics/valid.tsv",
-                     "--json")
+                     "--json", "--device", "cpu")
     assert json.loads(result.stdout)["examples"] == 358
+
+
+def test_inference_loads_onto_the_device_asked_for(quickstart_runs):
+    run = quickstart_runs / "shakespeare"
+    assert next(load_for_inference(run, "cpu").model.parameters()).device == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device: CUDA was asked for but no GPU is available"):
+            load_for_inference(run, "cuda")
 
 
 def test_average_plot_and_attention(quickstart_runs, tmp_path):

@@ -68,7 +68,7 @@ def init_distributed(device: str = "auto") -> DistContext:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    chosen = _device(device, local_rank if world_size > 1 else None)
+    chosen = resolve_device(device, local_rank if world_size > 1 else None)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)
     if world_size == 1 or dist.is_initialized():
@@ -84,7 +84,15 @@ def shutdown(ctx: DistContext) -> None:
         dist.destroy_process_group()
 
 
-def _device(name: str, local_rank: int | None) -> torch.device:
+def resolve_device(name: str, local_rank: int | None = None, field: str = "train.device") -> torch.device:
+    """The device that `name` ("auto", "cpu", "cuda" or "cuda:N") means on this machine.
+
+    "auto" is the GPU (this rank's, under torchrun) when there is one, else the CPU; a CUDA device
+    always carries an index, which `torch.cuda.set_device` needs.
+
+    Raises:
+        ConfigError: (named `field`) an unknown name, CUDA without a GPU, or a GPU index past the last.
+    """
     if name == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -92,17 +100,16 @@ def _device(name: str, local_rank: int | None) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError("train.device", f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+        raise ConfigError(field, f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError("train.device", "CUDA was asked for but no GPU is available; use device=cpu or auto")
+            raise ConfigError(field, "CUDA was asked for but no GPU is available; use cpu or auto")
         if local_rank is not None:
             return torch.device("cuda", local_rank)
-        # `torch.cuda.set_device` needs an index: plain "cuda" is the current GPU.
         index = torch.cuda.current_device() if device.index is None else device.index
         if index >= torch.cuda.device_count():
-            raise ConfigError("train.device", f"{name!r}: this machine has {torch.cuda.device_count()} GPU(s), "
-                                              f"numbered from 0; choose one of them")
+            raise ConfigError(field, f"{name!r}: this machine has {torch.cuda.device_count()} GPU(s), "
+                                     f"numbered from 0; choose one of them")
         return torch.device("cuda", index)
     return device
 
