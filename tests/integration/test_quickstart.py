@@ -56,12 +56,16 @@ def test_evaluate_prints_json_for_each_task(quickstart_runs, tmp_path):
     assert json.loads(result.stdout)["examples"] == 358
 
 
-def test_inference_loads_onto_the_device_asked_for(quickstart_runs):
+def test_inference_checks_the_device_before_loading(quickstart_runs, monkeypatch):
     run = quickstart_runs / "shakespeare"
     assert next(load_for_inference(run, "cpu").model.parameters()).device == torch.device("cpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="--device: CUDA was asked for but no GPU is available"):
-            load_for_inference(run, "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert next(load_for_inference(run).model.parameters()).device == torch.device("cpu")  # auto without a GPU
+    with pytest.raises(ConfigError, match="--device: CUDA was asked for but no GPU is available"):
+        load_for_inference(run, "cuda")
+    for name in ("meta", "mps", "cuda:x"):  # torch parses the first two, but attn cannot run there
+        with pytest.raises(ConfigError, match=f"--device: unknown device '{name}'"):
+            load_for_inference(run, name)
 
 
 def test_average_plot_and_attention(quickstart_runs, tmp_path):

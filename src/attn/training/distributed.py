@@ -100,7 +100,9 @@ def resolve_device(name: str, local_rank: int | None = None, field: str = "train
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(field, f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):  # torch knows meta, mps, ...: attn runs on neither
+        raise ConfigError(field, f"unknown device {name!r}; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(field, "CUDA was asked for but no GPU is available; use cpu or auto")
