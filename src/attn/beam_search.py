@@ -258,11 +258,12 @@ def search(session: Session, config: GenerationConfig, eos_id: int | None) -> li
         logprobs = adjust_logits(logprobs, history, config, eos_id, at_limit)
         state, rows = advance(state, logprobs, step, session.offset, config, eos_id)
         done = sentences_done(state, step + 1, config)
-        if bool(done.any()):
+        retired = bool(done.any())
+        if retired:
             state, rows = _retire(state, rows, done, results, session.offset, config.n_best)
             if rows.numel() == 0:
                 break
-        session.cache.reorder(rows)
+        session.cache.reorder(rows, same_sources=not retired)
         tokens = state.history[:, :, session.offset + step].flatten()
         logprobs = decode_one_token(session.model, tokens, session.cache).log_softmax(-1)
     return results

@@ -56,6 +56,7 @@ class KVCache:
         self.slots = [_Slot(self, i) for i in range(layers)]
         self.memory: list[tuple[Tensor, Tensor]] = []
         self.memory_mask: Tensor | None = None
+        self.vocab: Tensor | None = None
         self.vocab_t: Tensor | None = None
         self.vocab_bias: Tensor | None = None
         self.start = 0
@@ -87,32 +88,51 @@ class KVCache:
         return self.positions[:, : self.length], self.mask[:, : self.length]
 
     def keep_projection(self, projection: torch.nn.Linear) -> None:
-        """Keeps a contiguous (d_model, vocab) copy of the output projection for `project`.
+        """Keeps the output projection for `project`, with a contiguous (d_model, vocab) copy.
 
-        A decode step multiplies one vector per row by the projection: with the usual (vocab, d_model)
-        layout that matrix-vector product runs about twice as slow on CPUs as with this copy.
+        On CPUs the matrix products behind a decode step are fastest with the copy for one row
+        (a matrix-vector product, about twice as fast as with the (vocab, d_model) layout), and with
+        the (vocab, d_model) weight on the left, vocab x d_model times d_model x rows, for several
+        rows (beams, a batch, a prompt): 1.4-2x faster than either row-major product.
         """
-        self.vocab_t = projection.weight.detach().t().contiguous()
+        self.vocab = projection.weight.detach()
+        self.vocab_t = self.vocab.t().contiguous()
         self.vocab_bias = None if projection.bias is None else projection.bias.detach()
 
     def project(self, x: Tensor) -> Tensor:
-        """(B, T, d_model) -> (B, T, vocab) logits through the kept copy of the output projection."""
-        logits = x @ self.vocab_t
+        """(B, T, d_model) -> (B, T, vocab) logits through the kept output projection."""
+        rows = x.reshape(-1, x.size(-1))
+        logits = rows @ self.vocab_t if rows.size(0) == 1 else (self.vocab @ rows.t()).t().contiguous()
+        logits = logits.view(*x.shape[:-1], -1)
         return logits if self.vocab_bias is None else logits + self.vocab_bias
 
     def next_positions(self) -> Tensor:
         """(B, 1): the position of each row's next token (one past its last real token)."""
         return self.mask[:, : self.length].long().sum(-1, keepdim=True)
 
-    def reorder(self, index: Tensor) -> None:
-        """Keeps rows `index` (B',) of the batch, e.g. the surviving beams; B' may differ from B."""
-        self.keys = self.keys.index_select(1, index)
-        self.values = self.values.index_select(1, index)
+    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+        """Keeps rows `index` (B',) of the batch, e.g. the surviving beams; B' may differ from B.
+
+        Only the filled part of the keys and values is copied, into a fresh allocation (slots past
+        `length` are written before they are read). `same_sources=True` says every new row i reads the
+        same encoder output as old row i (beams of one sentence share it), so the cross-attention
+        memory stays where it is.
+        """
+        self.keys = self._select_filled(self.keys, index)
+        self.values = self._select_filled(self.values, index)
         self.positions = self.positions.index_select(0, index)
         self.mask = self.mask.index_select(0, index)
+        if same_sources:
+            return
         self.memory = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory]
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.index_select(0, index)
+
+    def _select_filled(self, x: Tensor, index: Tensor) -> Tensor:
+        """x (layers, B, h, max_length, d_k) -> (layers, B', h, max_length, d_k), rows `index`, slots < length."""
+        out = x.new_empty(x.size(0), index.numel(), *x.shape[2:])
+        torch.index_select(x[:, :, :, : self.length], 1, index, out=out[:, :, :, : self.length])
+        return out
 
     def reset(self) -> None:
         """Forgets every token (keeps the allocation and the memory)."""

@@ -123,7 +123,11 @@ def test_bound_returns_what_running_to_the_limit_returns_sooner(norm, alpha, sav
         rows.clear()
         found[rule] = beam_search_seq2seq(model, _sources(8, seed=2), START, MARIAN_EOS, PAD, config)
         work[rule] = sum(rows)
-    assert found[EarlyStopping.BOUND] == found[EarlyStopping.NONE]
+    # Retiring sentences shrinks the batch, and CPU matrix products may sum in another order for another
+    # number of rows: the same hypotheses, scores equal to float32 rounding.
+    bound, full = found[EarlyStopping.BOUND], found[EarlyStopping.NONE]
+    assert [[(h.tokens, h.finished) for h in hs] for hs in bound] == [[(h.tokens, h.finished) for h in hs] for hs in full]
+    assert_close(torch.tensor([[h.score for h in hs] for hs in bound]), torch.tensor([[h.score for h in hs] for hs in full]))
     # |Y| ** 1 rewards length so much that no sentence here can be settled early.
     assert work[EarlyStopping.BOUND] <= (1 - saving) * work[EarlyStopping.NONE]
 

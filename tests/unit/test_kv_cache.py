@@ -121,3 +121,24 @@ def test_reorder_carries_the_cross_attention_memory():
         model.decode_step(torch.tensor([[4], [4], [3]]), fresh)
         expected = model.decode_step(torch.tensor([[7], [8], [9]]), fresh)
     assert_close(reordered, expected, atol=1e-6, rtol=0)
+
+
+def test_reorder_within_sources_keeps_the_memory_in_place():
+    model = _build("paper-base-tiny", Positional.SINUSOIDAL, NormPlacement.PRE)
+    src = torch.randint(1, 97, (2, 5))
+    src_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    beams = torch.tensor([0, 0, 1, 1])
+    index = torch.tensor([1, 1, 3, 2])  # every row stays with its source, as beams of one sentence do
+    first, second = torch.tensor([[3], [4], [5], [6]]), torch.tensor([[7], [8], [9], [10]])
+    with torch.no_grad():
+        cache = model.new_cache(model.encode(src, src_mask), src_mask, 4)
+        cache.reorder(beams)
+        model.decode_step(first, cache)
+        memory = cache.memory
+        cache.reorder(index, same_sources=True)
+        reordered = model.decode_step(second, cache)
+        fresh = model.new_cache(model.encode(src[beams], src_mask[beams]), src_mask[beams], 4)
+        model.decode_step(first[index], fresh)
+        expected = model.decode_step(second, fresh)
+    assert cache.memory is memory
+    assert_close(reordered, expected, atol=1e-6, rtol=0)
