@@ -220,7 +220,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Precision = Precision.FP32
-    compile: bool = False
+    compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
     label_smoothing: float = 0.1
     patience: int = 0
     metric: str = ""

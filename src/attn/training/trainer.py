@@ -192,6 +192,23 @@ class TaskHead(nn.Module):
 # -- one update -------------------------------------------------------------------------------
 
 
+def batch_loss(
+    engine: nn.Module,
+    inputs: tuple[Tensor, ...],
+    targets: Tensor,
+    smoothing: float,
+    ignore_id: int | None,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> tuple[Tensor, Tensor]:
+    """The summed smoothed loss and NLL of one micro-batch: the forward pass under `autocast`, then
+    the float32 loss. `train.compile` compiles this function whole, so the (B, T, vocab) logits and
+    their softmax fuse with the model instead of running as separate kernels."""
+    with autocast():
+        logits = engine(*inputs)
+    loss, nll, _ = label_smoothed_cross_entropy(logits, targets, smoothing, ignore_id)
+    return loss, nll
+
+
 def accumulate_gradients(
     engine: nn.Module,
     batches: Sequence[Batch],
@@ -201,6 +218,7 @@ def accumulate_gradients(
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     scale: Callable[[Tensor], Tensor] = lambda loss: loss,
     sync_module: nn.Module | None = None,
+    loss_of: Callable[..., tuple[Tensor, Tensor]] = batch_loss,
 ) -> tuple[LossSums, int]:
     """Forward and backward over the micro-batches of one update, leaving the gradients in `.grad`.
 
@@ -218,6 +236,7 @@ def accumulate_gradients(
         scale: the gradient scaler's `scale` for float16 training.
         sync_module: the DDP/FSDP module whose gradient all-reduce is skipped on all but the
             last micro-batch (default: `engine`).
+        loss_of: `batch_loss`, or its compiled form.
 
     Returns:
         The sums over all ranks (loss, nll, scored targets) and the number of input tokens on all ranks.
@@ -234,9 +253,7 @@ def accumulate_gradients(
     for i, batch in enumerate(batches):
         batch = batch.to(ctx.device)
         with gradient_sync(sync_module or engine, enabled=i == len(batches) - 1):
-            with autocast():
-                logits = engine(*batch.inputs)
-            loss, nll, _ = label_smoothed_cross_entropy(logits, batch.targets, smoothing, ignore_id)
+            loss, nll = loss_of(engine, batch.inputs, batch.targets, smoothing, ignore_id, autocast)
             loss, nll = loss * batch.weight, nll * batch.weight
             scale(loss * factor).backward()
         sums += torch.stack([loss.detach(), nll.detach(), loss.new_tensor(batch.n_tokens)]).double()
@@ -256,10 +273,12 @@ def autocast_factory(device: torch.device, precision: Precision) -> Callable[[],
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
-def make_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, config: OptimConfig, device: torch.device | None = None) -> torch.optim.Optimizer:
     """Adam or AdamW over the model's parameters.
 
     Weight decay applies to matrices only; biases, LayerNorm gains and other vectors are not decayed.
+    On a GPU the update is torch's fused kernel: a few launches for all parameters instead of
+    several per tensor.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
@@ -267,7 +286,8 @@ def make_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimiz
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     kind = torch.optim.AdamW if config.optimizer == Optimizer.ADAMW else torch.optim.Adam
-    return kind(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+    fused = device is not None and device.type == "cuda"
+    return kind(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=fused or None)
 
 
 # -- the trainer ------------------------------------------------------------------------------
@@ -311,7 +331,12 @@ class Trainer:
         self.head = TaskHead(model, task.head)
         self.wrapped = wrap_model(self.head, ctx, train.strategy, find_unused=task.head != "forward")
         self.engine = torch.compile(self.wrapped) if train.compile else self.wrapped
-        self.optimizer = make_optimizer(self.head, config.optim)
+        # One process: the whole forward + loss compiles as one graph. Under DDP/FSDP the wrapper's
+        # hooks stay outside the trace, so only the module is compiled.
+        fuse_loss = train.compile and ctx.world_size == 1
+        self.train_engine = self.wrapped if fuse_loss else self.engine
+        self.loss_of = torch.compile(batch_loss) if fuse_loss else batch_loss
+        self.optimizer = make_optimizer(self.head, config.optim, ctx.device)
         # The rate depends on the step alone, so the step is the whole schedule state: a resumed
         # run follows the schedule of its current config.
         self.schedule = make_schedule(
@@ -435,8 +460,8 @@ class Trainer:
             group["lr"] = lr
         batches = [self.task.train.next_batch() for _ in range(self.config.batch.grad_accum)]
         sums, tokens = accumulate_gradients(
-            self.engine, batches, self.task.ignore_id, self.config.train.label_smoothing, self.ctx,
-            self.autocast, self.scaler.scale, self.wrapped,
+            self.train_engine, batches, self.task.ignore_id, self.config.train.label_smoothing, self.ctx,
+            self.autocast, self.scaler.scale, self.wrapped, self.loss_of,
         )
         fault_point("step")
         self._flops.add(sum(b.inputs[0].size(-1) for b in batches) / len(batches), tokens)

@@ -60,6 +60,31 @@ def test_a_tiny_model_overfits_one_batch(tmp_path, task):
     assert result.losses[-1] < 0.05
 
 
+def test_compiled_training_compiles_the_loss_with_the_model_and_matches_eager(tmp_path, monkeypatch):
+    head, batch, ignore = one_batch("lm")
+
+    def build(config, model_config, ctx):
+        model = preset("gpt2-tiny").replace(dropout=0.0, attention_dropout=0.0)
+        return TaskData(model, head, ignore, RepeatBatch(batch), None)
+
+    compiled, real_compile = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or real_compile(fn, **kw))
+    losses = {}
+    for flag in ("false", "true"):
+        config = quick_config(tmp_path / flag, "train.max_steps=3", f"train.compile={flag}")
+        losses[flag] = train(config, task_builder=build).losses
+    assert trainer_module.batch_loss in compiled  # forward and loss in one graph, not the module alone
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
+    assert losses["true"][-1] < losses["true"][0]
+
+
+def test_the_optimizer_is_fused_on_a_gpu_only():
+    model, optim = torch.nn.Linear(3, 3), quick_config("run").optim
+    assert trainer_module.make_optimizer(model, optim, torch.device("cuda")).defaults["fused"] is True
+    assert not trainer_module.make_optimizer(model, optim, torch.device("cpu")).defaults["fused"]
+    assert not trainer_module.make_optimizer(model, optim).defaults["fused"]
+
+
 def nan_on_call(monkeypatch, bad_call):
     """Makes the loss of the `bad_call`-th micro-batch NaN."""
     calls = {"n": 0}
