@@ -1,7 +1,11 @@
-"""The non-neural baseline the quickstart reports next to the classifier.
+"""Trivial baselines that cost nothing to compute, which a trained model must clearly beat.
 
-Multinomial naive Bayes over lower-cased word counts (`[A-Za-z']+` words, additive smoothing
-alpha = 0.1): the reference point given for the fortunes corpus in `data/README.md`.
+- classification: multinomial naive Bayes over lower-cased word counts (`[A-Za-z']+` words,
+  additive smoothing alpha = 0.1), the reference point given for the fortunes corpus in
+  `data/README.md`;
+- language modelling: a unigram model of the training tokens (add-one smoothing over the
+  vocabulary), scored on the evaluated tokens;
+- translation: copying the source (its BLEU is that of `attn.metrics.bleu(sources, references)`).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
+
+import numpy as np
 
 _WORD = re.compile(r"[A-Za-z']+")
 
@@ -47,3 +53,14 @@ class NaiveBayes:
             for prior, table in zip(self.log_prior, self.log_likelihood)
         ]
         return max(range(len(scores)), key=scores.__getitem__)
+
+
+def unigram_nll(train_ids: Sequence[int], eval_ids: Sequence[int], vocab_size: int) -> float:
+    """The NLL in nats summed over `eval_ids` of a unigram model of `train_ids`.
+
+    P(w) = (count(w) + 1) / (N + V): add-one smoothing over the `vocab_size` ids, so an id never
+    seen in training still has a finite cost.
+    """
+    counts = np.bincount(np.asarray(train_ids, dtype=np.int64), minlength=vocab_size).astype(np.float64)
+    log_p = np.log(counts + 1.0) - math.log(counts.sum() + vocab_size)
+    return float(-log_p[np.asarray(eval_ids, dtype=np.int64)].sum())

@@ -249,6 +249,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"attn: {stop}; resume with: {_resume_command(args)}", file=sys.stderr)
         return stop.exit_code
     print(result.summary())
+    from attn.guard import check_run
+
+    checked = check_run(config, result)
+    if checked is not None:
+        check, warning = checked
+        print(check.line())
+        if warning:
+            print(f"attn: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -305,7 +313,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from attn.quickstart import run_quickstart
 
-    run_quickstart(args.run_dir, budget=args.budget, quiet=args.quiet)
+    summary = run_quickstart(args.run_dir, budget=args.budget, quiet=args.quiet)
+    if args.budget == "full" and not summary["clearly_better_than_baselines"]:
+        print("attn: quickstart failed: a model is not clearly better than its trivial baseline (see the warnings "
+              "above)", file=sys.stderr)
+        return 1
     return 0
 
 

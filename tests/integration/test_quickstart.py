@@ -17,6 +17,12 @@ def test_quickstart_writes_every_artefact_and_each_loads(quickstart_runs):
     assert 0 <= results["translation"]["bleu"] <= 100 and results["translation"]["bleu_signature"].startswith("nrefs")
     assert results["lm"]["bits_per_char"] > 0
     assert results["classification"]["naive_bayes"]["accuracy"] == 60.89
+    # every step is compared with its trivial baseline; the smoke budget's barely trained models need not win
+    assert isinstance(results["clearly_better_than_baselines"], bool)
+    assert results["classification"]["baseline_value"] == 60.89 and results["lm"]["baseline"].startswith("a unigram")
+    assert results["translation"]["baseline"] == "copying the source"
+    assert all(results[task]["updates"] == 3 and results[task]["precision"] in ("fp32", "bf16")
+               for task in ("translation", "lm", "classification"))
     for name, task in [("translation", "translation"), ("shakespeare", "lm"), ("classifier", "classification")]:
         run = quickstart_runs / name
         assert (run / "metrics.jsonl").stat().st_size > 0

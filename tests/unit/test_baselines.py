@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from attn.baselines import NaiveBayes
+from attn.baselines import NaiveBayes, unigram_nll
 from attn.data import load_labelled
 from attn.metrics import accuracy, macro_f1
 
@@ -24,3 +24,9 @@ def test_fortunes_reference_figures():
     predictions = NaiveBayes(0.1).fit(train.texts, train.labels, len(train.label_names)).predict(test.texts)
     assert round(100 * accuracy(predictions, test.labels), 1) == 60.9
     assert round(100 * macro_f1(predictions, test.labels, 8), 1) == 52.7
+
+
+def test_unigram_nll_by_hand():
+    # counts [2, 1, 0] over V = 3, add-one: P = [3/6, 2/6, 1/6]
+    nll = unigram_nll([0, 0, 1], [0, 1, 2], vocab_size=3)
+    assert nll == pytest.approx(-math.log(3 / 6) - math.log(2 / 6) - math.log(1 / 6))

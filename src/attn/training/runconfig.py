@@ -7,7 +7,8 @@ A `RunConfig` is a frozen dataclass of sections, read from TOML:
     [data]      train, valid, source, max_length, mask_probability
     [tokenizer] kind, vocab_size, path, lowercase
     [model]     preset = "paper-base", then any ModelConfig field as an override
-    [optim]     optimizer, lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, min_lr_ratio, clip
+    [optim]     optimizer, lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, warmup_fraction,
+                min_lr_ratio, clip
     [batch]     max_tokens, max_sentences, batch_size, block_size, grad_accum, eval_batch_size
     [train]     max_steps, eval_interval, checkpoint_interval, keep_last, seed, device, precision, ...
 
@@ -28,6 +29,7 @@ from typing import Any
 
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
 from attn.errors import ConfigError
+from attn.precision import Precision
 from attn.tokenizers import minimum_vocab_size
 
 
@@ -47,12 +49,6 @@ class Schedule(str, enum.Enum):
     NOAM = "noam"  # the paper's warmup then inverse square root; lr multiplies it
     COSINE = "cosine"  # linear warmup then cosine decay; lr is the peak
     CONSTANT = "constant"  # linear warmup then constant; lr is the peak
-
-
-class Precision(str, enum.Enum):
-    FP32 = "fp32"
-    BF16 = "bf16"  # autocast to bfloat16, on GPU or CPU
-    FP16 = "fp16"  # autocast to float16 with a gradient scaler on GPU
 
 
 class NonFinite(str, enum.Enum):
@@ -156,6 +152,10 @@ class OptimConfig:
 
     `lr` multiplies the schedule: for "noam" 1.0 is the paper's rate, for "cosine" and
     "constant" it is the peak. `clip` is the largest global gradient norm (0 = no clipping).
+
+    Under a time budget (`train.max_minutes`) the warmup of "cosine" and "constant" ends after
+    `warmup_steps` updates or `warmup_fraction` of the budget, whichever comes first, so that a
+    machine five times slower than the one a recipe was tuned on still leaves warmup and decays.
     """
 
     optimizer: Optimizer = Optimizer.ADAM
@@ -166,6 +166,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     schedule: Schedule = Schedule.NOAM
     warmup_steps: int = 4000
+    warmup_fraction: float = 0.1
     min_lr_ratio: float = 0.0
     clip: float = 0.0
 
@@ -175,6 +176,8 @@ class OptimConfig:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.warmup_fraction < 1.0:
+            raise ConfigError("warmup_fraction", f"must be in (0, 1), got {self.warmup_fraction}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +222,7 @@ class TrainConfig:
     log_interval: int = 10
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: Precision = Precision.FP32
+    precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.precision)
     compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
     label_smoothing: float = 0.1
     patience: int = 0

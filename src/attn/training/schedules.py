@@ -11,9 +11,13 @@ exactly; `WarmupCosine` is the linear-warmup, cosine-decay schedule of GPT/BERT-
 whose base learning rate is the peak.
 
 A run with a wall-clock budget (`train.max_minutes`) stops at a step nobody knows in advance, so
-the factor also takes `budget_used`, the fraction of that budget already spent: the cosine decays
-with whichever of steps and time runs out first, and reaches its floor when the time does. Noam and
-Constant do not decay towards an end and ignore it.
+the factor also takes `budget_used`, the fraction of that budget already spent. Its warmup ends
+after `warmup` updates or once `warmup_fraction` of the budget is spent, whichever comes first (a
+recipe's step count is the cap: on a machine five times slower than the one it was tuned on, a
+step-only warmup could outlast the budget), and the cosine decays with whichever of steps and time
+runs out first, reaching its floor when the time does. Without a budget `budget_used` stays 0 and
+only steps count. The factor is warmup ramp x decay, both continuous, so the rate never jumps. Noam
+is the paper's formula in steps and ignores the budget.
 """
 
 from __future__ import annotations
@@ -48,16 +52,27 @@ class Noam:
         return self.rate(done + 1)
 
 
+def warmup_ramp(step: int, warmup: int, budget_used: float = 0.0, warmup_fraction: float = 0.1) -> float:
+    """The linear warmup factor in [0, 1] at 1-based update `step`: step / warmup, or the share of
+    the time budget's warmup part already spent (budget_used / warmup_fraction) if that is further."""
+    if warmup == 0:
+        return 1.0
+    return min(1.0, max(step / warmup, budget_used / warmup_fraction))
+
+
 @dataclasses.dataclass(frozen=True)
 class WarmupCosine:
-    """Linear warmup from 0 to 1 over `warmup` steps, then a cosine decay to `min_ratio` at `total`.
+    """Linear warmup from 0 to 1 (see `warmup_ramp`), times a cosine decay to `min_ratio` at `total`
+    steps or at the end of the time budget.
 
-    After `total` steps the factor stays at `min_ratio`.
+    The decay's progress counts the steps after `warmup` (0 before) or the budget used, whichever is
+    further; after `total` steps the factor stays at `min_ratio`.
     """
 
     warmup: int
     total: int
     min_ratio: float = 0.0
+    warmup_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -70,13 +85,14 @@ class WarmupCosine:
             )
         if not 0.0 <= self.min_ratio <= 1.0:
             raise ConfigError("optim.min_lr_ratio", f"must be in [0, 1], got {self.min_ratio}")
+        _check_fraction(self.warmup_fraction)
 
     def rate(self, step: int, budget_used: float = 0.0) -> float:
         """The factor at 1-based update `step`, with `budget_used` of the time budget spent."""
-        if step <= self.warmup:
-            return step / self.warmup
-        progress = min(1.0, max((step - self.warmup) / (self.total - self.warmup), budget_used))
-        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        ramp = warmup_ramp(step, self.warmup, budget_used, self.warmup_fraction)
+        steps_done = max(0, step - self.warmup) / (self.total - self.warmup)
+        progress = min(1.0, max(steps_done, budget_used))
+        return ramp * (self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     def __call__(self, done: int, budget_used: float = 0.0) -> float:
         return self.rate(done + 1, budget_used)
@@ -84,23 +100,27 @@ class WarmupCosine:
 
 @dataclasses.dataclass(frozen=True)
 class Constant:
-    """Linear warmup over `warmup` steps, then the base learning rate unchanged."""
+    """Linear warmup (see `warmup_ramp`), then the base learning rate unchanged."""
 
     warmup: int = 0
+    warmup_fraction: float = 0.1
 
-    def rate(self, step: int) -> float:
-        """The factor at 1-based update `step`."""
-        return min(1.0, step / self.warmup) if self.warmup else 1.0
+    def __post_init__(self) -> None:
+        _check_fraction(self.warmup_fraction)
+
+    def rate(self, step: int, budget_used: float = 0.0) -> float:
+        """The factor at 1-based update `step`, with `budget_used` of the time budget spent."""
+        return warmup_ramp(step, self.warmup, budget_used, self.warmup_fraction)
 
     def __call__(self, done: int, budget_used: float = 0.0) -> float:
-        return self.rate(done + 1)
+        return self.rate(done + 1, budget_used)
 
 
 SCHEDULES = ("noam", "cosine", "constant")
 
 
 def make_schedule(
-    name: str, d_model: int, warmup: int, total: int, min_ratio: float = 0.0
+    name: str, d_model: int, warmup: int, total: int, min_ratio: float = 0.0, warmup_fraction: float = 0.1
 ) -> Callable[[int, float], float]:
     """The schedule called `name` ("noam", "cosine" or "constant") as a LambdaLR factor function.
 
@@ -110,16 +130,23 @@ def make_schedule(
         warmup: warmup updates.
         total: the run's total updates (used by "cosine").
         min_ratio: final factor of "cosine".
+        warmup_fraction: under a time budget, the share of it after which warmup ends at the latest
+            ("cosine" and "constant").
     """
     if name == "noam":
         return Noam(d_model, warmup)
     if name == "cosine":
-        return WarmupCosine(warmup, total, min_ratio)
+        return WarmupCosine(warmup, total, min_ratio, warmup_fraction)
     if name == "constant":
-        return Constant(warmup)
+        return Constant(warmup, warmup_fraction)
     raise ConfigError("schedule", f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
 
 
 def _check_positive(field: str, value: int) -> None:
     if value < 1:
         raise ConfigError(field, f"must be a positive integer, got {value}")
+
+
+def _check_fraction(value: float) -> None:
+    if not 0.0 < value < 1.0:
+        raise ConfigError("optim.warmup_fraction", f"must be in (0, 1), got {value}")

@@ -28,6 +28,7 @@ import dataclasses
 import math
 import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +43,7 @@ from tqdm import tqdm
 from attn.config import ModelConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, TrainingError
 from attn.models import Model, build_model, count_parameters
+from attn.precision import Precision, PrecisionChoice, choose_precision, probe_shape
 from attn.training.batches import Batch
 from attn.training.checkpoint import (
     copy_pretrained,
@@ -71,7 +73,7 @@ from attn.training.faults import fault_point
 from attn.training.logs import METRICS_FILE, FlopCounter, LogWindow, MetricsLog
 from attn.training.losses import LossSums, label_smoothed_cross_entropy
 from attn.training.preflight import check_run
-from attn.training.runconfig import NonFinite, OptimConfig, Optimizer, Precision, RunConfig, Strategy
+from attn.training.runconfig import NonFinite, OptimConfig, Optimizer, RunConfig, Strategy
 from attn.training.schedules import make_schedule
 from attn.training.tasks import TaskBuilder, TaskContext, TaskData, build_task
 
@@ -93,6 +95,9 @@ class RunResult:
         best_step: the step it was reached at, or None.
         checkpoint: the last checkpoint written, or None.
         stopped_early: whether early stopping ended the run.
+        tokens_per_s: the input tokens per second of training time of this call's updates (all ranks).
+        precision: the precision the updates ran in ("fp32", "bf16" or "fp16").
+        device: the device type they ran on ("cpu" or "cuda").
     """
 
     run_dir: Path
@@ -103,10 +108,16 @@ class RunResult:
     best_step: int | None
     checkpoint: Path | None
     stopped_early: bool
+    tokens_per_s: float = 0.0
+    precision: str = Precision.FP32.value
+    device: str = "cpu"
 
     def summary(self) -> str:
-        """One line for people: where the run stopped, its metrics, its best and last checkpoint."""
-        parts = [f"{'stopped early' if self.stopped_early else 'finished'} at step {self.step}"]
+        """One line for people: where the run stopped, the updates, speed and precision of this call,
+        its metrics, its best and last checkpoint."""
+        speed = (f"{len(self.losses):,} updates in this run at {self.tokens_per_s:,.0f} tokens/s, {self.precision} "
+                 f"on {self.device}")
+        parts = [f"{'stopped early' if self.stopped_early else 'finished'} at step {self.step} ({speed})"]
         if self.metrics:
             parts.append(", ".join(f"{name} {value:.4g}" for name, value in self.metrics.items()))
         if self.best_step is not None:
@@ -262,15 +273,23 @@ def accumulate_gradients(
 
 
 def autocast_factory(device: torch.device, precision: Precision) -> Callable[[], contextlib.AbstractContextManager]:
-    """The forward pass's mixed-precision context.
+    """The forward pass's mixed-precision context for a resolved precision (see `attn.precision`).
 
-    bf16 autocast works on a GPU and on a CPU (where bfloat16 matrix units make it faster on recent
-    processors); fp16 needs a GPU's gradient scaler and is a no-op on the CPU.
+    bf16 autocast works on a GPU and on a CPU (faster only on processors with bf16 matrix units);
+    fp16 needs a GPU's gradient scaler and is a no-op on the CPU.
     """
-    if precision == Precision.FP32 or (precision == Precision.FP16 and device.type != "cuda"):
+    if precision in (Precision.FP32, Precision.AUTO) or (precision == Precision.FP16 and device.type != "cuda"):
         return contextlib.nullcontext
     dtype = torch.bfloat16 if precision == Precision.BF16 else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def agreed_precision(requested: Precision, model_config: ModelConfig, ctx: DistContext) -> PrecisionChoice:
+    """The precision of a run: rank 0 decides (probing its device for "auto"), so every rank runs alike."""
+    choice = None
+    if ctx.is_main:
+        choice = choose_precision(requested, ctx.device, probe_shape(model_config.d_model, model_config.d_ff))
+    return all_gather_objects(choice, ctx)[0]
 
 
 def make_optimizer(model: nn.Module, config: OptimConfig, device: torch.device | None = None) -> torch.optim.Optimizer:
@@ -341,11 +360,12 @@ class Trainer:
         # run follows the schedule of its current config.
         self.schedule = make_schedule(
             config.optim.schedule.value, task.model_config.d_model, config.optim.warmup_steps, train.max_steps,
-            config.optim.min_lr_ratio,
+            config.optim.min_lr_ratio, config.optim.warmup_fraction,
         )
-        fp16 = train.precision == Precision.FP16 and ctx.device.type == "cuda"
+        self.precision = agreed_precision(train.precision, task.model_config, ctx)
+        fp16 = self.precision.used == Precision.FP16 and ctx.device.type == "cuda"
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
-        self.autocast = autocast_factory(ctx.device, train.precision)
+        self.autocast = autocast_factory(ctx.device, self.precision.used)
         self.tracker = _Tracker(train.metric or task.metric)
         self.step = 0
         self.elapsed = 0.0
@@ -406,7 +426,8 @@ class Trainer:
         losses: list[float] = []
         metrics: dict[str, float] = {}
         stopped = False
-        window = LogWindow()
+        window, run = LogWindow(), LogWindow()
+        self._announce_precision()
         with recording_stop_signals() as received:
             with self._progress() as bar:
                 while self.step < train.max_steps and not stopped and (used := self._budget_used()) < 1.0:
@@ -418,6 +439,7 @@ class Trainer:
                     self.elapsed += seconds
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
+                    run.add(stats.loss, stats.tokens, seconds)
                     bar.update(self._bar_position() - bar.n)
                     if self.step % train.log_interval == 0 or self.step == train.max_steps:
                         self._log(window.flush(), stats, bar)
@@ -430,7 +452,18 @@ class Trainer:
             checkpoint = self._save_once()
         tracker = self.tracker
         run_dir = Path(self.config.run_dir)
-        return RunResult(run_dir, self.step, losses, metrics, tracker.best, tracker.best_step, checkpoint, stopped)
+        return RunResult(run_dir, self.step, losses, metrics, tracker.best, tracker.best_step, checkpoint, stopped,
+                         run.flush()["tokens_per_s"], self.precision.used.value, self.ctx.device.type)
+
+    def _announce_precision(self) -> None:
+        """Puts the precision in use (and the probe's figures) in the log and `metrics.jsonl`."""
+        if not self.ctx.is_main:
+            return
+        self.metrics_log.write({"step": self.step, **self.precision.record()})
+        if self.precision.warning:
+            print(f"attn: warning: {self.precision.warning}", file=sys.stderr, flush=True)
+        elif not self.config.train.quiet:
+            print(f"attn: {self.precision.describe()}", file=sys.stderr, flush=True)
 
     def _budget_used(self) -> float:
         """The fraction of `train.max_minutes` spent so far (0 without a time budget).

@@ -9,6 +9,7 @@ import torch
 
 from attn.config import preset
 from attn.errors import CheckpointError, ConfigError
+from attn import precision as precision_module
 from attn.training import checkpoint as ckpt
 from attn.training import trainer as trainer_module
 from attn.training.batches import Batch, lm_batch
@@ -128,7 +129,8 @@ def test_early_stopping_when_the_metric_stops_improving(tmp_path):
     assert ckpt.best_checkpoint(tmp_path).name == "step-00000001"
     assert result.metrics["val_loss"] == pytest.approx(result.best_metric)
     summary = result.summary()
-    assert summary.startswith("stopped early at step 3; val_loss ") and "best at step 1 (" in summary
+    assert summary.startswith("stopped early at step 3 (3 updates in this run at ") and "best at step 1 (" in summary
+    assert "tokens/s, fp32 on cpu); val_loss " in summary
     assert summary.endswith(f"checkpoint {tmp_path / 'checkpoints' / 'step-00000003'}")
 
 
@@ -225,3 +227,40 @@ def test_an_overshooting_last_update_ends_the_bar_at_the_budget_and_the_run_resu
     assert "100%" in capsys.readouterr().err.split("\r")[-1]
     resumed = train(config.override("train.resume=true"), task_builder=reversal_builder())  # budget already spent
     assert resumed.step == 3 and "100%" in capsys.readouterr().err.split("\r")[-1]
+
+
+def test_a_run_five_times_slower_than_its_recipe_still_leaves_warmup_and_decays_to_the_floor(tmp_path, monkeypatch):
+    # The recipe warms up over 50 updates and was tuned where ~100 fit the one-minute budget; this machine
+    # makes 20 (3 s each). Warmup ends at 10 % of the budget (update 3), and the cosine reaches its floor.
+    clock = itertools.count(0, 3)
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
+    config = quick_config(
+        tmp_path / "run", "optim.schedule=cosine", "optim.warmup_steps=50", "optim.min_lr_ratio=0.1",
+        "train.max_steps=100000", "train.max_minutes=1",
+    )
+    result = train(config, task_builder=reversal_builder())
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lr" in r]
+
+    def cosine(progress):
+        return 3e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    assert result.step == len(lrs) == 20
+    assert lrs[0] == pytest.approx(cosine(0.0) * 1 / 50)  # update 1: the step count leads the ramp
+    assert lrs[1] == pytest.approx(cosine(0.05) * 0.5)  # update 2: 5 % of the budget, half of its warmup share
+    assert lrs[2] == pytest.approx(cosine(0.1))  # update 3: warmup over by the clock (50 steps never came)
+    assert lrs[-1] == pytest.approx(cosine(0.95))  # the last update starts with 95 % spent
+    assert lrs[-1] < 0.11 * 3e-3
+
+
+def test_the_precision_choice_and_the_probe_figures_go_to_the_log_and_metrics(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(precision_module, "_probe", lambda device, shape: (1e-3, 0.1))  # bf16 100x slower
+    result = train(quick_config(tmp_path, "train.precision=auto", "train.quiet=false"), task_builder=reversal_builder())
+    assert result.precision == "fp32"
+    record = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert record == {"step": 0, "precision": "fp32", "precision_requested": "auto",
+                      "precision_reason": "a bf16 matmul runs at 0.01x the speed of fp32 on this CPU",
+                      "probe_fp32_ms": 1.0, "probe_bf16_ms": 100.0, "bf16_speedup": 0.01}
+    assert "attn: precision fp32 (requested auto: a bf16 matmul runs at 0.01x" in capsys.readouterr().err
+    forced = train(quick_config(tmp_path / "bf16", "train.precision=bf16"), task_builder=reversal_builder())
+    assert forced.precision == "bf16"  # obeyed, but the quiet run still warns, with the measured ratio
+    assert "warning: train.precision = bf16, but a bf16 matmul runs at 0.01x the speed" in capsys.readouterr().err

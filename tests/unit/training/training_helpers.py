@@ -62,6 +62,6 @@ def quick_config(run_dir, *overrides):
     base = [
         f"run_dir={run_dir}", "model.preset=paper-base-tiny", "optim.schedule=constant", "optim.lr=3e-3",
         "optim.warmup_steps=0", "train.quiet=true", "train.eval_interval=0", "train.checkpoint_interval=0",
-        "train.log_interval=1", "train.max_steps=4",
+        "train.log_interval=1", "train.max_steps=4", "train.precision=fp32",
     ]
     return RunConfig().override(*base, *overrides)
