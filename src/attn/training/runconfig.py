@@ -243,6 +243,30 @@ class TrainConfig:
             raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
 
 
+# What a run config that leaves a field out gets, by task (the architecture follows from the task).
+# The dataclass defaults are the translation recipe's: the paper's, section 5.3-5.4.
+TASK_DEFAULTS: dict[Task, dict[str, dict[str, Any]]] = {
+    Task.TRANSLATION: {},
+    # GPT-2 as nanoGPT trains it: AdamW (0.9, 0.95), weight decay 0.1, clipping at 1, cosine from a 6e-4 peak.
+    Task.LM: {
+        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 6e-4, "beta2": 0.95, "eps": 1e-8,
+                  "weight_decay": 0.1, "warmup_steps": 200, "clip": 1.0},
+        "train": {"label_smoothing": 0.0},
+    },
+    # BERT fine-tuning (Devlin et al., appendix A.3): AdamW (0.9, 0.999), weight decay 0.01, a small peak.
+    Task.CLASSIFICATION: {
+        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 5e-5, "beta2": 0.999, "eps": 1e-8,
+                  "weight_decay": 0.01, "warmup_steps": 100},
+        "train": {"label_smoothing": 0.0},
+    },
+    # BERT pre-training: AdamW (0.9, 0.999), eps 1e-6, weight decay 0.01, peak 1e-4.
+    Task.MLM: {
+        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 1e-4, "beta2": 0.999, "eps": 1e-6,
+                  "weight_decay": 0.01, "warmup_steps": 200},
+        "train": {"label_smoothing": 0.0},
+    },
+}
+
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "tokenizer": TokenizerConfig,
@@ -284,7 +308,10 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
-        """Builds a config from nested tables; errors name the key as `section.key`."""
+        """Builds a config from nested tables; errors name the key as `section.key`.
+
+        A field the tables leave out takes its task's default (`TASK_DEFAULTS`), else the dataclass's.
+        """
         if not isinstance(data, Mapping):
             raise ConfigError("RunConfig", f"expected a table of fields, got {type(data).__name__}")
         top = {"task", "run_dir", *SECTIONS}
@@ -292,9 +319,12 @@ class RunConfig:
         if unknown:
             raise ConfigError(unknown[0], f"unknown key; valid top-level keys and sections: {', '.join(sorted(top))}")
         fields = {key: data[key] for key in ("task", "run_dir") if key in data}
+        defaults = TASK_DEFAULTS[_coerce_task(data.get("task", Task.TRANSLATION))]
         for name, kind in SECTIONS.items():
-            if name in data:
-                fields[name] = _build_section(name, kind, data[name])
+            if name in data or name in defaults:
+                table = data.get(name, {})
+                table = {**defaults.get(name, {}), **table} if isinstance(table, Mapping) else table
+                fields[name] = _build_section(name, kind, table)
         return cls(**fields)
 
     def override(self, *items: str) -> RunConfig:

@@ -100,3 +100,20 @@ def test_bad_files(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_run_config(wrong)
     assert err.value.field == "train"
+
+
+def test_left_out_fields_take_their_tasks_defaults():
+    lm = RunConfig.from_dict({"task": "lm"})
+    assert (lm.optim.optimizer, lm.optim.schedule, lm.optim.lr, lm.optim.beta2) == (Optimizer.ADAMW, Schedule.COSINE,
+                                                                                   6e-4, 0.95)
+    assert lm.train.label_smoothing == 0.0 and lm.optim.clip == 1.0
+    classify = RunConfig.from_dict({"task": "classification", "optim": {"lr": 2e-5}})
+    assert classify.optim.optimizer == Optimizer.ADAMW and classify.optim.lr == 2e-5  # the file wins
+    assert classify.train.label_smoothing == 0.0
+    mlm = RunConfig.from_dict({"task": "mlm", "train": {"label_smoothing": 0.05}})
+    assert mlm.optim.eps == 1e-6 and mlm.train.label_smoothing == 0.05
+    paper = RunConfig.from_dict({"task": "translation"})  # the paper's recipe, section 5.3-5.4
+    assert (paper.optim.optimizer, paper.optim.schedule, paper.optim.lr, paper.optim.beta2, paper.optim.eps,
+            paper.optim.warmup_steps, paper.train.label_smoothing) == (Optimizer.ADAM, Schedule.NOAM, 1.0, 0.98,
+                                                                       1e-9, 4000, 0.1)
+    assert RunConfig.from_dict(lm.to_dict()) == lm  # a stored config reads back as it was written
