@@ -49,6 +49,7 @@ class BaselineCheck:
         baseline_name: what the baseline is ("copying the source").
         required: the score the model must reach (at least, or at most for a loss).
         higher_is_better: whether the metric rises with quality.
+        decimals: the decimals shown.
     """
 
     task: str
@@ -59,6 +60,7 @@ class BaselineCheck:
     baseline_name: str
     required: float
     higher_is_better: bool
+    decimals: int = 2
 
     @property
     def passed(self) -> bool:
@@ -70,15 +72,18 @@ class BaselineCheck:
     def line(self) -> str:
         """`<split> <metric> <value> against <baseline> for <baseline_name>: <verdict>`."""
         verdict = "clearly better" if self.passed else "NOT clearly better"
-        return (f"{self.split} {self.metric} {self.value:.4g} against {self.baseline:.4g} for {self.baseline_name}: "
-                f"{verdict}")
+        return (f"{self.split} {self.metric} {self._show(self.value)} against {self._show(self.baseline)} for "
+                f"{self.baseline_name}: {verdict}")
+
+    def _show(self, value: float) -> str:
+        return f"{value:.{self.decimals}f}"
 
     def warning(self, causes: Sequence[str]) -> str:
         """The line to show when the check failed, with the likely causes."""
         need = "at least" if self.higher_is_better else "at most"
         return (f"the {self.task} model is not clearly better than {self.baseline_name}: {self.split} {self.metric} "
-                f"{self.value:.4g} against {self.baseline:.4g} ({need} {self.required:.4g} needed); likely cause: "
-                f"{'; '.join(causes)}")
+                f"{self._show(self.value)} against {self._show(self.baseline)} ({need} {self._show(self.required)} "
+                f"needed); likely cause: {'; '.join(causes)}")
 
     def record(self) -> dict[str, Any]:
         """JSON-ready fields for results files."""
@@ -98,7 +103,7 @@ def lm_check(value: float, train_ids: Sequence[int], eval_ids: Sequence[int], vo
     (the first token is never predicted), divided by `units` characters or tokens."""
     baseline = unigram_nll(train_ids, eval_ids[1:], vocab_size) / units
     return BaselineCheck("lm", split, f"nats/{unit}", value, baseline, "a unigram model of the training text",
-                         baseline * NATS_RATIO, False)
+                         baseline * NATS_RATIO, False, decimals=3)
 
 
 def naive_bayes_scores(train_texts: Sequence[str], train_labels: Sequence[int], texts: Sequence[str],

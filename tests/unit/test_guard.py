@@ -35,9 +35,9 @@ def test_lm_must_have_a_tenth_fewer_nats_than_the_unigram_model():
 def test_classification_must_beat_naive_bayes_by_two_points():
     check = classification_check(29.1, {"accuracy": 60.89, "macro_f1": 52.7}, "test")
     assert not check.passed
-    assert check.line() == "test accuracy (%) 29.1 against 60.89 for naive Bayes: NOT clearly better"
+    assert check.line() == "test accuracy (%) 29.10 against 60.89 for naive Bayes: NOT clearly better"
     assert check.warning(["too few updates"]) == (
-        "the classification model is not clearly better than naive Bayes: test accuracy (%) 29.1 against 60.89 "
+        "the classification model is not clearly better than naive Bayes: test accuracy (%) 29.10 against 60.89 "
         "(at least 62.89 needed); likely cause: too few updates")
     assert classification_check(62.89, {"accuracy": 60.89}, "test").passed
 
