@@ -8,7 +8,7 @@ and the facts needed to use it (task, special ids, label names).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ from attn.beam_search import beam_search_seq2seq
 from attn.config import ModelConfig
 from attn.data import pad_batch
 from attn.errors import AttnError, CheckpointError, GenerationError
-from attn.generation import GenerationConfig, generate_seq2seq, stream
+from attn.generation import Decode, GenerationConfig, generate_seq2seq, stream
 from attn.models import Decoder, Encoder, EncoderDecoder, Model
 from attn.tokenizers import Tokenizer
 
@@ -175,6 +175,10 @@ def translate_n_best(loaded: Loaded, text: str, config: GenerationConfig) -> lis
 def generate_stream(loaded: Loaded, prompt: str, config: GenerationConfig) -> Iterator[str]:
     """Continues a prompt with the decoder-only model, yielding text pieces as tokens arrive.
 
+    Pieces hold whole characters only, and end before the first of `config.stop` (text that may
+    be the start of a stop string is held back until it is known not to be one); together they are
+    the continuation's text as `cut_at_stop(tokenizer.decode(tokens), config.stop)` gives it.
+
     The prompt is checked and prefilled when this is called, so its errors come before any text.
     Without `config.max_new_tokens`, at most `DEFAULT_NEW_TOKENS` tokens are written, fewer when the
     model's positions run out first.
@@ -193,18 +197,77 @@ def generate_stream(loaded: Loaded, prompt: str, config: GenerationConfig) -> It
         config = dataclasses.replace(config, max_new_tokens=max(1, min(DEFAULT_NEW_TOKENS, room)))
     decode = loaded.tokenizer.decode
     tokens = stream(loaded.model, ids, config, eos_id=loaded.eos_id, decode=decode)
-    return _text_pieces(tokens, decode)
+    return _text_pieces(tokens, decode, config.stop)
 
 
-def _text_pieces(tokens: Iterator[int], decode: Callable[[list[int]], str]) -> Iterator[str]:
-    """The new text of each token: decoding the whole output each time keeps multi-byte characters whole."""
-    produced: list[int] = []
-    shown = ""
-    for token in tokens:  # `stream` decodes under inference mode
-        produced.append(token)
-        text = decode(produced)
-        yield text[len(shown):]
-        shown = text
+def _text_pieces(tokens: Iterable[int], decode: Decode, stop: Sequence[str] = ()) -> Iterator[str]:
+    """The text of a token stream in pieces, as the tokens arrive; the pieces add up to
+    `cut_at_stop(decode(all tokens), stop)`."""
+    return _before_stop(_complete_text(tokens, decode), stop)
+
+
+def _complete_text(tokens: Iterable[int], decode: Decode) -> Iterator[str]:
+    """The new text of each token, in complete characters, decoding a window of the last few tokens only.
+
+    A byte-level tokenizer (GPT-2, byte-bpe) decodes a character split across tokens as U+FFFD
+    until its last byte arrives, so a final U+FFFD is held back until the next token (at the end,
+    what is left is yielded as it decodes). The window keeps `_WINDOW` tokens: a UTF-8 character
+    has at most 4 bytes and a token at least one, so an unfinished character always lies inside
+    it, and the earlier tokens of the window give decoders that join tokens (a metaspace or a
+    space between words) the context to render the newest one as the whole text does.
+    """
+    window: list[int] = []
+    shown = ""  # the part of decode(window) already yielded
+    for token in tokens:
+        window.append(token)
+        ready = _finished(decode(window))
+        if len(ready) > len(shown):
+            yield ready[len(shown):]
+        shown = ready
+        if len(window) > _WINDOW:
+            window = window[-_WINDOW:]
+            shown = _finished(decode(window))  # all of it was yielded but a held-back last character
+    rest = decode(window)[len(shown):]
+    if rest:
+        yield rest
+
+
+_WINDOW = 4
+
+
+def _finished(text: str) -> str:
+    """The text without a final U+FFFD, which may be the start of a character still to come."""
+    return text[:-1] if text.endswith("\ufffd") else text
+
+
+def _before_stop(pieces: Iterable[str], stop: Sequence[str]) -> Iterator[str]:
+    """The pieces up to the first stop string, holding back text that may turn out to be the start of one."""
+    held = ""
+    for piece in pieces:
+        held += piece
+        end = stop_index(held, stop)
+        if end is not None:
+            if end:
+                yield held[:end]
+            return
+        keep = max((n for s in stop for n in range(1, len(s)) if held.endswith(s[:n])), default=0)
+        if len(held) > keep:
+            yield held[: len(held) - keep]
+            held = held[len(held) - keep :]
+    if held:
+        yield held
+
+
+def stop_index(text: str, stop: Sequence[str]) -> int | None:
+    """Where the first of the stop strings found in `text` starts, or None."""
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return min(found, default=None)
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """The text before its first stop string: what `attn generate` shows of a continuation."""
+    end = stop_index(text, stop)
+    return text if end is None else text[:end]
 
 
 @dataclasses.dataclass(frozen=True)
