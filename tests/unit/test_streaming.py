@@ -147,3 +147,38 @@ def test_generate_stream_shows_what_the_generated_tokens_decode_to(byte_level: d
     decoding = GenerationConfig(sample=True, seed=3, max_new_tokens=40)
     ids = generate(model, [tokenizer.encode("Café")], decoding)[0]
     assert "".join(generate_stream(loaded, "Café", decoding)) == tokenizer.decode(ids)
+
+
+class ScriptLM:
+    """A decoder-only stand-in that writes `script` whatever the prompt (one prompt token)."""
+
+    def __init__(self, script: list[int], vocab: int) -> None:
+        self.script, self.vocab, self.max_positions = script, vocab, 64
+
+    def new_cache(self, batch: int, max_length: int):
+        from attn.kv_cache import KVCache
+
+        return KVCache(1, batch, 1, max_length, 1)
+
+    def decode_step(self, tokens, cache, mask=None):
+        from attn.masks import positions_from_mask
+
+        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
+        cache.extend(cache.next_positions() + positions_from_mask(mask), mask)
+        logits = torch.zeros(tokens.size(0), tokens.size(1), self.vocab)
+        logits[:, -1, self.script[min(cache.length - 1, len(self.script) - 1)]] = 1.0
+        return logits
+
+
+def test_a_long_stop_string_of_multi_byte_characters_split_at_every_byte_still_stops_generation(
+    byte_level: dict[str, Tokenizer],
+) -> None:
+    """Six CJK characters are 18 one-byte tokens: the stop check must look back that far."""
+    tokenizer = byte_level["gpt2"]
+    text = "ok 日本語のテキスト and more after it"
+    script = one_token_per_byte(tokenizer, text)
+    stop = "日本語のテキ"
+    end = len("ok 日本語のテキ".encode("utf-8"))  # the row ends with the token that completes the stop string
+    model = ScriptLM(script, tokenizer.vocab_size)
+    config = GenerationConfig(max_new_tokens=len(script), stop=(stop,))
+    assert generate(model, [[0]], config, decode=tokenizer.decode)[0] == script[:end]
