@@ -14,18 +14,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attn.beam_search import beam_search_seq2seq
+from attn.beam_search import beam_search, beam_search_seq2seq
 from attn.config import ModelConfig
 from attn.data import pad_batch
 from attn.errors import AttnError, CheckpointError, GenerationError
-from attn.generation import Decode, GenerationConfig, generate_seq2seq, stream
+from attn.generation import Decode, GenerationConfig, generate, generate_seq2seq, stream
 from attn.models import Decoder, Encoder, EncoderDecoder, Model
 from attn.tokenizers import Tokenizer
 
 # What an imported Hugging Face family is used for.
 _FAMILY_TASKS = {"gpt2": "lm", "marian": "translation", "bert": "embedding"}
 _KIND_NAMES = {EncoderDecoder: "an encoder-decoder", Decoder: "a decoder-only", Encoder: "an encoder-only"}
-DEFAULT_NEW_TOKENS = 200  # what `generate_stream` writes when the config sets no limit
+DEFAULT_NEW_TOKENS = 200  # what `generate_stream` and `continue_texts` write when the config sets no limit
+_WINDOW = 4  # the last tokens a stream decodes again with each new one (see `_complete_text`)
 
 
 @dataclasses.dataclass
@@ -187,17 +188,98 @@ def generate_stream(loaded: Loaded, prompt: str, config: GenerationConfig) -> It
         GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
     """
     _expect(loaded, Decoder, "text generation")
+    ids = _prompt_ids(loaded, prompt)
+    decode = loaded.tokenizer.decode
+    tokens = stream(loaded.model, ids, _default_limit(config, loaded, len(ids)), eos_id=loaded.eos_id, decode=decode)
+    return _text_pieces(tokens, decode, config.stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """One continuation of a prompt.
+
+    Attributes:
+        text: the new text (no prompt), ending before the first stop string.
+        score: the beam-search score (length-normalised log-probability); None unless beam search.
+    """
+
+    text: str
+    score: float | None = None
+
+
+def continue_texts(loaded: Loaded, prompts: Sequence[str], config: GenerationConfig, samples: int = 1,
+                   batch_size: int = 32) -> list[list[Continuation]]:
+    """Continues every prompt with the decoder-only model, in left-padded batches of similar prompt length.
+
+    A prompt gets `samples` sampled continuations (`config.sample`), its `config.n_best` best
+    beam-search hypotheses (`config.beam_size > 1`, best first), or its greedy continuation. Each
+    text is what `generate_stream` would show. Without `config.max_new_tokens` a batch writes at
+    most `DEFAULT_NEW_TOKENS` tokens, fewer when its longest prompt leaves less room.
+
+    Args:
+        loaded: a decoder-only model and its tokenizer.
+        prompts: the prompts; an empty one starts from the start token.
+        config: the decoding settings.
+        samples: continuations drawn per prompt (more than one needs sampling).
+        batch_size: rows decoded together (a prompt's samples are rows).
+
+    Returns:
+        For every prompt, in input order, its continuations.
+
+    Raises:
+        GenerationError: no prompts; `samples` < 1, or > 1 without sampling; a prompt too long for the model.
+    """
+    _expect(loaded, Decoder, "text generation")
+    check_samples(samples, config)
+    if not prompts:
+        raise GenerationError("no prompts: give at least one, as an argument or as a non-blank line of the input file")
+    ids = [_prompt_ids(loaded, prompt) for prompt in prompts]
+    rows = [i for i in range(len(ids)) for _ in range(samples)]  # the prompt of each row
+    order = sorted(range(len(rows)), key=lambda row: len(ids[rows[row]]))
+    found: list[list[Continuation]] = [[] for _ in rows]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = [ids[rows[row]] for row in chunk]
+        for row, continuations in zip(chunk, _continue_batch(loaded, batch, config), strict=True):
+            found[row] = continuations
+    return [[c for row in range(i * samples, (i + 1) * samples) for c in found[row]] for i in range(len(prompts))]
+
+
+def check_samples(samples: int, config: GenerationConfig) -> None:
+    """Raises a GenerationError unless `samples` continuations per prompt can be drawn under `config`."""
+    if samples < 1:
+        raise GenerationError(f"samples: must be >= 1, got {samples}")
+    if samples > 1 and not config.sample:
+        raise GenerationError(f"samples: greedy decoding and beam search give one continuation per prompt; sample "
+                              f"to draw {samples}, or ask beam search for its n best")
+
+
+def _continue_batch(loaded: Loaded, prompts: list[list[int]], config: GenerationConfig) -> list[list[Continuation]]:
+    config = _default_limit(config, loaded, max(map(len, prompts)))
+    text = loaded.tokenizer.decode
+    if config.beam_size > 1:
+        found = beam_search(loaded.model, prompts, config, loaded.eos_id)
+        return [[Continuation(cut_at_stop(text(h.tokens), config.stop), h.score) for h in hs] for hs in found]
+    outputs = generate(loaded.model, prompts, config, loaded.eos_id, text)
+    return [[Continuation(cut_at_stop(text(tokens), config.stop))] for tokens in outputs]
+
+
+def _prompt_ids(loaded: Loaded, prompt: str) -> list[int]:
+    """The prompt's ids; an empty prompt is the start token alone."""
     ids = loaded.tokenizer.encode(prompt) if prompt else []
     if not ids:
         if loaded.start_id is None:
             raise GenerationError("empty prompt and the tokenizer has no start token: give a prompt")
         ids = [loaded.start_id]
-    if config.max_new_tokens is None:
-        room = loaded.model.max_positions - len(ids) + 1  # as in generation: the last token is never fed back
-        config = dataclasses.replace(config, max_new_tokens=max(1, min(DEFAULT_NEW_TOKENS, room)))
-    decode = loaded.tokenizer.decode
-    tokens = stream(loaded.model, ids, config, eos_id=loaded.eos_id, decode=decode)
-    return _text_pieces(tokens, decode, config.stop)
+    return ids
+
+
+def _default_limit(config: GenerationConfig, loaded: Loaded, longest: int) -> GenerationConfig:
+    """`config` with `DEFAULT_NEW_TOKENS` as its limit when it sets none, fewer when the positions run out."""
+    if config.max_new_tokens is not None:
+        return config
+    room = loaded.model.max_positions - longest + 1  # as in generation: the last token is never fed back
+    return dataclasses.replace(config, max_new_tokens=max(1, min(DEFAULT_NEW_TOKENS, room)))
 
 
 def _text_pieces(tokens: Iterable[int], decode: Decode, stop: Sequence[str] = ()) -> Iterator[str]:
@@ -231,8 +313,6 @@ def _complete_text(tokens: Iterable[int], decode: Decode) -> Iterator[str]:
     if rest:
         yield rest
 
-
-_WINDOW = 4
 
 
 def _finished(text: str) -> str:
