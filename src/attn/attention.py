@@ -48,8 +48,18 @@ def attention_weights(q: Tensor, k: Tensor, mask: Mask = None, bias: Tensor | No
     if mask is None:
         return scores.softmax(dim=-1)
     scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1)
-    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    weights = scores.softmax(dim=-1)  # NaN in fully masked rows: the softmax of only -inf
+    return weights.masked_fill(empty_rows(mask), 0.0)
+
+
+def empty_rows(mask: Tensor) -> Tensor:
+    """(..., Tq, Tk) bool mask -> (..., Tq, 1) bool: the queries that may attend no key at all.
+
+    Such rows (the padding of a left-padded prompt, a source of padding only) have no defined
+    attention; both attention functions set their output to exactly 0, so no kernel's NaN can
+    reach the next layer or, through 0 * NaN, the KV cache.
+    """
+    return ~mask.any(dim=-1, keepdim=True)
 
 
 def scaled_dot_product_attention(
@@ -83,12 +93,18 @@ def fast_attention(
     bias: Tensor | None = None,
     dropout: float = 0.0,
 ) -> Tensor:
-    """The same function as `scaled_dot_product_attention`, through PyTorch's fused SDPA kernels."""
+    """The same function as `scaled_dot_product_attention`, through PyTorch's fused SDPA kernels.
+
+    A query row whose keys are all masked gives exactly 0, as in the reference, whatever the kernel.
+    """
     if isinstance(mask, CausalMask) and bias is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     mask = materialize(mask, q.size(-2), k.size(-2), q.device)
-    attn_mask = bias if mask is None else with_bias(mask, bias)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=with_bias(mask, bias), dropout_p=dropout)
+    # What a kernel returns for a fully masked row differs (0 on CPU, NaN on others): make it 0.
+    return out.masked_fill(empty_rows(mask), 0.0)
 
 
 ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {"fast": fast_attention, "reference": scaled_dot_product_attention}

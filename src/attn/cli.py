@@ -9,6 +9,7 @@ errors with 1; no traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -117,7 +118,7 @@ def _generation_config(args: argparse.Namespace, **defaults: object):
     # Sampling draws one continuation, so a command's default beam search gives way to it.
     fields = {k: v for k, v in defaults.items() if not (args.sample and k in ("beam_size", "length_penalty"))}
     for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
-                 "repetition_penalty", "no_repeat_ngram"):
+                 "repetition_penalty", "no_repeat_ngram", "n_best", "stop"):
         value = getattr(args, name, None)
         if value is not None:
             fields[name] = value
@@ -125,9 +126,14 @@ def _generation_config(args: argparse.Namespace, **defaults: object):
         fields["sample"] = True
     try:
         return GenerationConfig(**fields)
-    except GenerationError as error:  # a bad flag is a usage error: name the flag
-        field, _, message = str(error).partition(": ")
-        raise ConfigError(f"--{field.replace('_', '-')}", message) from None
+    except GenerationError as error:
+        raise _flag_error(error) from None
+
+
+def _flag_error(error: Exception, flags: dict[str, str] | None = None) -> ConfigError:
+    """A library's "field: message" error as a usage error that names the command-line flag."""
+    field, _, message = str(error).partition(": ")
+    return ConfigError((flags or {}).get(field, f"--{field.replace('_', '-')}"), message)
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -144,19 +150,30 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from attn.inference import generate_stream, load_for_inference
+    from attn.errors import GenerationError
+    from attn.inference import check_samples, continue_texts, generate_stream, load_for_inference
 
-    config = _generation_config(args, sample=True, temperature=0.8, seed=0)  # checked before a model is loaded
+    # Greedy unless asked to sample; checked before a model is loaded.
+    config = _generation_config(args, **({"temperature": 0.8, "seed": 0} if args.sample else {}))
+    try:
+        check_samples(args.n, config)
+    except GenerationError as error:
+        raise _flag_error(error, {"samples": "--n"}) from None
+    prompts = list(args.text) or (_read_inputs(args) if args.input else [args.prompt])
     loaded = load_for_inference(args.model, args.device)
-    prompt = " ".join(args.text) if args.text else args.prompt
-    pieces = generate_stream(loaded, prompt, config)  # checks the prompt's length before anything is printed
-    if args.json:
-        print(json.dumps({"prompt": prompt, "text": "".join(pieces)}))
+    if len(prompts) == 1 and args.n == 1 and config.beam_size == 1 and not (args.json or args.output):
+        pieces = generate_stream(loaded, prompts[0], config)  # checks the prompt's length before anything is printed
+        print(prompts[0], end="", flush=True)
+        for piece in pieces:
+            print(piece, end="", flush=True)
+        print()
         return 0
-    print(prompt, end="", flush=True)
-    for piece in pieces:
-        print(piece, end="", flush=True)
-    print()
+    found = continue_texts(loaded, prompts, config, args.n)
+    if args.json:
+        print(json.dumps([{"prompt": prompt, "continuations": [dataclasses.asdict(c) for c in continuations]}
+                          for prompt, continuations in zip(prompts, found)], ensure_ascii=False))
+    else:  # each prompt with its continuation; a blank line between two
+        _write_lines(["\n\n".join(prompt + c.text for prompt, cs in zip(prompts, found) for c in cs)], args.output)
     return 0
 
 
@@ -395,13 +412,18 @@ def build_parser() -> argparse.ArgumentParser:
     _inputs(p)
     _decoding(p)
 
-    p = _subcommand(sub, "generate", cmd_generate, "continue a prompt with a decoder-only LM (streams the text)",
-                    'attn generate --model runs/quickstart/shakespeare "ROMEO."')
+    p = _subcommand(sub, "generate", cmd_generate, "continue prompts with a decoder-only LM (greedy by default; "
+                    "one prompt's text streams)", 'attn generate --model runs/quickstart/shakespeare "ROMEO."')
     _model(p, "a checkpoint, run directory or Hugging Face directory")
-    p.add_argument("text", nargs="*", help="the prompt")
-    p.add_argument("--prompt", default="", help="the prompt (alternative to the positional text)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("text", nargs="*", help="prompts, one per argument (default: --input FILE, else --prompt)")
+    p.add_argument("--input", "-i", help="read prompts from this file, one per line")
+    p.add_argument("--prompt", default="", help="one prompt (default: empty, the model starts from its start token)")
+    p.add_argument("--output", "-o", help="write the texts to this file instead of standard output")
+    p.add_argument("--json", action="store_true", help="print JSON: every prompt with all its continuations")
     _decoding(p)
+    p.add_argument("--n-best", dest="n_best", type=int, help="beam search: give the n best hypotheses (<= --beam-size)")
+    p.add_argument("--stop", action="append", help="end a continuation before this text (repeatable)")
+    p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --sample)")
 
     p = _subcommand(sub, "classify", cmd_classify, "label texts with a trained classifier",
                     'attn classify --model runs/quickstart/classifier "Never trust a computer you can\'t lift."')

@@ -364,9 +364,10 @@ def _stop_hits(recent: list[list[int]], stop: tuple[str, ...], decode: Decode) -
 
 
 def _stop_window(stop: tuple[str, ...]) -> int:
-    # A stop string of c characters spans at most c tokens when every token decodes to at least
-    # one character; the slack covers byte-level pieces of one multi-byte character.
-    return 2 * max(map(len, stop)) + 4
+    # A stop string of b UTF-8 bytes spans at most b tokens when every token holds at least one
+    # byte (byte-level tokenizers split a character over up to 4); the slack gives the decoders
+    # that render a token by its neighbours (a metaspace, a joined word piece) their context.
+    return max(len(s.encode("utf-8")) for s in stop) + 4
 
 
 def decode_rows(

@@ -42,7 +42,7 @@ def test_the_printed_commands_work(quickstart_runs):
     generated = run_cli("generate", "--model", str(quickstart_runs / "shakespeare"), "ROMEO.", "--max-new-tokens", "12",
                         "--json")
     assert generated.returncode == 0, generated.stderr
-    assert json.loads(generated.stdout)["prompt"] == "ROMEO."
+    assert json.loads(generated.stdout)[0]["prompt"] == "ROMEO."
     classified = run_cli("classify", "--model", str(quickstart_runs / "classifier"), "--json",
                          stdin="Never trust a computer.\nThe court adjourned.\n")
     assert classified.returncode == 0, classified.stderr

@@ -109,3 +109,76 @@ def test_causal_sentinel_equals_the_materialised_causal_mask():
     bias = torch.randn(1, 3, 6, 6)
     torch.testing.assert_close(fast_attention(q, k, v, CAUSAL, bias),
                                scaled_dot_product_attention(q, k, v, causal_mask(6), bias), atol=1e-6, rtol=0)
+
+
+# -- fully masked query rows: exactly zero, whatever the SDPA kernel returns for them -----------
+
+
+def nan_kernel(real):
+    """SDPA as a kernel that leaves the softmax of only -inf (NaN) in fully masked rows would give it."""
+
+    def attend(q, k, v, attn_mask=None, **options):
+        out = real(q, k, v, attn_mask=attn_mask, **options)
+        if attn_mask is None:
+            return out
+        allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > float("-inf")
+        return out.masked_fill(~allowed.any(-1, keepdim=True), float("nan"))
+
+    return attend
+
+
+def left_padded_self_attention_mask():
+    tokens = torch.tensor([[0, 0, 7, 8, 9], [5, 6, 7, 8, 9]])  # row 0: two pads on the left
+    return key_mask(padding_mask(tokens, 0)) & causal_mask(5), (0, [0, 1])
+
+
+MASK_KINDS = {
+    # (q length, k length, mask, (batch row, fully masked query rows))
+    "padding": lambda: (4, 4, key_mask(padding_mask(torch.tensor([[3, 4, 0, 0], [0, 0, 0, 0]]), 0)), (1, [0, 1, 2, 3])),
+    "causal+padding": lambda: (5, 5, *left_padded_self_attention_mask()),
+    "cross-attention": lambda: (3, 4, key_mask(padding_mask(torch.tensor([[3, 4, 5, 0], [0, 0, 0, 0]]), 0)),
+                                (1, [0, 1, 2])),
+}
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["mask", "mask+bias"])
+@pytest.mark.parametrize("kind", list(MASK_KINDS))
+@pytest.mark.parametrize("attend", [fast_attention, scaled_dot_product_attention], ids=["fast", "reference"])
+def test_fully_masked_rows_are_exactly_zero_whatever_the_kernel(monkeypatch, attend, kind, with_bias):
+    tq, tk, mask, (row, empty) = MASK_KINDS[kind]()
+    q, k, v = random_qkv(b=2, h=3, tq=tq, tk=tk, d=4, seed=3)
+    bias = torch.randn(1, 3, tq, tk, generator=torch.Generator().manual_seed(4)) if with_bias else None
+    expected = scaled_dot_product_attention(q, k, v, mask, bias)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        nan_kernel(torch.nn.functional.scaled_dot_product_attention))
+    out = attend(q, k, v, mask, bias)
+    assert not out.isnan().any()
+    assert torch.equal(out[row, :, empty], torch.zeros(3, len(empty), 4))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+    # The loop leaves fully masked rows at 0 too: the zeros are the definition, not a kernel's choice.
+    if bias is None:
+        torch.testing.assert_close(out.double(), loop_attention(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_left_padded_prefill_keeps_nan_out_of_the_cache_whatever_the_kernel(monkeypatch):
+    """The pad rows of a left-padded prompt attend nothing; a NaN there would become the keys and
+    values cached for the pad positions, and 0 * NaN would then reach every real row."""
+    from attn.config import preset
+    from attn.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(preset("char-gpt-tiny").replace(vocab_size=20, dropout=0.0)).eval()
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        nan_kernel(torch.nn.functional.scaled_dot_product_attention))
+    prompts = torch.tensor([[0, 0, 7, 8, 9], [5, 6, 7, 8, 9]])
+    with torch.inference_mode():
+        cache = model.new_cache(2, 8)
+        logits = model.decode_step(prompts, cache, prompts > 0)
+        step = model.decode_step(torch.tensor([[4], [4]]), cache)
+        alone = model.new_cache(1, 8)
+        expected = model.decode_step(prompts[:1, 2:], alone)[:, -1]
+        expected_step = model.decode_step(torch.tensor([[4]]), alone)
+    assert not cache.keys.isnan().any() and not cache.values.isnan().any()
+    assert not logits[:, 2:].isnan().any() and not step.isnan().any()
+    torch.testing.assert_close(logits[0, -1], expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step[0], expected_step[0], atol=1e-5, rtol=1e-5)

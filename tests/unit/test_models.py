@@ -53,7 +53,7 @@ def test_appending_padding_leaves_real_outputs_unchanged(name, positional):
         else:
             plain = model(tokens)
             padded_out = model(padded, mask)
-    torch.testing.assert_close(padded_out[:, :8], plain, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(padded_out[:, :8], plain, atol=1e-5, rtol=1e-5)
 
 
 def test_left_padding_in_decoder_gives_the_unpadded_outputs():
@@ -62,6 +62,52 @@ def test_left_padding_in_decoder_gives_the_unpadded_outputs():
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], dim=1)
     with torch.no_grad():
         torch.testing.assert_close(model(padded, padded != 0)[:, 3:], model(tokens), atol=1e-6, rtol=0)
+
+
+def left_pad(tokens, pads):
+    """(B, T) -> (B, pads + T) with `pads` zeros (padding) in front of every row, and its mask."""
+    padded = torch.cat([torch.zeros(tokens.size(0), pads, dtype=torch.long), tokens], dim=1)
+    return padded, padded != 0
+
+
+@pytest.mark.parametrize("name", ["paper-base-tiny", "bert-base-tiny"])
+@pytest.mark.parametrize("positional", SCHEMES)
+def test_left_padding_in_the_encoder_gives_the_unpadded_outputs(name, positional):
+    """Positions count from each row's first real token, so padding on the left changes nothing."""
+    model = model_for(name, positional=positional)
+    encoder = model.encoder if name.startswith("paper") else model.stack
+    tokens = torch.randint(1, 89, (2, 6))
+    padded, mask = left_pad(tokens, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(padded, mask)[:, 3:], encoder(tokens), atol=1e-5, rtol=1e-5)
+        vectors = encoder.embeddings.tokens(padded)
+        torch.testing.assert_close(encoder.features(vectors, mask)[:, 3:],
+                                   encoder.features(encoder.embeddings.tokens(tokens)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positional", SCHEMES)
+def test_left_padded_targets_and_sources_give_the_unpadded_logits(positional):
+    """`decode` masks left padding out of the target's self-attention and numbers positions after it."""
+    model = model_for("paper-base-tiny", positional=positional)
+    src, tgt = torch.randint(1, 89, (2, 6)), torch.randint(1, 89, (2, 7))
+    src_padded, src_mask = left_pad(src, 2)
+    tgt_padded, tgt_mask = left_pad(tgt, 4)
+    with torch.no_grad():
+        plain = model(src, tgt)
+        torch.testing.assert_close(model(src, tgt_padded, None, tgt_mask)[:, 4:], plain, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(src_padded, tgt, src_mask)[:, :], plain, atol=1e-5, rtol=1e-5)
+        both = model(src_padded, tgt_padded, src_mask, tgt_mask)
+    torch.testing.assert_close(both[:, 4:], plain, atol=1e-5, rtol=1e-5)
+    # One left-padded row among right-padded and unpadded ones: each row scores as it would alone.
+    rows = torch.zeros(3, 9, dtype=torch.long)
+    rows[0, 2:] = tgt[0]
+    rows[1, :7] = tgt[1]
+    rows[2, :7] = tgt[0]
+    with torch.no_grad():
+        mixed = model(src[[0, 1, 0]], rows, None, rows != 0)
+    torch.testing.assert_close(mixed[0, 2:], plain[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mixed[1, :7], plain[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mixed[2, :7], plain[0], atol=1e-5, rtol=1e-5)
 
 
 def test_encoder_without_positions_is_permutation_equivariant():

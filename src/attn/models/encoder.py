@@ -34,7 +34,7 @@ class EncoderStack(nn.Module):
     def forward(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) long, mask (B, T) bool (True = real token) -> (B, T, d_model)."""
         check_tokens(tokens, mask, self.max_positions)
-        positions = _arange_like(tokens)
+        positions = positions_from_first_token(tokens, mask)
         return self._blocks(self.embeddings(tokens, positions, segments), positions, mask)
 
     def features(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -43,7 +43,7 @@ class EncoderStack(nn.Module):
         if x.dim() != 3 or x.size(-1) != d_model:
             raise ShapeError(f"expected input vectors of shape (batch, length, {d_model}), got {tuple(x.shape)}")
         check_tokens(x[..., 0].long(), mask, self.max_positions)
-        positions = _arange_like(x[..., 0])
+        positions = positions_from_first_token(x[..., 0], mask)
         return self._blocks(self.embeddings.vectors(x, positions), positions, mask)
 
     def _blocks(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
@@ -55,10 +55,19 @@ class EncoderStack(nn.Module):
         return self.final_norm(x)
 
 
-def _arange_like(tokens: Tensor) -> Tensor:
-    """(B, T) -> (B, T) long positions 0..T-1 (padding sits on the right in encoder batches)."""
+def positions_from_first_token(tokens: Tensor, mask: Tensor | None) -> Tensor:
+    """(B, T) tokens, (B, T) bool mask -> (B, T) long positions 0, 1, ... from each row's first real token.
+
+    A right-padded row (or no mask) is numbered 0..T-1 as before; a left-padded row numbers its
+    real tokens as it would alone, so the padding side does not change what they see. The left
+    padding gets position 0. Computed on the device, without a host sync.
+    """
     b, t = tokens.shape
-    return torch.arange(t, device=tokens.device).expand(b, t)
+    steps = torch.arange(t, device=tokens.device).expand(b, t)
+    if mask is None:
+        return steps
+    first = mask.long().argmax(-1, keepdim=True)  # (B, 1): the first True (0 for a row of padding)
+    return (steps - first).clamp(min=0)
 
 
 class MaskedLMHead(nn.Module):

@@ -21,7 +21,7 @@ from attn.blocks import DecoderBlock, check_tokens, self_attention_inputs
 from attn.kv_cache import KVCache
 from attn.layers import Embeddings
 from attn.masks import key_mask, positions_from_mask
-from attn.models.encoder import EncoderStack
+from attn.models.encoder import EncoderStack, positions_from_first_token
 
 
 class EncoderDecoder(nn.Module):
@@ -51,15 +51,20 @@ class EncoderDecoder(nn.Module):
     def decode(
         self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
     ) -> Tensor:
-        """tgt (B, T) right-padded decoder input, memory (B, S, d_model) -> logits (B, T, vocab)."""
+        """tgt (B, T) decoder input, memory (B, S, d_model) -> logits (B, T, vocab).
+
+        tgt_mask (B, T) bool marks the real tokens. Right padding (what `attn.data` builds) needs no
+        mask: under the causal mask no real token sees a pad, so the fused causal kernel applies.
+        Padding anywhere else (left padding) is masked out of attention and the positions count
+        from each row's first real token, so a padded row scores as it would alone.
+        """
         check_tokens(tgt, tgt_mask, self.max_positions)
-        positions = torch.arange(tgt.size(1), device=tgt.device).expand_as(tgt)
+        positions = positions_from_first_token(tgt, tgt_mask)
         memory_kv = [block.cross.memory_kv(memory) for block in self.blocks]
         memory_mask = None if src_mask is None else key_mask(src_mask)
         slots = [NO_CACHE] * len(self.blocks)
-        # Targets are right-padded: under the causal mask no real token sees a pad, so the
-        # padding mask is not needed and the fused causal kernel applies.
-        x = self._blocks(tgt, positions, positions, None, memory_kv, memory_mask, slots)
+        key_tokens = tgt_mask if _padded_before_tokens(tgt_mask) else None
+        x = self._blocks(tgt, positions, positions, key_tokens, memory_kv, memory_mask, slots)
         return self.generator(x)
 
     def forward(
@@ -101,3 +106,14 @@ class EncoderDecoder(nn.Module):
         for block, kv, slot in zip(self.blocks, memory_kv, slots):
             x = block(x, attn_mask, rotate, bias, kv, memory_mask, slot)
         return self.final_norm(x)
+
+
+def _padded_before_tokens(mask: Tensor | None) -> bool:
+    """Whether some row has padding before a real token (the one check that reads the mask on the host).
+
+    A compiled training step skips it: its batches come right-padded from `attn.data`, and a
+    data-dependent branch would split its graph.
+    """
+    if mask is None or torch.compiler.is_compiling():
+        return False
+    return bool((mask[:, 1:] & ~mask[:, :-1]).any())
