@@ -17,7 +17,9 @@ import random
 from pathlib import Path
 
 import pytest
+import sentencepiece
 import torch
+from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
 from attn.beam_search import huggingface_config
 from attn.cli import main
@@ -27,9 +29,6 @@ from attn.inference import load_for_inference, translate, translate_n_best
 from attn.pretrained import load_pretrained
 from attn.pretrained.decoding import DecodingRules
 from attn.tokenizers import Tokenizer
-
-sentencepiece = pytest.importorskip("sentencepiece")
-from transformers import MarianConfig, MarianMTModel, MarianTokenizer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
