@@ -318,7 +318,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     if args.to == "attn":
         model, tokenizer, info = load_pretrained(args.source)
-        out = write_checkpoint(args.output, model, info.config, tokenizer=tokenizer)
+        out = write_checkpoint(args.output, model, info.config, tokenizer=tokenizer, task_info=info.task_info())
         print(f"imported {info.family} from {args.source} into {out}")
     else:
         checkpoint = load_checkpoint(args.source)

@@ -20,6 +20,7 @@ from attn.data import pad_batch
 from attn.errors import AttnError, CheckpointError, GenerationError
 from attn.generation import Decode, GenerationConfig, generate, generate_seq2seq, stream
 from attn.models import Decoder, Encoder, EncoderDecoder, Model
+from attn.pretrained.decoding import DecodingRules
 from attn.tokenizers import Tokenizer
 
 # What an imported Hugging Face family is used for.
@@ -42,6 +43,8 @@ class Loaded:
         pad_id: the padding id used for batches.
         label_names: the classes of a classifier, by id.
         path: where it was loaded from.
+        rules: what every translation applies besides the decoding options (Marian: sources end
+            with `</s>`, the pad id is never generated, EOS is forced at the length limit).
     """
 
     model: Model
@@ -52,6 +55,7 @@ class Loaded:
     pad_id: int
     label_names: list[str]
     path: Path
+    rules: DecodingRules = dataclasses.field(default_factory=DecodingRules)
 
 
 def load_for_inference(path: str | Path, device: str = "auto") -> Loaded:
@@ -83,9 +87,11 @@ def _load(path: Path) -> Loaded:
     checkpoint = load_checkpoint(path)
     tokenizer = _require_tokenizer(checkpoint.tokenizer, checkpoint.path, checkpoint.model_config)
     task = checkpoint.task_info.get("task") or _default_task(checkpoint.model)
+    rules = DecodingRules.from_json(checkpoint.task_info.get("decoding"))  # kept by `attn convert --to attn`
+    start = tokenizer.bos_id if rules.start_id is None else rules.start_id
     return Loaded(
-        checkpoint.model, tokenizer, task, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id or 0,
-        list(checkpoint.task_info.get("label_names", [])), checkpoint.path,
+        checkpoint.model, tokenizer, task, start, tokenizer.eos_id, tokenizer.pad_id or 0,
+        list(checkpoint.task_info.get("label_names", [])), checkpoint.path, rules,
     )
 
 
@@ -94,18 +100,18 @@ def _load_huggingface(path: Path) -> Loaded:
 
     model, tokenizer, info = load_pretrained(path)
     tokenizer = _require_tokenizer(tokenizer, path, info.config)
-    start = info.ids.decoder_start if info.family == "marian" else tokenizer.bos_id
+    start = tokenizer.bos_id if info.decoding.start_id is None else info.decoding.start_id
     pad = info.ids.pad if info.ids.pad is not None else (tokenizer.pad_id or 0)
     eos = info.ids.eos if info.ids.eos is not None else tokenizer.eos_id
-    return Loaded(model, tokenizer, _FAMILY_TASKS[info.family], start, eos, pad, [], path)
+    return Loaded(model, tokenizer, _FAMILY_TASKS[info.family], start, eos, pad, [], path, info.decoding)
 
 
 def _require_tokenizer(tokenizer: Tokenizer | None, path: Path, config: ModelConfig) -> Tokenizer:
     """The model's tokenizer, checked to give only ids that the model's embeddings have."""
     if tokenizer is None:
         raise CheckpointError(
-            f"{path}: no tokenizer file attn can read (tokenizer.json, vocab.json + merges.txt, or vocab.txt); "
-            "add one next to the weights"
+            f"{path}: no tokenizer file attn can read (tokenizer.json, source.spm + target.spm + vocab.json, "
+            "vocab.json + merges.txt, or vocab.txt); add one next to the weights"
         )
     rows = min(config.vocab_size, config.source_vocab_size)
     if tokenizer.vocab_size > rows:
@@ -145,11 +151,12 @@ def translate(loaded: Loaded, texts: Sequence[str], config: GenerationConfig | N
     """Translates each text with the encoder-decoder (the paper's beam 4, alpha 0.6 by default).
 
     Texts are decoded in batches of similar source length (a batch runs until its longest
-    translation ends), and returned in their input order.
+    translation ends), and returned in their input order. The model's `loaded.rules` apply on top
+    of `config`, so an imported Marian model translates as `transformers`' `generate` does.
     """
     _expect(loaded, EncoderDecoder, "translation")
-    config = config or GenerationConfig.paper()
-    sources = _texts_to_ids(loaded, texts, add_special=False)
+    config = loaded.rules.applied_to(config or GenerationConfig.paper())
+    sources = _texts_to_ids(loaded, texts, add_special=loaded.rules.frame_sources)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
     with torch.inference_mode():
@@ -163,12 +170,12 @@ def translate(loaded: Loaded, texts: Sequence[str], config: GenerationConfig | N
 
 
 def translate_n_best(loaded: Loaded, text: str, config: GenerationConfig) -> list[tuple[str, float]]:
-    """The n best translations of one text with their scores."""
+    """The n best translations of one text with their scores (under `loaded.rules`, as `translate`)."""
     _expect(loaded, EncoderDecoder, "translation")
-    source = _texts_to_ids(loaded, [text], add_special=False)
+    source = _texts_to_ids(loaded, [text], add_special=loaded.rules.frame_sources)
     with torch.inference_mode():
         (hypotheses,) = beam_search_seq2seq(
-            loaded.model, source, loaded.start_id, loaded.eos_id, loaded.pad_id, config
+            loaded.model, source, loaded.start_id, loaded.eos_id, loaded.pad_id, loaded.rules.applied_to(config)
         )
     return [(loaded.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
 

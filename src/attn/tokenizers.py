@@ -13,6 +13,9 @@ token's id, which `decode` leaves out by default (tests/unit/test_properties.py 
 - `gpt2` (`from_gpt2_files`): GPT-2's byte-level BPE. Exact for every string.
 - `bert` (`from_bert_vocab`): BERT's WordPiece; as `wordpiece`.
 - `file` (`from_file`): whatever the `tokenizer.json` holds.
+- `marian-spm` (`from_marian_files`): a Marian model's `source.spm` + `target.spm` + `vocab.json`,
+  read with the `sentencepiece` package; gives the ids and text of `transformers`' `MarianTokenizer`
+  (see `attn.marian_tokenizer`). `encode` cuts with the source model, `decode` reads model ids.
 
 Special-token ids of every tokenizer we *train* are fixed:
 
@@ -33,7 +36,7 @@ bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep); a role with no such token has 
 `add_special=True` (in `encode` and `encode_batch`) applies the tokenizer's own frame, the
 same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byte-bpe` and
 `chars`; `[CLS] … [SEP]` for `wordpiece` and `bert`; nothing for `gpt2` (as in HF's GPT-2);
-the post-processor of the file for `file`.
+the post-processor of the file for `file`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
 
 A tokenizer never pads or truncates: batching pads (`attn.data.collate_*`) and
 `attn.data.filter_long` bounds lengths.
@@ -44,14 +47,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import tokenizers as hf
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from attn.errors import CheckpointError, ConfigError
 
-KINDS = ("bpe", "byte-bpe", "wordpiece", "chars", "gpt2", "bert", "file")
+if TYPE_CHECKING:
+    from attn.marian_tokenizer import MarianSentencePiece
+
+MARIAN_KIND = "marian-spm"  # its files are SentencePiece models and a vocabulary, not tokenizer.json
+KINDS = ("bpe", "byte-bpe", "wordpiece", "chars", "gpt2", "bert", "file", MARIAN_KIND)
 
 SEQ_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<cls>", "<sep>", "<mask>")
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "<s>", "</s>", "[CLS]", "[SEP]", "[MASK]")
@@ -93,11 +100,12 @@ class Tokenizer:
     sep_id = _role("sep")
     mask_id = _role("mask")
 
-    def __init__(self, backend: hf.Tokenizer, kind: str) -> None:
+    def __init__(self, backend: hf.Tokenizer | MarianSentencePiece, kind: str) -> None:
         """Wrap a ready pipeline; prefer the `train_*`, `from_*` and `load` constructors.
 
         Args:
-            backend: the Hugging Face pipeline; its padding and truncation are switched off.
+            backend: the Hugging Face pipeline (or, for `marian-spm`, the object that stands in for
+                one); its padding and truncation are switched off.
             kind: one of `KINDS`.
         """
         if kind not in KINDS:
@@ -258,15 +266,38 @@ class Tokenizer:
         """
         return cls(_load_json(tokenizer_json), "file")
 
+    @classmethod
+    def from_marian_files(cls, directory: str | Path) -> Tokenizer:
+        """Load a Marian model's tokenizer: `source.spm`, `target.spm`, `vocab.json` (+ `tokenizer_config.json`).
+
+        Args:
+            directory: the Hugging Face Marian directory (or a checkpoint saved with this tokenizer).
+
+        Returns:
+            The tokenizer (kind `marian-spm`): `</s>` is eos, `<unk>` unk, `<pad>` pad; no bos.
+
+        Raises:
+            CheckpointError: a file is missing or corrupt, or the directory has separate vocabularies.
+        """
+        from attn.marian_tokenizer import MarianSentencePiece
+
+        return cls(MarianSentencePiece.from_directory(directory), MARIAN_KIND)
+
     def save(self, directory: str | Path) -> None:
         """Write `tokenizer.json` and `attn_tokenizer.json` (the kind) into `directory`.
+
+        A `marian-spm` tokenizer writes its own files instead of `tokenizer.json`: `source.spm`,
+        `target.spm`, `vocab.json` and `tokenizer_config.json`, which `MarianTokenizer` also reads.
 
         Args:
             directory: folder, created if needed; usually the checkpoint's folder.
         """
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
-        self._backend.save(str(folder / TOKENIZER_FILE))
+        if self._kind == MARIAN_KIND:
+            self._backend.save_files(folder)
+        else:
+            self._backend.save(str(folder / TOKENIZER_FILE))
         (folder / META_FILE).write_text(json.dumps({"kind": self._kind}) + "\n", encoding="utf-8")
 
     @classmethod
@@ -290,6 +321,8 @@ class Tokenizer:
                 f"{meta_path}: kind is {kind!r}, expected one of {', '.join(KINDS)}; "
                 "save the tokenizer again with Tokenizer.save"
             )
+        if kind == MARIAN_KIND:
+            return cls.from_marian_files(directory)
         return cls(_load_json(Path(directory) / TOKENIZER_FILE), kind)
 
     # -- use --------------------------------------------------------------------------------

@@ -29,8 +29,11 @@ import pytest
 import torch
 
 from attn.cli import main
+from attn.config import preset
 from attn.errors import GenerationError
 from attn.generation import GenerationConfig, generate, generate_seq2seq
+from attn.models import build_model
+from attn.pretrained import SpecialIds, export_pretrained
 from attn.tokenizers import Tokenizer
 from attn.training.checkpoint import load_checkpoint
 from cli_helpers import ROOT, run_cli
@@ -148,6 +151,32 @@ def export_gpt2(change: Callable[[Path], None]) -> Prepare:
     def prepare(folder: Path, names: Mapping[str, str]) -> None:
         assert main(["convert", "--to", "gpt2", names["lm"], str(folder / "hf")]) == 0
         change(folder / "hf")
+
+    return prepare
+
+
+def marian_directory(change: Callable[[Path], None]) -> Prepare:
+    """A tiny Hugging Face Marian folder `marian` (random weights; source.spm and target.spm trained
+    on the tiny pairs, vocab.json from their pieces) in the case folder, then broken by `change`."""
+
+    def prepare(folder: Path, names: Mapping[str, str]) -> None:
+        import sentencepiece
+
+        proto = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(PAIRS.splitlines()), model_writer=proto,
+                                                 vocab_size=30, hard_vocab_limit=False, minloglevel=2)
+        processor = sentencepiece.SentencePieceProcessor(model_proto=proto.getvalue())
+        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+                  if not (processor.is_control(i) or processor.is_unknown(i))]
+        vocab = {piece: i for i, piece in enumerate(["</s>", "<unk>", *pieces, "<pad>"])}
+        hf = folder / "marian"
+        config = preset("marian-base-tiny").replace(vocab_size=len(vocab))
+        pad = vocab["<pad>"]
+        export_pretrained(build_model(config), config, hf, "marian", ids=SpecialIds(pad=pad, eos=0, decoder_start=pad))
+        for name in ("source.spm", "target.spm"):
+            (hf / name).write_bytes(proto.getvalue())
+        (hf / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+        change(hf)
 
     return prepare
 
@@ -347,6 +376,12 @@ CASES = [
          ("generate", "--model", "{case}/hf", "ROMEO."), 1,
          "but config.json implies (50257, 768); the weights and config.json do not match",
          export_gpt2(overwrite("config.json", '{"model_type": "gpt2"}'))),
+    Case("marian-spm-missing", "a Hugging Face Marian folder without its source.spm",
+         translate_with("marian"), 1, "marian/source.spm: no such file; a Marian tokenizer needs source.spm, "
+         "target.spm, vocab.json", marian_directory(delete("source.spm"))),
+    Case("marian-spm-corrupt", "a Marian target.spm that is not a SentencePiece model",
+         translate_with("marian"), 1, "marian/target.spm: not a SentencePiece model",
+         marian_directory(overwrite("target.spm", "not a model"))),
     # inputs at inference
     Case("wrong-model-for-command", "translating with a classifier",
          ("translate", "--model", "{classifier}", "x"), 1, "translation needs an encoder-decoder model"),

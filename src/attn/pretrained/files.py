@@ -18,8 +18,10 @@ from torch import Tensor
 
 from attn.config import ModelConfig
 from attn.errors import AttnError, CheckpointError
+from attn.marian_tokenizer import is_marian_directory
 from attn.models import Model, build_model
 from attn.pretrained import bert, gpt2, marian
+from attn.pretrained.decoding import DecodingRules
 from attn.pretrained.keymap import Family, SpecialIds, export_from, load_into, same_config
 from attn.tokenizers import Tokenizer
 from attn.torch_files import load_torch_file
@@ -27,6 +29,7 @@ from attn.torch_files import load_torch_file
 FAMILIES: dict[str, Family] = {family.name: family for family in (gpt2.FAMILY, bert.FAMILY, marian.FAMILY)}
 
 CONFIG_FILE = "config.json"
+GENERATION_FILE = "generation_config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
@@ -43,12 +46,18 @@ class PretrainedInfo:
             (the pad id).
         unused: checkpoint keys read and knowingly left out (e.g. BERT's next-sentence head),
             each with the reason.
+        decoding: the rules `generate` decodes this model under (`attn.pretrained.decoding`).
     """
 
     family: str
     config: ModelConfig
     ids: SpecialIds
     unused: Mapping[str, str]
+    decoding: DecodingRules = DecodingRules()
+
+    def task_info(self) -> dict[str, Any]:
+        """What an imported checkpoint's task.json keeps: the decoding rules, when there are any."""
+        return {} if self.decoding == DecodingRules() else {"decoding": self.decoding.to_json()}
 
 
 def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Model, Tokenizer | None, PretrainedInfo]:
@@ -60,8 +69,8 @@ def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Mod
 
     Returns:
         The model in eval mode, its tokenizer (None when the directory has no tokenizer file
-        `attn` reads: tokenizer.json, GPT-2's vocab.json + merges.txt, or BERT's vocab.txt),
-        and what else was learnt (`PretrainedInfo`).
+        `attn` reads: tokenizer.json, Marian's source.spm + target.spm + vocab.json, GPT-2's
+        vocab.json + merges.txt, or BERT's vocab.txt), and what else was learnt (`PretrainedInfo`).
 
     Raises:
         CheckpointError: a missing or unreadable file, an unsupported model_type or option, or a
@@ -74,7 +83,9 @@ def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Mod
     config = _our_config(family, hf, weights, folder / CONFIG_FILE)
     model = build_model(config, attention)
     unused = load_into(model, family.key_table(config), weights, source)
-    info = PretrainedInfo(family.name, config, SpecialIds.from_hf(hf), unused)
+    ids = SpecialIds.from_hf(hf)
+    rules = family.decoding(generation_settings(folder, hf), ids.decoder_start)
+    info = PretrainedInfo(family.name, config, ids, unused, rules)
     return model.eval(), load_tokenizer(folder), info
 
 
@@ -117,6 +128,12 @@ def export_pretrained(
     if tokenizer is not None:
         tokenizer.save(folder)
     return folder
+
+
+def generation_settings(folder: Path, hf: dict[str, Any]) -> dict[str, Any]:
+    """Where `generate` reads its defaults: generation_config.json when there is one, else config.json."""
+    path = folder / GENERATION_FILE
+    return _read_json(path) if path.is_file() else hf
 
 
 def read_hf_config(folder: Path) -> dict[str, Any]:
@@ -210,9 +227,16 @@ def _read_torch(path: Path) -> dict[str, Tensor]:
 def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The tokenizer of a model directory, or None when it has no file attn reads.
 
-    tokenizer.json is preferred (it is the whole pipeline); then GPT-2's vocab.json + merges.txt;
-    then BERT's vocab.txt, lower-cased unless tokenizer_config.json says `do_lower_case: false`.
+    Marian's SentencePiece files come first (source.spm + target.spm + vocab.json, what
+    `MarianTokenizer` reads, even where a tokenizer.json was added beside them); then tokenizer.json
+    (it is the whole pipeline); then GPT-2's vocab.json + merges.txt; then BERT's vocab.txt,
+    lower-cased unless tokenizer_config.json says `do_lower_case: false`.
+
+    Raises:
+        CheckpointError: a file of the tokenizer it finds is missing or unreadable.
     """
+    if is_marian_directory(folder):
+        return Tokenizer.from_marian_files(folder)
     if (folder / "tokenizer.json").is_file():
         return Tokenizer.from_file(folder / "tokenizer.json")
     if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from attn.config import Activation, Architecture, ModelConfig, Positional, Tying
 from attn.errors import CheckpointError
+from attn.pretrained.decoding import DecodingRules, hf_decoding_rules
 
 
 class Transform(Protocol):
@@ -480,6 +481,8 @@ class Family:
         key_table: the key table for one of our configs.
         hf_config: config.json for one of our configs and its special ids.
         prefixed: whether an exported checkpoint of that config writes the base-model prefix.
+        decoding: the rules `generate` applies to it, from its generation settings and config.json's
+            decoder start id (`attn.pretrained.decoding`).
     """
 
     name: str
@@ -487,3 +490,4 @@ class Family:
     key_table: Callable[[ModelConfig], KeyTable]
     hf_config: Callable[[ModelConfig, SpecialIds], dict[str, Any]]
     prefixed: Callable[[ModelConfig], bool]
+    decoding: Callable[[Mapping[str, Any], int | None], DecodingRules] = hf_decoding_rules

@@ -9,6 +9,9 @@ matrices become our fused `qkv`, and cross-attention key/value our fused `kv`.
 
 Embedding sharing: `share_encoder_decoder_embeddings` with tied output is our `Tying.ALL`;
 separate vocabularies with a tied output are `Tying.DECODER`; nothing tied is `Tying.NONE`.
+
+Decoding (`decoding_rules`): `MarianTokenizer` ends every source with `</s>`; the pad ban and the
+forced final `</s>` come from the directory's generation settings, as `generate` reads them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from attn.config import Architecture, ModelConfig, NormPlacement, Positional, SinusoidalLayout, Tying
 from attn.errors import CheckpointError
 from attn.positional import sinusoidal_table
+from attn.pretrained.decoding import DecodingRules, hf_decoding_rules
 from attn.pretrained.keymap import (
     ROW_VECTOR,
     ConfigTable,
@@ -173,4 +177,9 @@ def hf_config(config: ModelConfig, ids: SpecialIds) -> dict[str, Any]:
     }
 
 
-FAMILY = Family("marian", model_config, key_table, hf_config, prefixed=lambda config: True)
+def decoding_rules(settings: Mapping[str, Any], start_id: int | None) -> DecodingRules:
+    """`generate`'s rules for a Marian directory: its tokenizer frames sources as `… </s>`."""
+    return hf_decoding_rules(settings, start_id, frame_sources=True)
+
+
+FAMILY = Family("marian", model_config, key_table, hf_config, prefixed=lambda config: True, decoding=decoding_rules)
