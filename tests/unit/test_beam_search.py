@@ -110,7 +110,8 @@ def test_stopping_rules_on_a_hand_built_model(rule, expected):
 
 
 @pytest.mark.parametrize(
-    ("norm", "alpha", "saving"), [(LengthNorm.GNMT, 0.6, 0.2), (LengthNorm.GNMT, -0.3, 0.2), (LengthNorm.HF, 1.0, 0.0)]
+    ("norm", "alpha", "saving"),
+    [(LengthNorm.GNMT, 0.6, 0.2), (LengthNorm.GNMT, -0.3, 0.2), (LengthNorm.HF, 0.5, 0.15), (LengthNorm.HF, 0.0, 0.35)],
 )
 def test_bound_returns_what_running_to_the_limit_returns_sooner(norm, alpha, saving):
     model = _marian()
@@ -128,7 +129,8 @@ def test_bound_returns_what_running_to_the_limit_returns_sooner(norm, alpha, sav
     bound, full = found[EarlyStopping.BOUND], found[EarlyStopping.NONE]
     assert [[(h.tokens, h.finished) for h in hs] for hs in bound] == [[(h.tokens, h.finished) for h in hs] for hs in full]
     assert_close(torch.tensor([[h.score for h in hs] for hs in bound]), torch.tensor([[h.score for h in hs] for hs in full]))
-    # |Y| ** 1 rewards length so much that no sentence here can be settled early.
+    # Measured savings: 25 % and 46 % (GNMT), 20 % and 44 % (HF); with HF's |Y| ** 1 none would be
+    # settled before the limit of 20, so that case would not show that BOUND stops at all.
     assert work[EarlyStopping.BOUND] <= (1 - saving) * work[EarlyStopping.NONE]
 
 

@@ -165,11 +165,18 @@ def test_mean_pooling_classifies_the_mean_of_the_real_tokens():
 
 
 def test_first_token_pooling_reads_only_the_first_vector():
+    # BERT's pooler is tanh(W h_0 + b). With W = I / 2, b = 0.1 and a classifier that reads
+    # feature j into label j plus bias (1, 2, 3), the logits are written out from h_0 alone.
     model = model_for("bert-base-tiny", num_labels=3)
-    tokens = torch.randint(1, 97, (1, 8))
+    d = model.pooler.dense.in_features
     with torch.no_grad():
-        hidden = model(tokens)
-        expected = model.classifier(torch.tanh(model.pooler.dense(hidden[:, 0])))
+        model.pooler.dense.weight.copy_(torch.eye(d) / 2)
+        model.pooler.dense.bias.fill_(0.1)
+        model.classifier.weight.copy_(torch.eye(3, d))
+        model.classifier.bias.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        tokens = torch.randint(1, 97, (2, 8))
+        first = model(tokens)[:, 0]
+        expected = torch.tanh(first[:, :3] / 2 + 0.1) + torch.tensor([1.0, 2.0, 3.0])
         torch.testing.assert_close(model.classify(tokens), expected, atol=1e-5, rtol=1e-5)
 
 
