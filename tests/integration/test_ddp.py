@@ -76,15 +76,20 @@ def worker(rank, world_size, root):
             json.dump(losses, handle)
 
 
-def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
-    single = train(run_config(tmp_path / "single"), task_builder=reversal_task).losses
-    job = mp.start_processes(worker, args=(2, str(tmp_path)), nprocs=2, join=False, start_method="spawn")
+def run_two_ranks(target, root):
+    """Runs target(rank, 2, root) on two spawned processes; fails the test if they take over 120 s."""
+    job = mp.start_processes(target, args=(2, str(root)), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 120
     while not job.join(timeout=5):
         if time.monotonic() > deadline:
             for process in job.processes:
                 process.kill()
             pytest.fail("the two-process run did not finish within 120 s")
+
+
+def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
+    single = train(run_config(tmp_path / "single"), task_builder=reversal_task).losses
+    run_two_ranks(worker, tmp_path)
     losses = json.loads((tmp_path / "losses.json").read_text())
     assert len(single) == STEPS and len(set(single)) == STEPS
     for name, _, _ in RUNS:
@@ -175,13 +180,7 @@ def gradient_worker(rank, world_size, root):
 def test_two_ranks_give_the_gradient_of_one_process_before_the_first_step(tmp_path):
     sizes = [[b.n_targets for b in micro_batches(pairs)] for pairs in RANK_PAIRS]
     assert sizes == [[4, 10], [8, 2]]  # 14 against 10: uneven across ranks and micro-batches
-    job = mp.start_processes(gradient_worker, args=(2, str(tmp_path)), nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not job.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in job.processes:
-                process.kill()
-            pytest.fail("the two-process run did not finish within 120 s")
+    run_two_ranks(gradient_worker, tmp_path)
     expected = gradients_of_one_update(None, "ddp")
     scale = max(g.abs().max().item() for g in expected.values())
     assert scale > 1e-2
