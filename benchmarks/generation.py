@@ -4,8 +4,12 @@ Case 2: greedy decoding of a `gpt2`-shaped model, batch 1 and 8, 128 new tokens 
 32-token prompt, no EOS (every row makes all its tokens); tokens/s = batch x new tokens / time.
 Case 3: beam search (beam 4) of a `marian-base`-shaped model over 8 random sources of 12 to 24
 tokens, at most 64 new tokens, with the settings under which both return the same hypotheses
-(`attn.beam_search.huggingface_config`); sentences/s. The time includes the prefill (case 2) and the
-encoder (case 3). Each row notes whether both produced the same tokens.
+(`attn.beam_search.huggingface_config`); sentences/s. Two settings: the random weights as they are
+(the hypotheses run to the length limit), and the same weights with the end-of-sentence logit raised
+by `EOS_BIAS` in both models, so that hypotheses end with EOS at different lengths and the stopping
+rule is in the timed path. The time includes the prefill (case 2) and the encoder (case 3).
+A setting whose contenders produce different tokens fails its case (`harness.require_same`): a
+speed ratio between different outputs means nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from attn.beam_search import beam_search_seq2seq, huggingface_config
 from attn.config import preset
 from attn.generation import GenerationConfig, generate
 from attn.pretrained import SpecialIds
-from benchmarks.harness import CaseResult, Contender, Row, Settings, compare, rows_for
+from benchmarks.harness import CaseResult, Contender, Row, Settings, compare, require_same, rows_for
 from benchmarks.peers import twins
 
 HF = "HF generate"
@@ -29,6 +33,9 @@ BEAMS = 4
 SOURCES = 8
 SOURCE_LENGTHS = (12, 24)
 EOS, PAD = 0, 1
+# Added to the EOS logit of both models in case 3's second setting: most hypotheses then end with EOS
+# at different lengths (quick shapes: 8 of 8; full size: 6 of 8, after 0 to 37 tokens), none without it.
+EOS_BIAS = 4.0
 
 
 def preset_name(name: str, settings: Settings) -> str:
@@ -69,11 +76,9 @@ def greedy(settings: Settings) -> CaseResult:
     rows: list[Row] = []
     for batch in GREEDY_BATCHES:
         contenders = _greedy_contenders(ours, hf, batch, new, settings.device)
-        same = contenders[0].run() == contenders[1].run().tolist()
         setting = f"{preset_name('gpt2', settings)} B={batch} prompt={PROMPT} new={new}"
-        found = rows_for(setting, "tokens/s", compare(contenders, settings))
-        found[0].notes["same tokens as HF"] = same
-        rows += found
+        require_same(setting, {"attn": contenders[0].run(), HF: contenders[1].run().tolist()})
+        rows += rows_for(setting, "tokens/s", compare(contenders, settings))
     return CaseResult(2, "Greedy generation with the KV cache", "> 1: attn is faster", rows,
                       {"HF attention": hf.config._attn_implementation})
 
@@ -86,7 +91,8 @@ def _sources(count: int, vocab: int) -> list[list[int]]:
     return [row[: n - 1] + [EOS] for row, n in zip(ids.tolist(), lengths)]
 
 
-def _hf_beams(hf: nn.Module, sources: list[list[int]], new: int, device: torch.device) -> list[list[int]]:
+def _hf_beams(hf: nn.Module, sources: list[list[int]], new: int, device: torch.device) -> list[tuple[list[int], bool]]:
+    """HF's best hypothesis per source: its tokens before EOS, and whether it ended with EOS."""
     longest = max(map(len, sources))
     ids = torch.tensor([s + [PAD] * (longest - len(s)) for s in sources], device=device)
     out = hf.generate(input_ids=ids, attention_mask=(ids != PAD).long(), num_beams=BEAMS, max_new_tokens=new,
@@ -94,8 +100,15 @@ def _hf_beams(hf: nn.Module, sources: list[list[int]], new: int, device: torch.d
     return [_until_eos(row[1:]) for row in out.tolist()]  # drop the start token
 
 
-def _until_eos(tokens: list[int]) -> list[int]:
-    return tokens[: tokens.index(EOS)] if EOS in tokens else tokens
+def _until_eos(tokens: list[int]) -> tuple[list[int], bool]:
+    return (tokens[: tokens.index(EOS)], True) if EOS in tokens else (tokens, False)
+
+
+def _raise_eos(ours: nn.Module, hf: nn.Module, amount: float) -> None:
+    """Adds `amount` to the EOS logit of both models (our output bias is Marian's final-logits bias)."""
+    with torch.no_grad():
+        ours.generator.bias[EOS] += amount
+        hf.final_logits_bias[0, EOS] += amount
 
 
 def beam(settings: Settings) -> CaseResult:
@@ -106,17 +119,21 @@ def beam(settings: Settings) -> CaseResult:
     forced = hf.generation_config.forced_eos_token_id is not None
     config = huggingface_config(BEAMS, new, length_penalty=1.0, early_stopping=False, forced_eos=forced)
 
-    def mine() -> list[list[int]]:
+    def mine() -> list[tuple[list[int], bool]]:
         found = beam_search_seq2seq(ours, sources, PAD, EOS, PAD, config)
-        return [hypotheses[0].tokens for hypotheses in found]
+        return [(hypotheses[0].tokens, hypotheses[0].finished) for hypotheses in found]
 
     contenders = [Contender("attn", mine, len(sources)),
                   Contender(HF, lambda: _hf_beams(hf, sources, new, settings.device), len(sources))]
-    outputs = contenders[0].run()
-    same = outputs == contenders[1].run()
-    setting = f"{preset_name('marian-base', settings)} beam={BEAMS} sources={len(sources)} new<={new}"
-    rows = rows_for(setting, "sentences/s", compare(contenders, settings))
-    rows[0].notes["same hypotheses as HF"] = same
-    rows[0].notes["mean output tokens"] = sum(map(len, outputs)) / len(outputs)
+    rows: list[Row] = []
+    for bias in (0.0, EOS_BIAS):
+        _raise_eos(ours, hf, bias)
+        setting = f"{preset_name('marian-base', settings)} beam={BEAMS} sources={len(sources)} new<={new} eos+{bias:g}"
+        outputs = contenders[0].run()
+        require_same(setting, {"attn": outputs, HF: contenders[1].run()})
+        found = rows_for(setting, "sentences/s", compare(contenders, settings))
+        found[0].notes["mean output tokens"] = sum(len(tokens) for tokens, _ in outputs) / len(outputs)
+        found[0].notes["ended with EOS"] = sum(finished for _, finished in outputs)
+        rows += found
     return CaseResult(3, "Beam search (beam 4)", "> 1: attn is faster", rows,
                       {"HF attention": hf.config._attn_implementation})

@@ -142,6 +142,34 @@ class Contender:
     work: float
 
 
+class ContendersDisagree(RuntimeError):
+    """The contenders of a setting produced different outputs: their timings compare different work."""
+
+
+def require_same(setting: str, outputs: dict[str, Sequence[Any]]) -> None:
+    """Fails the case unless every contender produced the first one's outputs, row for row.
+
+    Args:
+        setting: the row's setting, named in the error.
+        outputs: contender name -> one output per row (e.g. token lists), attn first.
+
+    Raises:
+        ContendersDisagree: naming the contender and the first row that differs.
+    """
+    (first, expected), *others = outputs.items()
+    for name, got in others:
+        if list(got) != list(expected):
+            rows = [i for i, (a, b) in enumerate(zip(expected, got)) if a != b] or [min(len(expected), len(got))]
+            raise ContendersDisagree(
+                f"{setting}: {name} and {first} differ at row {rows[0]} ({len(rows)} rows differ): "
+                f"{first} {_fmt_row(expected, rows[0])}, {name} {_fmt_row(got, rows[0])}"
+            )
+
+
+def _fmt_row(rows: Sequence[Any], index: int) -> str:
+    return repr(rows[index]) if index < len(rows) else "(no such row)"
+
+
 def timed(fn: Callable[[], Any], settings: Settings) -> float:
     """Seconds one call of `fn` takes, with queued GPU work included and garbage collected beforehand."""
     gc.collect()

@@ -3,7 +3,8 @@
 Two ranks each take half of every global batch; DistributedDataParallel (and FSDP2) average
 their gradients, and the trainer's normalisation by the update's total target count makes the
 result that of one process seeing the whole batch. Resuming with the same number of ranks is
-exact too. A second test launches through torchrun, whose environment variables train() reads.
+exact too. A second test launches through torchrun, whose environment variables train() reads. A
+third compares the gradients of one update, before any optimizer step, with those of one process.
 """
 
 import faulthandler
@@ -75,19 +76,24 @@ def worker(rank, world_size, root):
             json.dump(losses, handle)
 
 
-def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
-    single = train(run_config(tmp_path / "single"), task_builder=reversal_task).losses
-    job = mp.start_processes(worker, args=(2, str(tmp_path)), nprocs=2, join=False, start_method="spawn")
+def run_two_ranks(target, root):
+    """Runs target(rank, 2, root) on two spawned processes; fails the test if they take over 120 s."""
+    job = mp.start_processes(target, args=(2, str(root)), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 120
     while not job.join(timeout=5):
         if time.monotonic() > deadline:
             for process in job.processes:
                 process.kill()
             pytest.fail("the two-process run did not finish within 120 s")
+
+
+def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
+    single = train(run_config(tmp_path / "single"), task_builder=reversal_task).losses
+    run_two_ranks(worker, tmp_path)
     losses = json.loads((tmp_path / "losses.json").read_text())
     assert len(single) == STEPS and len(set(single)) == STEPS
     for name, _, _ in RUNS:
-        assert losses[name] == pytest.approx(single, abs=1e-5), name
+        assert losses[name] == pytest.approx(single, rel=1e-5, abs=1e-5), name
     assert losses["ddp-resumed"] == losses["ddp"] and losses["fsdp-resumed"] == losses["fsdp"]
 
 
@@ -113,4 +119,72 @@ def test_torchrun_launch_rendezvous_from_the_environment(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     launched = json.loads(done.stdout.split("LOSSES", 1)[1])
     single = train(run_config(tmp_path / "single", "train.max_steps=2"), task_builder=reversal_task).losses
-    assert launched == pytest.approx(single, abs=1e-5)
+    assert launched == pytest.approx(single, rel=1e-5, abs=1e-5)
+
+
+# -- gradients of one update, before any optimizer step ------------------------------------------
+# Adam divides by the gradient's running RMS, so the losses above hardly move when every gradient is
+# off by a constant factor (a wrong world_size). This compares the gradients themselves. The ranks
+# hold different numbers of scored targets (4 + 10 against 8 + 2, with padding in every batch):
+# averaging each rank's own mean, or forgetting world_size, would weigh them wrongly.
+RANK_PAIRS = [
+    [  # rank 0: 4 and 10 scored targets (EOS included)
+        [([11, 12, 13], [21]), ([14], [22])],
+        [([15, 16, 17, 18], [23, 24, 25, 26, 27, 28, 29]), ([19, 20], [30])],
+    ],
+    [  # rank 1: 8 and 2
+        [([31, 32], [41, 42, 43, 44, 45, 46]), ([33, 34, 35, 36, 37], [])],
+        [([38], [47])],
+    ],
+]
+STRATEGIES = ("ddp", "fsdp")
+
+
+def micro_batches(rank_pairs):
+    return [translation_batch(collate_translation(pairs, 0, 2, 3)) for pairs in rank_pairs]
+
+
+def gradients_of_one_update(ctx, strategy):
+    """The full gradients after one update's forward and backward passes on this rank's micro-batches."""
+    from attn.config import preset
+    from attn.models import build_model
+    from attn.training.distributed import wrap_model
+    from attn.training.runconfig import Strategy
+    from attn.training.trainer import TaskHead, accumulate_gradients
+
+    torch.manual_seed(0)
+    head = TaskHead(build_model(preset("paper-base-tiny").replace(dropout=0.0)), "forward")
+    engine = wrap_model(head, ctx, Strategy(strategy)) if ctx is not None else head
+    batches = micro_batches(RANK_PAIRS[ctx.rank]) if ctx is not None else micro_batches(sum(RANK_PAIRS, []))
+    accumulate_gradients(engine, batches, 0, smoothing=0.1, **({"ctx": ctx} if ctx is not None else {}))
+    full = {}
+    for name, p in head.named_parameters():
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP2: gather the shards
+        full[name.replace("_fsdp_wrapped_module.", "")] = grad.detach().clone()
+    return full
+
+
+def gradient_worker(rank, world_size, root):
+    from attn.training.distributed import DistContext
+
+    faulthandler.dump_traceback_later(100, exit=True)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=world_size)
+    ctx = DistContext(rank=rank, world_size=world_size, local_rank=rank)
+    grads = {strategy: gradients_of_one_update(ctx, strategy) for strategy in STRATEGIES}
+    dist.destroy_process_group()
+    if rank == 0:
+        torch.save(grads, f"{root}/grads.pt")
+
+
+def test_two_ranks_give_the_gradient_of_one_process_before_the_first_step(tmp_path):
+    sizes = [[b.n_targets for b in micro_batches(pairs)] for pairs in RANK_PAIRS]
+    assert sizes == [[4, 10], [8, 2]]  # 14 against 10: uneven across ranks and micro-batches
+    run_two_ranks(gradient_worker, tmp_path)
+    expected = gradients_of_one_update(None, "ddp")
+    scale = max(g.abs().max().item() for g in expected.values())
+    assert scale > 1e-2
+    for strategy, grads in torch.load(tmp_path / "grads.pt").items():
+        assert grads.keys() == expected.keys(), strategy
+        for name, grad in expected.items():
+            torch.testing.assert_close(grads[name], grad, atol=1e-6 * scale, rtol=1e-5, msg=f"{strategy} {name}")

@@ -10,9 +10,11 @@ import os
 
 import pytest
 import torch
+from reference_imports import require
 
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-transformers = pytest.importorskip("transformers")
+
+transformers = require("transformers")  # a skip of the whole suite; an error in CI
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 

@@ -7,6 +7,7 @@ from transformers import BertForMaskedLM, BertModel, GPT2LMHeadModel, MarianMTMo
 from attn.config import preset
 from attn.models import build_model
 from attn.pretrained import SpecialIds, export_pretrained
+from attn.tokenizers import Tokenizer
 
 
 def built(config):
@@ -70,3 +71,42 @@ def test_transformers_runs_our_exported_model_identically(case, tmp_path, tokens
         ours, expected = outputs(model, hf, tokens)
     assert expected.abs().mean() > 0.05  # far above the tolerance, so a misplaced weight shows
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
+
+
+# Every character class a user's text holds: double spaces, a tab, newlines (one at the end),
+# accents (composed and decomposed), punctuation against words, and emoji outside the BMP.
+TEXT = "ROMEO.\nBut soft,  what light\tthrough yonder window breaks?\nCafé, naïve re\u0301sumé: 🙂 😀!\n"
+TRAINING = [TEXT, "the cat sat on the mat.\tA dog ran.", "Über straße, ñandú 🙂 and more words here"] * 4
+TOKENIZERS = {
+    "chars": lambda: Tokenizer.train_chars(TRAINING),
+    "bpe": lambda: Tokenizer.train_bpe(TRAINING, 150),
+    "byte-bpe": lambda: Tokenizer.train_bpe(TRAINING, 300, byte_level=True),
+    "wordpiece": lambda: Tokenizer.train_wordpiece(TRAINING, 150),
+}
+FAMILY_PRESETS = {
+    "gpt2": preset("gpt2-tiny"),
+    "bert": preset("bert-base-tiny").replace(pooler=False, num_labels=0),
+    "marian": preset("marian-base-tiny"),
+}
+
+
+@pytest.mark.parametrize("family", FAMILY_PRESETS)
+@pytest.mark.parametrize("kind", TOKENIZERS)
+def test_auto_tokenizer_reads_our_exported_tokenizer_as_we_do(kind, family, tmp_path):
+    """`attn convert --to FAMILY` of a model with a trained tokenizer: transformers' AutoTokenizer,
+    loaded offline from the exported folder, gives our ids and our text, frame included."""
+    from transformers import AutoTokenizer
+
+    ours = TOKENIZERS[kind]()
+    config = FAMILY_PRESETS[family].replace(vocab_size=ours.vocab_size)
+    export_pretrained(build_model(config), config, tmp_path, family, tokenizer=ours)
+    theirs = AutoTokenizer.from_pretrained(tmp_path)
+    for add_special in (False, True):
+        ids = ours.encode(TEXT, add_special)
+        assert theirs(TEXT, add_special_tokens=add_special)["input_ids"] == ids
+        for skip in (True, False):
+            assert theirs.decode(ids, skip_special_tokens=skip) == ours.decode(ids, skip)
+    # A plain-text kind must give the text back: the round trip goes through HF's decode too.
+    if kind in ("chars", "byte-bpe"):
+        assert theirs.decode(theirs(TEXT)["input_ids"], skip_special_tokens=True) == TEXT
+    assert (theirs.pad_token_id, theirs.eos_token_id) == (ours.pad_id, ours.eos_id)

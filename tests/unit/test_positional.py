@@ -14,8 +14,8 @@ def test_sinusoidal_interleaved_entries(pos, i):
     d = 32
     table = sinusoidal_table(100, d, SinusoidalLayout.INTERLEAVED)
     angle = pos / 10000 ** (2 * i / d)
-    assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
-    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (3, 1), (42, 7), (99, 15)])
@@ -23,8 +23,8 @@ def test_sinusoidal_concatenated_entries(pos, i):
     d = 32
     table = sinusoidal_table(100, d, SinusoidalLayout.CONCATENATED)
     angle = pos / 10000 ** (2 * i / d)
-    assert table[pos, i].item() == pytest.approx(math.sin(angle), abs=1e-6)
-    assert table[pos, d // 2 + i].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    assert table[pos, i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+    assert table[pos, d // 2 + i].item() == pytest.approx(math.cos(angle), abs=1e-5)
 
 
 def test_rotary_rotates_feature_pairs_by_position_angle():
@@ -56,16 +56,26 @@ def test_relative_buckets_exact_then_logarithmic():
     # 16 buckets per direction: distances < 8 exact, then log-spaced up to 128, positive ones offset by 16.
     assert bidirectional.tolist()[2:5] == [3, 0, 19]
     assert bidirectional[0].item() == 15 and bidirectional[-1].item() == 31
-    expected_20 = 8 + int(math.log(20 / 8) / math.log(128 / 8) * 8)
-    assert bidirectional[1].item() == expected_20 and bidirectional[5].item() == 16 + expected_20
+    # 20: 8 + floor(log(20 / 8) / log(128 / 8) * 8) = 8 + floor(0.9163 / 2.7726 * 8) = 8 + 2.
+    assert bidirectional[1].item() == 10 and bidirectional[5].item() == 16 + 10
     causal = relative_bucket(distance, False, buckets=32, max_distance=128)
     assert causal.tolist()[3:] == [0, 0, 0, 0]  # the future is one bucket: a causal mask hides it anyway
     assert causal[2].item() == 3
 
 
-def test_relative_bias_values_come_from_the_bucket_table():
-    bias = RelativePositionBias(heads=2, buckets=8, max_distance=16, bidirectional=True)
-    positions = torch.arange(5)[None]
-    values = bias.bias(positions, positions)
-    bucket = relative_bucket(positions[0][None, :] - positions[0][:, None], True, 8, 16)
-    torch.testing.assert_close(values[0], bias.table.weight[bucket].permute(2, 0, 1))
+# T5's buckets written out for 8 buckets and max_distance 8 (distance = key - query). Both
+# directions: 4 buckets each, distances below 2 exact, then 2 + floor(log(n / 2) / log(8 / 2) * 2):
+# n = 2, 3 -> 2, n = 4, 5 -> 3; a key after the query is offset by 4. Causal: the past only, 8
+# buckets, below 4 exact, n = 4, 5 -> 4 + floor(log(n / 4) / log(2) * 4) = 4, 5; the future is 0.
+BIDIRECTIONAL_BUCKETS = {-5: 3, -4: 3, -3: 2, -2: 2, -1: 1, 0: 0, 1: 5, 2: 6, 3: 6, 4: 7, 5: 7}
+CAUSAL_BUCKETS = {-5: 5, -4: 4, -3: 3, -2: 2, -1: 1, 0: 0, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
+
+
+@pytest.mark.parametrize(("bidirectional", "buckets"), [(True, BIDIRECTIONAL_BUCKETS), (False, CAUSAL_BUCKETS)])
+def test_relative_bias_values_come_from_hand_computed_buckets(bidirectional, buckets):
+    bias = RelativePositionBias(heads=2, buckets=8, max_distance=8, bidirectional=bidirectional)
+    with torch.no_grad():  # table[bucket, head] = 10 * bucket + head: each value names its bucket
+        bias.table.weight.copy_(10 * torch.arange(8.0)[:, None] + torch.arange(2.0))
+    values = bias.bias(torch.arange(6)[None], torch.arange(6)[None])
+    expected = torch.tensor([[[10.0 * buckets[k - q] + h for k in range(6)] for q in range(6)] for h in range(2)])
+    torch.testing.assert_close(values[0], expected, atol=0, rtol=0)

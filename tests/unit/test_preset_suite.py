@@ -1,13 +1,21 @@
-"""One shared suite over every preset's tiny variant: build, forward, save/load, gradient flow."""
+"""One shared suite over every preset's tiny variant with every positional scheme: build, forward,
+cached decoding against the full forward pass, save/load, gradient flow, one training step."""
 
 import pytest
 import torch
 from safetensors.torch import load_model, save_model
 
-from attn.config import Architecture, preset, preset_names
+from attn.config import Architecture, Positional, preset, preset_names
 from attn.models import build_model
 
 TINY = [name for name in preset_names() if name.endswith("-tiny")]
+CASES = [(name, positional) for name in TINY for positional in Positional]
+IDS = [f"{name}-{positional.value}" for name, positional in CASES]
+cases = pytest.mark.parametrize(("name", "positional"), CASES, ids=IDS)
+
+
+def tiny(name, positional, **fields):
+    return preset(name).replace(positional=positional, **fields)
 
 
 def inputs(cfg, seed=0):
@@ -36,9 +44,9 @@ def test_every_full_preset_has_a_tiny_variant():
     assert sorted(f"{name}-tiny" for name in full) == sorted(TINY)
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_forward_gives_finite_outputs_of_the_right_shape(name):
-    cfg = preset(name)
+@cases
+def test_forward_gives_finite_outputs_of_the_right_shape(name, positional):
+    cfg = tiny(name, positional)
     model = build_model(cfg).eval()
     with torch.no_grad():
         first = outputs(model, cfg)[0]
@@ -47,9 +55,31 @@ def test_forward_gives_finite_outputs_of_the_right_shape(name):
     assert torch.isfinite(first).all()
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_save_load_round_trip_gives_identical_outputs(name, tmp_path):
-    cfg = preset(name)
+DECODERS = [(name, positional) for name, positional in CASES if preset(name).architecture != Architecture.ENCODER_ONLY]
+
+
+@pytest.mark.parametrize(("name", "positional"), DECODERS, ids=[f"{n}-{p.value}" for n, p in DECODERS])
+def test_cached_decoding_equals_the_full_forward_pass(name, positional):
+    """A prefill of 4 tokens, then one token at a time: the logits of the uncached forward pass."""
+    cfg = tiny(name, positional, dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    tokens, _, src, src_mask = inputs(cfg)
+    with torch.no_grad():
+        if cfg.architecture == Architecture.ENCODER_DECODER:
+            full = model(src, tokens, src_mask)
+            cache = model.new_cache(model.encode(src, src_mask), src_mask, tokens.size(1))
+        else:
+            full = model(tokens)
+            cache = model.new_cache(tokens.size(0), tokens.size(1))
+        pieces = [model.decode_step(tokens[:, :4], cache)]
+        pieces += [model.decode_step(tokens[:, t : t + 1], cache) for t in range(4, tokens.size(1))]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@cases
+def test_save_load_round_trip_gives_identical_outputs(name, positional, tmp_path):
+    cfg = tiny(name, positional)
     torch.manual_seed(1)
     model = build_model(cfg).eval()
     save_model(model, tmp_path / "model.safetensors")
@@ -78,9 +108,9 @@ def training_loss(model, cfg):
     return loss
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_every_parameter_receives_a_nonzero_gradient(name):
-    cfg = preset(name).replace(dropout=0.1)
+@cases
+def test_every_parameter_receives_a_nonzero_gradient(name, positional):
+    cfg = tiny(name, positional, dropout=0.1)
     torch.manual_seed(0)
     model = build_model(cfg).train()
     training_loss(model, cfg).backward()
@@ -88,9 +118,9 @@ def test_every_parameter_receives_a_nonzero_gradient(name):
         assert p.grad is not None and p.grad.abs().sum() > 0, f"{pname} got no gradient"
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_one_adam_step_lowers_the_loss_on_its_batch(name):
-    cfg = preset(name).replace(dropout=0.0, attention_dropout=0.0)
+@cases
+def test_one_adam_step_lowers_the_loss_on_its_batch(name, positional):
+    cfg = tiny(name, positional, dropout=0.0, attention_dropout=0.0)
     torch.manual_seed(0)
     model = build_model(cfg).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

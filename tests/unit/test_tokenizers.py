@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from reference_imports import require
+
 from attn.data import load_labelled, load_parallel, read_text
 from attn.errors import CheckpointError, ConfigError
 from attn.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
@@ -199,7 +201,7 @@ def test_training_rejects_bad_arguments() -> None:
 def test_minilm_files_match_transformers(
     minilm_dir: Path, bible_valid: list[str], fortunes_valid: list[str], loader: str
 ) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     reference = transformers.AutoTokenizer.from_pretrained(minilm_dir)
     if loader == "vocab.txt":
         ours = Tokenizer.from_bert_vocab(minilm_dir / "vocab.txt")
@@ -217,7 +219,7 @@ def test_minilm_files_match_transformers(
 def test_gpt2_files_match_transformers(
     gpt2_dir: Path, bible_valid: list[str], fortunes_valid: list[str]
 ) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     reference = transformers.GPT2Tokenizer.from_pretrained(gpt2_dir)
     ours = Tokenizer.from_gpt2_files(gpt2_dir / "vocab.json", gpt2_dir / "merges.txt")
     texts = _sample(bible_valid, fortunes_valid) + ODD_TEXTS

@@ -23,13 +23,14 @@ from attn.models import Model, build_model
 from attn.pretrained import bert, gpt2, marian
 from attn.pretrained.decoding import DecodingRules
 from attn.pretrained.keymap import Family, SpecialIds, export_from, load_into, same_config
-from attn.tokenizers import Tokenizer
+from attn.tokenizers import MARIAN_KIND, Tokenizer
 from attn.torch_files import load_torch_file
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (gpt2.FAMILY, bert.FAMILY, marian.FAMILY)}
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
@@ -104,7 +105,8 @@ def export_pretrained(
         config: the config it was built from.
         directory: the output folder (created if needed).
         family: "gpt2", "bert" or "marian"; the config must be expressible in it.
-        tokenizer: saved alongside (tokenizer.json) when given.
+        tokenizer: saved alongside when given: tokenizer.json, and a tokenizer_config.json that has
+            `AutoTokenizer` load that file as it is (see `_write_tokenizer_config`).
         ids: special ids for config.json; by default those of `tokenizer`, else none.
 
     Returns:
@@ -127,6 +129,8 @@ def export_pretrained(
     (folder / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
     if tokenizer is not None:
         tokenizer.save(folder)
+        if tokenizer.kind != MARIAN_KIND:  # a SentencePiece tokenizer writes MarianTokenizer's own config
+            _write_tokenizer_config(folder, tokenizer, config.max_positions)
     return folder
 
 
@@ -134,6 +138,29 @@ def generation_settings(folder: Path, hf: dict[str, Any]) -> dict[str, Any]:
     """Where `generate` reads its defaults: generation_config.json when there is one, else config.json."""
     path = folder / GENERATION_FILE
     return _read_json(path) if path.is_file() else hf
+
+
+def _write_tokenizer_config(folder: Path, tokenizer: Tokenizer, max_length: int) -> None:
+    """Has `transformers.AutoTokenizer` read our tokenizer.json exactly as `attn` does.
+
+    Without it, AutoTokenizer picks the family's own class (GPT-2's, BERT's, Marian's), which
+    rebuilds its own pipeline around our vocabulary: a character or Metaspace BPE vocabulary
+    behind GPT-2's byte-level pre-tokenizer loses every space, newline and accent, and Marian's
+    class wants SentencePiece files. `PreTrainedTokenizerFast` takes tokenizer.json whole:
+    normaliser, pre-tokenizer, model, frame and decoder. The role tokens let HF skip and add the
+    same special tokens as we do, and the clean-up that HF may apply to decoded text (removing the
+    space before punctuation) is switched off, since our decode does not do it.
+    """
+    settings: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
+    for role in ("bos", "eos", "unk", "pad", "cls", "sep", "mask"):
+        token_id = getattr(tokenizer, f"{role}_id")
+        if token_id is not None:
+            settings[f"{role}_token"] = tokenizer.id_to_token(token_id)
+    (folder / TOKENIZER_CONFIG_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
 def read_hf_config(folder: Path) -> dict[str, Any]:

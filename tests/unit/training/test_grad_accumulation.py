@@ -29,12 +29,12 @@ def test_k_micro_batches_give_the_gradient_of_one_batch_k_times_larger():
     sums, tokens = accumulate_gradients(micro, small, PAD, smoothing=0.1)
     whole_sums, _ = accumulate_gradients(whole, [collate(FIRST + SECOND)], PAD, smoothing=0.1)
     assert sums.count.item() == whole_sums.count.item() == 28 and tokens == 12 + 28  # source + target tokens
-    torch.testing.assert_close(sums.loss, whole_sums.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sums.loss, whole_sums.loss, rtol=1e-5, atol=1e-5)
     expected = gradients(whole)
     got = gradients(micro)
     assert got.keys() == expected.keys()
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5)
 
 
 def test_the_per_micro_batch_mean_would_differ():

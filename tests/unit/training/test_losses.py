@@ -35,9 +35,9 @@ def test_matches_a_hand_computation_with_padding_ignored_and_no_mass_on_pad():
     )
     expected_nll = -log_softmax(LOGITS[0])[3] - log_softmax(LOGITS[2])[1]
     sums = label_smoothed_cross_entropy(torch.tensor(LOGITS), torch.tensor(TARGETS), eps, PAD)
-    assert sums.loss.item() == pytest.approx(expected, rel=1e-6)
-    assert sums.loss.item() == pytest.approx(1.8201067, rel=1e-6)
-    assert sums.nll.item() == pytest.approx(expected_nll, rel=1e-6)
+    assert sums.loss.item() == pytest.approx(expected, rel=1e-5)
+    assert sums.loss.item() == pytest.approx(1.8201067, rel=1e-5)
+    assert sums.nll.item() == pytest.approx(expected_nll, rel=1e-5)
     assert sums.count.item() == 2
 
 
@@ -45,7 +45,7 @@ def test_returns_sums_not_means():
     logits, targets = torch.randn(4, 6, 11), torch.randint(1, 11, (4, 6))
     whole = label_smoothed_cross_entropy(logits, targets, 0.1, PAD)
     halves = [label_smoothed_cross_entropy(logits[i : i + 2], targets[i : i + 2], 0.1, PAD) for i in (0, 2)]
-    assert whole.loss.item() == pytest.approx(sum(h.loss.item() for h in halves), rel=1e-6)
+    assert whole.loss.item() == pytest.approx(sum(h.loss.item() for h in halves), rel=1e-5)
     assert whole.count.item() == 24
 
 
@@ -79,7 +79,7 @@ def test_padding_gets_no_gradient_through_the_target_distribution():
     logits = torch.tensor([LOGITS[0]], requires_grad=True)
     label_smoothed_cross_entropy(logits, torch.tensor([3]), 0.3, PAD).loss.backward()
     p_pad = torch.softmax(torch.tensor(LOGITS[0]), -1)[PAD]
-    assert logits.grad[0, PAD].item() == pytest.approx(p_pad.item(), rel=1e-6)
+    assert logits.grad[0, PAD].item() == pytest.approx(p_pad.item(), rel=1e-5)
 
 
 def test_invalid_arguments():

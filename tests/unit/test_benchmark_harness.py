@@ -1,0 +1,49 @@
+"""The benchmark harness refuses to time contenders that do not compute the same thing."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, where benchmarks/ lies
+from benchmarks.harness import ContendersDisagree, require_same  # noqa: E402
+
+
+def test_equal_outputs_pass():
+    require_same("beam=4", {"attn": [([5, 6], True), ([7], False)], "HF generate": [([5, 6], True), ([7], False)]})
+
+
+def test_a_different_row_fails_the_case_and_names_it():
+    outputs = {"attn": [[1, 2], [3, 4], [5]], "HF generate": [[1, 2], [3, 9], [5]]}
+    with pytest.raises(ContendersDisagree, match=r"B=8: HF generate and attn differ at row 1 \(1 rows differ\): "
+                                                 r"attn \[3, 4\], HF generate \[3, 9\]"):
+        require_same("B=8", outputs)
+
+
+def test_a_missing_row_or_a_different_finish_fails_the_case():
+    with pytest.raises(ContendersDisagree, match=r"at row 1 .*HF generate \(no such row\)"):
+        require_same("s", {"attn": [[1], [2]], "HF generate": [[1]]})
+    with pytest.raises(ContendersDisagree, match="at row 0"):
+        require_same("s", {"attn": [([1, 2], True)], "HF generate": [([1, 2], False)]})
+
+
+def test_case_3_fails_when_our_beam_search_returns_other_hypotheses(monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    import torch
+
+    from benchmarks import generation
+    from benchmarks.harness import Settings
+
+    real = generation.beam_search_seq2seq
+
+    def off_by_one(*args, **kwargs):  # the last source's best hypothesis loses its last token
+        found = real(*args, **kwargs)
+        best = found[-1][0]
+        found[-1][0] = dataclasses.replace(best, tokens=best.tokens[:-1])
+        return found
+
+    monkeypatch.setattr(generation, "beam_search_seq2seq", off_by_one)
+    settings = Settings(torch.device("cpu"), torch.float32, 1, False, True, 0, 1, tmp_path, tmp_path / "plot.png")
+    with pytest.raises(ContendersDisagree, match="marian-base-tiny beam=4 .* eos\\+0: HF generate and attn differ at row 7"):
+        generation.beam(settings)
