@@ -44,9 +44,9 @@ TINY_CONFIGS = {
     "translation": 'task = "translation"\n[data]\ntrain = "{data}/pairs.tsv"\n[tokenizer]\nkind = "chars"\n'
                    '[model]\npreset = "paper-base-tiny"\n[batch]\nmax_tokens = 512\n',
     "lm": 'task = "lm"\n[data]\ntrain = "{data}/text.txt"\n[tokenizer]\nkind = "chars"\n'
-          '[model]\npreset = "char-gpt-tiny"\n[batch]\nbatch_size = 2\nblock_size = 16\n',
+          '[model]\npreset = "char-gpt-tiny"\n[batch]\nbatch_size = 2\nblock_size = 16\n[optim]\nwarmup_steps = 0\n',
     "classifier": 'task = "classification"\n[data]\ntrain = "{data}/labels.tsv"\n[tokenizer]\nkind = "chars"\n'
-                  '[model]\npreset = "bert-base-tiny"\n[batch]\nbatch_size = 4\n',
+                  '[model]\npreset = "bert-base-tiny"\n[batch]\nbatch_size = 4\n[optim]\nwarmup_steps = 0\n',
 }
 ONE_STEP = '[train]\nmax_steps = 1\neval_interval = 0\ncheckpoint_interval = 0\nquiet = true\ndevice = "cpu"\n'
 PAIRS = "ref\ten\tes\nGen 1:1\tIn the beginning.\tEn el principio.\nGen 1:3\tLet there be light.\tSea la luz.\n"
