@@ -131,7 +131,8 @@ def build_trainer(recipe: Recipe, run_dir: Path) -> Trainer:
     model = build_model(task.model_config, config.train.attention)
     if initial is not None:
         copy_pretrained(initial, model)
-    batch = task.train.next_batch() if recipe.shape is None else full_batch(config.task, recipe.shape, task.model_config)
+    shape = recipe.shape
+    batch = task.train.next_batch() if shape is None else full_batch(config.task, shape, task.model_config)
     task = dataclasses.replace(task, train=RepeatedBatch(batch), valid=None)
     return Trainer(config, task, model.train())
 

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from attn.errors import ConfigError, ShapeError
 
@@ -86,11 +87,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             loss = (1.0 - smoothing) * nll + share * others
         zero = loss.new_zeros(())
         ctx.save_for_backward(log_probs, flat, counted)
-        ctx.smoothing, ctx.share, ctx.pad_id, ctx.shape, ctx.dtype = smoothing, share, pad_id, logits.shape, logits.dtype
+        ctx.smoothing, ctx.share, ctx.pad_id = smoothing, share, pad_id
+        ctx.shape, ctx.dtype = logits.shape, logits.dtype
         ctx.mark_non_differentiable(counted)
         return torch.where(counted, loss, zero).sum(), torch.where(counted, nll, zero).sum(), counted.sum()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor, _: Tensor):
         log_probs, flat, counted = ctx.saved_tensors
         weight = counted.to(log_probs.dtype)[:, None]  # (N, 1): uncounted rows get no gradient
