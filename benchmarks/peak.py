@@ -6,6 +6,8 @@ its achieved model FLOP/s by the peak of the run's dtype to give each training r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from benchmarks.harness import DTYPES, CaseResult, Contender, Row, Settings, compare, dtype_name
@@ -20,10 +22,10 @@ def _matmul(n: int, dtype: torch.dtype, settings: Settings) -> Contender:
     return Contender(f"torch.mm {dtype_name(dtype)}", lambda: torch.mm(a, b), 2 * n**3)
 
 
-def run(settings: Settings) -> CaseResult:
-    """Case 7. The summary holds `peak FLOP/s <dtype>` for every dtype."""
+def run(settings: Settings, dtypes: Sequence[torch.dtype] = tuple(DTYPES.values())) -> CaseResult:
+    """Case 7. The summary holds `peak FLOP/s <dtype>` for every dtype measured."""
     n = QUICK_SIZE if settings.quick else SIZES["cuda" if settings.device.type == "cuda" else "cpu"]
-    contenders = [_matmul(n, dtype, settings) for dtype in DTYPES.values()]
+    contenders = [_matmul(n, dtype, settings) for dtype in dtypes]
     rates = compare(contenders, settings)
     rows = [Row(f"n={n}", name, "TFLOP/s", [r / 1e12 for r in values]) for name, values in rates.items()]
     summary = {f"peak FLOP/s {name.split()[-1]}": max(values) for name, values in rates.items()}

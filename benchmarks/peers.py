@@ -7,7 +7,7 @@ import tempfile
 
 from torch import Tensor, nn
 
-from attn.config import ModelConfig
+from attn.config import ModelConfig, NormPlacement
 from attn.layers import ACTIVATIONS
 from attn.models import Model, build_model
 from attn.positional import sinusoidal_table
@@ -50,8 +50,8 @@ def twins(config: ModelConfig, family: str, hf_class: str, ids: SpecialIds) -> t
 class TorchTransformer(nn.Module):
     """`torch.nn.Transformer` with the paper's scaled embeddings, sinusoids and tied output projection.
 
-    The same work as our encoder-decoder at the same config: `nn.Transformer` adds a final
-    LayerNorm to each stack, which is negligible. Its one `dropout` rate applies to the attention
+    The same work as our encoder-decoder at the same config, post-norm or pre-norm as the config
+    says: `nn.Transformer` adds a final LayerNorm to each stack, which is negligible. Its one `dropout` rate applies to the attention
     weights, the FFN activation and the residuals, so compare it with a config whose three
     dropout rates are equal.
     """
@@ -67,7 +67,7 @@ class TorchTransformer(nn.Module):
         self.core = nn.Transformer(
             d_model=c.d_model, nhead=c.heads, num_encoder_layers=c.encoder_layers,
             num_decoder_layers=c.decoder_layers, dim_feedforward=c.d_ff, dropout=c.dropout,
-            activation=ACTIVATIONS[c.activation], batch_first=True, norm_first=False,
+            activation=ACTIVATIONS[c.activation], batch_first=True, norm_first=c.norm == NormPlacement.PRE,
         )
         self.out = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.out.weight = self.embed.weight

@@ -7,7 +7,8 @@
     python -m benchmarks.run --device cuda --dtype bf16 --compile
 
 Cases (issue 9): 1 training throughput, 2 greedy generation, 3 beam search, 4 sentence embeddings,
-5 scaling with length, 6 peak training memory, 7 dense-matmul peak and MFU.
+5 scaling with length, 6 peak training memory, 7 dense-matmul peak and MFU; (issue 22) 8 the
+quickstart recipes' training steps on the CPU.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ Runner = Callable[[Settings, float | None], CaseResult]
 
 
 def _runners() -> dict[int, Runner]:
-    from benchmarks import embeddings, generation, memory, peak, scaling, training
+    from benchmarks import embeddings, generation, memory, peak, quickstart, scaling, training
 
     return {
         1: training.run,
@@ -43,6 +44,7 @@ def _runners() -> dict[int, Runner]:
         5: lambda settings, _: scaling.run(settings),
         6: lambda settings, _: memory.run(settings),
         7: lambda settings, _: peak.run(settings),
+        8: quickstart.run,
     }
 
 
@@ -50,7 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from benchmarks.training import CONTENDERS
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7", help="comma-separated case numbers (default: all)")
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8", help="comma-separated case numbers (default: all)")
     parser.add_argument("--models", default="", help=f"comma-separated training presets for cases 1 and 6, "
                         f"from {', '.join(CONTENDERS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 warm-up + 2 timed rounds")
@@ -70,9 +72,9 @@ def _cases(text: str) -> list[int]:
         numbers = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         raise SystemExit(f"--cases: expected comma-separated numbers such as 1,2,7, got {text!r}") from None
-    unknown = [n for n in numbers if n not in range(1, 8)]
+    unknown = [n for n in numbers if n not in range(1, 9)]
     if unknown or not numbers:
-        raise SystemExit(f"--cases: the cases are 1 to 7, got {text!r}")
+        raise SystemExit(f"--cases: the cases are 1 to 8, got {text!r}")
     return numbers
 
 

@@ -89,3 +89,45 @@ def test_invalid_arguments():
         label_smoothed_cross_entropy(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), 1.0)
     with pytest.raises(ShapeError, match="pad_id"):
         label_smoothed_cross_entropy(torch.randn(2, 5), torch.zeros(2, dtype=torch.long), 0.1, pad_id=5)
+
+
+def smoothed_target_distribution(targets, vocab, eps, pad):
+    """q written out: 1 - eps on the target, eps spread over the classes that are neither it nor padding."""
+    q = torch.zeros(targets.numel(), vocab, dtype=torch.float64)
+    for row, y in enumerate(targets.reshape(-1).tolist()):
+        if y == pad:
+            continue  # padding targets are not counted: no distribution, no gradient
+        sharing = [k for k in range(vocab) if k != y and k != pad]
+        q[row, sharing] = eps / len(sharing)
+        q[row, y] = 1.0 - eps
+    return q
+
+
+@pytest.mark.parametrize(("eps", "pad"), [(0.1, PAD), (0.2, None), (0.0, PAD), (0.0, None)])
+def test_gradients_match_autograd_of_the_written_out_distribution(eps, pad):
+    # Reference in float64 through autograd: loss = -Σ q log p, nll = -Σ onehot log p, over counted rows.
+    torch.manual_seed(0)
+    vocab = 7
+    logits = torch.randn(3, 5, vocab)
+    targets = torch.randint(0, vocab, (3, 5))
+    targets[0, :2] = PAD  # some padding targets, counted only without a pad class
+    weights = torch.tensor([0.7, -1.3])  # arbitrary upstream gradients of the two sums
+    ours = logits.clone().requires_grad_()
+    sums = label_smoothed_cross_entropy(ours, targets, eps, pad)
+    (weights[0] * sums.loss + weights[1] * sums.nll).backward()
+    reference = logits.double().requires_grad_()
+    log_p = torch.log_softmax(reference, -1).reshape(-1, vocab)
+    q = smoothed_target_distribution(targets, vocab, eps, pad)
+    onehot = smoothed_target_distribution(targets, vocab, 0.0, pad)
+    loss, nll = -(q * log_p).sum(), -(onehot * log_p).sum()
+    (weights[0].double() * loss + weights[1].double() * nll).backward()
+    torch.testing.assert_close(sums.loss.double(), loss.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sums.nll.double(), nll.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.grad.double(), reference.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_low_precision_logits_get_a_gradient_of_their_own_dtype():
+    logits = torch.randn(2, 3, 5, dtype=torch.bfloat16, requires_grad=True)
+    label_smoothed_cross_entropy(logits, torch.randint(1, 5, (2, 3)), 0.1, PAD).loss.backward()
+    assert logits.grad.dtype == torch.bfloat16 and logits.grad.shape == (2, 3, 5)
+    assert torch.allclose(logits.grad.float().sum(-1), torch.zeros(2, 3), atol=1e-2)  # p - q sums to 0 per row

@@ -79,11 +79,38 @@ def test_compiled_training_compiles_the_loss_with_the_model_and_matches_eager(tm
     assert losses["true"][-1] < losses["true"][0]
 
 
-def test_the_optimizer_is_fused_on_a_gpu_only():
+def test_the_optimizer_is_fused_on_cpu_and_gpu_only():
     model, optim = torch.nn.Linear(3, 3), quick_config("run").optim
     assert trainer_module.make_optimizer(model, optim, torch.device("cuda")).defaults["fused"] is True
-    assert not trainer_module.make_optimizer(model, optim, torch.device("cpu")).defaults["fused"]
+    assert trainer_module.make_optimizer(model, optim, torch.device("cpu")).defaults["fused"] is True
+    assert not trainer_module.make_optimizer(model, optim, torch.device("meta")).defaults["fused"]
     assert not trainer_module.make_optimizer(model, optim).defaults["fused"]
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_the_fused_cpu_update_is_adam_by_hand(kind):
+    """Two steps of the optimizer on the CPU against Adam/AdamW written out (Kingma & Ba, Loshchilov & Hutter)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optim = quick_config("run", f"optim.optimizer={kind}", "optim.weight_decay=0.1", "optim.lr=0.01").optim
+    optimizer = trainer_module.make_optimizer(model, optim, torch.device("cpu"))
+    start = {name: p.detach().double().clone() for name, p in model.named_parameters()}
+    grads = [{name: torch.randn(p.shape, dtype=torch.float64) for name, p in model.named_parameters()}
+             for _ in range(2)]
+    for step_grads in grads:
+        for name, p in model.named_parameters():
+            p.grad = step_grads[name].float()
+        optimizer.step()
+    lr, (b1, b2), eps = optim.lr, (optim.beta1, optim.beta2), optim.eps
+    for name, p in model.named_parameters():
+        decay = optim.weight_decay if p.dim() >= 2 else 0.0  # matrices only
+        w, m, v = start[name], 0.0, 0.0
+        for t, step_grads in enumerate(grads, start=1):
+            g = step_grads[name] + (decay * w if kind == "adam" else 0.0)  # Adam: L2 in the gradient
+            w = w * (1 - lr * decay) if kind == "adamw" else w  # AdamW: decoupled decay
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+            w = w - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+        torch.testing.assert_close(p.detach().double(), w, atol=1e-5, rtol=1e-5)
 
 
 def nan_on_call(monkeypatch, bad_call):
