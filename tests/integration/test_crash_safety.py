@@ -106,8 +106,9 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 
 def history(run_dir: Path) -> list[tuple]:
-    """The run's losses and validation metrics by step (timings left out: they differ from run to run)."""
-    records = read_metrics(run_dir / METRICS_FILE)
+    """The run's losses and validation metrics by step (timings left out: they differ from run to run, and
+    so do the precision records each start of a process writes)."""
+    records = [r for r in read_metrics(run_dir / METRICS_FILE) if "precision" not in r]
     return [(r["step"], r.get("loss"), r.get("val_loss"), r.get("val_accuracy")) for r in records]
 
 
