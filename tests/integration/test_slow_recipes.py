@@ -46,8 +46,6 @@ def losses(run: Path) -> tuple[list[float], float]:
     return [r["loss"] for r in records if "loss" in r], next(r["val_loss"] for r in reversed(records) if "val_loss" in r)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: the end-of-run checkpoint of the decoder-only LM under FSDP2 fails "
-                   "in torch's get_optimizer_state_dict (KeyError: 0); the encoder-decoder's FSDP2 run saves fine")
 def test_fsdp2_on_two_processes_trains_the_lm_recipe_as_one_process_does(tmp_path):
     """torchrun, 2 CPU processes, FSDP2: every update's loss and the validation loss of one process.
 

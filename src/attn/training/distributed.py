@@ -202,6 +202,20 @@ def full_model_state(model: nn.Module) -> dict[str, Tensor]:
     return get_model_state_dict(model, options=_FULL)
 
 
+def reshard(model: nn.Module) -> None:
+    """Registers the sharded parameters again on every FSDP2 module of `model` (a no-op otherwise).
+
+    FSDP2 leaves the root's parameters gathered after a forward pass, expecting a backward pass to
+    follow; after an evaluation none does, and the optimizer's state then names parameters the
+    model no longer holds (torch's `get_optimizer_state_dict` fails with a KeyError).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's complete state keyed by parameter name (call on every rank; see `full_model_state`)."""
     return get_optimizer_state_dict(model, optimizer, options=_FULL)

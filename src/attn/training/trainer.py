@@ -66,6 +66,7 @@ from attn.training.distributed import (
     init_distributed,
     load_optimizer_state,
     optimizer_state,
+    reshard,
     shutdown,
     wrap_model,
 )
@@ -551,6 +552,7 @@ class Trainer:
                 scored = batch.targets != self.task.ignore_id if self.task.ignore_id is not None else True
                 correct = ((logits.argmax(-1) == batch.targets) & scored).sum()
                 sums += torch.stack([loss.double(), nll.double(), count.double(), correct.double()])
+        reshard(self.head)
         self.head.train()
         loss, nll, count, correct = sums.tolist()
         count = max(count, 1.0)
