@@ -25,7 +25,7 @@ from typing import Any
 from attn.baselines import NaiveBayes, unigram_nll
 from attn.data import load_labelled, load_parallel, read_text
 from attn.generation import GenerationConfig
-from attn.inference import Loaded, class_probabilities, load_for_inference, translate
+from attn.inference import Loaded, load_for_inference, translate
 from attn.metrics import accuracy, bleu, macro_f1
 from attn.training.runconfig import RunConfig
 from attn.training.trainer import RunResult
@@ -156,7 +156,8 @@ def check_trained(loaded: Loaded, task: str, train_path: str | Path, valid_path:
     """The validation check of a finished `attn train` run (None for a task without a baseline).
 
     Translation decodes the first `VALID_TRANSLATIONS` validation sources greedily; the language
-    model compares `val_loss` (nats per token) and the classifier `val_accuracy`.
+    model compares `val_loss` (nats per token) and the classifier `val_accuracy`, both as the trainer
+    measured them, against baselines on the whole validation file.
     """
     if task == "translation":
         corpus = load_parallel(valid_path, source=source)
@@ -168,13 +169,20 @@ def check_trained(loaded: Loaded, task: str, train_path: str | Path, valid_path:
         train_ids = loaded.tokenizer.encode(read_text(train_path))
         return lm_check(metrics["val_loss"], train_ids, eval_ids, loaded.tokenizer.vocab_size, len(eval_ids) - 1,
                         "token", "valid")
-    if task == "classification":
+    if task == "classification" and "val_accuracy" in metrics:
         train = load_labelled(train_path)
         valid = load_labelled(valid_path, labels=train.label_names)
-        predicted = class_probabilities(loaded, valid.texts).argmax(-1).tolist()
         scores = naive_bayes_scores(train.texts, train.labels, valid.texts, valid.labels, len(train.label_names))
-        return classification_check(100 * accuracy(predicted, valid.labels), scores, "valid")
+        return classification_check(100 * metrics["val_accuracy"], scores, "valid")
     return None
+
+
+def verdict(check: BaselineCheck, config: RunConfig, result: RunResult) -> str:
+    """The warning for a failed check, with the causes read from what the run did; "" when it passed."""
+    if check.passed:
+        return ""
+    causes = likely_causes(result.step, config.optim.warmup_steps, result.precision, result.device, result.losses)
+    return check.warning(causes)
 
 
 def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str] | None:
@@ -187,5 +195,4 @@ def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str]
                           config.data.source)
     if check is None:
         return None
-    causes = likely_causes(result.step, config.optim.warmup_steps, result.precision, result.device, result.losses)
-    return check, "" if check.passed else check.warning(causes)
+    return check, verdict(check, config, result)

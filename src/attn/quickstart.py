@@ -30,8 +30,7 @@ from typing import Any
 from attn.data import load_labelled, load_parallel, read_text
 from attn.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation
 from attn.generation import GenerationConfig
-from attn.guard import BaselineCheck, classification_check, likely_causes, lm_check, naive_bayes_scores, \
-    translation_check
+from attn.guard import BaselineCheck, classification_check, lm_check, naive_bayes_scores, translation_check, verdict
 from attn.inference import generate_stream, load_for_inference
 from attn.training.runconfig import RunConfig, load_run_config
 from attn.training.trainer import RunResult, train
@@ -96,10 +95,8 @@ def _report(name: str, trained: _Trained, metrics: dict[str, Any], samples: list
     """Prints the baseline check (and, when it failed, the warning with the likely causes)."""
     print(check.line())
     result = trained.result
-    if not check.passed:
-        causes = likely_causes(result.step, trained.config.optim.warmup_steps, result.precision, result.device,
-                               result.losses)
-        print(f"attn: warning: {check.warning(causes)}", flush=True)
+    if warning := verdict(check, trained.config, result):
+        print(f"attn: warning: {warning}", flush=True)
     metrics = {**metrics, **check.record(), "updates": result.step, "precision": result.precision,
                "tokens_per_s": round(result.tokens_per_s)}
     return TaskReport(name, result.run_dir, trained.seconds, metrics, samples, result.step, check)
