@@ -4,7 +4,7 @@ Case 2: greedy decoding of a `gpt2`-shaped model, batch 1 and 8, 128 new tokens 
 32-token prompt, no EOS (every row makes all its tokens); tokens/s = batch x new tokens / time.
 Case 3: beam search (beam 4) of a `marian-base`-shaped model over 8 random sources of 12 to 24
 tokens, at most 64 new tokens, with the settings under which both return the same hypotheses
-(`attn.beam_search.huggingface_config`); sentences/s. Two settings: the random weights as they are
+(`attn.decoding.beam_search.huggingface_config`); sentences/s. Two settings: the random weights as they are
 (the hypotheses run to the length limit), and the same weights with the end-of-sentence logit raised
 by `EOS_BIAS` in both models, so that hypotheses end with EOS at different lengths and the stopping
 rule is in the timed path. The time includes the prefill (case 2) and the encoder (case 3).
@@ -17,11 +17,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attn.beam_search import beam_search_seq2seq, huggingface_config
+from attn.artifacts.pretrained import SpecialIds
 from attn.config import preset
-from attn.generation import GenerationConfig, generate
-from attn.pretrained import SpecialIds
-from benchmarks.harness import CaseResult, Contender, Row, Settings, compare, require_same, rows_for
+from attn.decoding import GenerationConfig, generate
+from attn.decoding.beam_search import beam_search_seq2seq, huggingface_config
+from benchmarks.harness import (
+    CaseResult,
+    Contender,
+    Row,
+    Settings,
+    compare,
+    require_same,
+    rows_for,
+)
 from benchmarks.peers import twins
 
 HF = "HF generate"

@@ -10,7 +10,15 @@ from collections.abc import Sequence
 
 import torch
 
-from benchmarks.harness import DTYPES, CaseResult, Contender, Row, Settings, compare, dtype_name
+from benchmarks.harness import (
+    DTYPES,
+    CaseResult,
+    Contender,
+    Row,
+    Settings,
+    compare,
+    dtype_name,
+)
 
 SIZES = {"cpu": 4096, "cuda": 8192}
 QUICK_SIZE = 1024

@@ -7,11 +7,11 @@ import tempfile
 
 from torch import Tensor, nn
 
+from attn.artifacts.pretrained import SpecialIds, export_pretrained
 from attn.config import ModelConfig, NormPlacement
 from attn.layers import ACTIVATIONS
 from attn.models import Model, build_model
 from attn.positional import sinusoidal_table
-from attn.pretrained import SpecialIds, export_pretrained
 
 
 def quiet_transformers() -> None:

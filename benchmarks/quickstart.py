@@ -37,13 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn.artifacts.checkpoint import Checkpoint
+from attn.artifacts.loading import packaged_model_dir
 from attn.config import ModelConfig, NormPlacement
+from attn.data.batches import Batch
 from attn.models import build_model
-from attn.training.batches import Batch
-from attn.training.checkpoint import Checkpoint, copy_pretrained, load_initial, packaged_model_dir
+from attn.training.finetune import copy_pretrained, initial_model
+from attn.training.run import seed_everything
 from attn.training.runconfig import RunConfig, Task, load_run_config
 from attn.training.tasks import TaskContext, TaskData, build_task
-from attn.training.trainer import Trainer, make_optimizer, seed_everything
+from attn.training.trainer import Trainer, make_optimizer
 from benchmarks.harness import CaseResult, Contender, Settings, compare, rows_for
 from benchmarks.peak import run as peak_run
 from benchmarks.peers import TorchTransformer
@@ -118,7 +121,7 @@ def recipe_task(recipe: Recipe, run_dir: Path) -> tuple[RunConfig, TaskData, Che
     """The recipe's run config, task data (tokenizer, batches) and pretrained model, as `train` makes them."""
     config = load_run_config(CONFIGS / recipe.config, [*COMMON, f"run_dir={run_dir}", *recipe.overrides])
     model_config = config.model_config()
-    initial = load_initial(config.model.init_from) if config.model.init_from else None
+    initial = initial_model(config.model.init_from)
     if initial is not None:
         model_config = config.model.build(initial.model_config)
     seed_everything(config.train.seed)

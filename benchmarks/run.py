@@ -23,7 +23,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import DTYPES, RESULTS_DIR, CaseResult, Settings, markdown, write_case
+from benchmarks.harness import (
+    DTYPES,
+    RESULTS_DIR,
+    CaseResult,
+    Settings,
+    markdown,
+    write_case,
+)
 
 TABLE = "results.md"
 QUICK_DIR = RESULTS_DIR / "quick"
@@ -34,7 +41,15 @@ Runner = Callable[[Settings, float | None], CaseResult]
 
 
 def _runners() -> dict[int, Runner]:
-    from benchmarks import embeddings, generation, memory, peak, quickstart, scaling, training
+    from benchmarks import (
+        embeddings,
+        generation,
+        memory,
+        peak,
+        quickstart,
+        scaling,
+        training,
+    )
 
     return {
         1: training.run,

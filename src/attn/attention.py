@@ -16,7 +16,6 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 

@@ -10,6 +10,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_cli(*args: str, cwd: Path = ROOT, stdin: str | None = None, timeout: int = 600):
     """Runs `attn ARGS` as a user would, from the repository root."""
     return subprocess.run(
-        [sys.executable, "-m", "attn.cli", *args], cwd=cwd, input=stdin, capture_output=True, text=True,
+        [sys.executable, "-m", "attn.app.cli", *args], cwd=cwd, input=stdin, capture_output=True, text=True,
         timeout=timeout,
     )

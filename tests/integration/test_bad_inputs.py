@@ -27,16 +27,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from attn.cli import main
-from attn.config import preset
-from attn.errors import GenerationError
-from attn.generation import GenerationConfig, generate, generate_seq2seq
-from attn.models import build_model
-from attn.pretrained import SpecialIds, export_pretrained
-from attn.tokenizers import Tokenizer
-from attn.training.checkpoint import load_checkpoint
 from cli_helpers import ROOT, run_cli
+
+from attn.app.cli import main
+from attn.artifacts.checkpoint import load_checkpoint
+from attn.artifacts.pretrained import SpecialIds, export_pretrained
+from attn.config import preset
+from attn.data.tokenizers import Tokenizer
+from attn.decoding import GenerationConfig, generate, generate_seq2seq
+from attn.errors import GenerationError
+from attn.models import build_model
 
 DOCS = ROOT / "docs" / "bad-inputs.md"
 TASKS = ("translation", "lm", "classifier")
@@ -351,7 +351,7 @@ CASES = [
          "model: task 'translation' trains encoder-decoder models, but runs/lm is decoder-only"),
     # checkpoints and model folders
     Case("model-path-missing", "--model names nothing", translate_with("nowhere"), 1,
-         "nowhere: no such checkpoint or model directory; check the path"),
+         "nowhere: no such checkpoint or model directory; give an attn checkpoint, a run directory"),
     Case("safetensors-truncated", "a model.safetensors cut short",
          translate_with("ckpt"), 1, "model.safetensors: not a readable safetensors file",
          broken_translator(truncate("model.safetensors", 1000))),

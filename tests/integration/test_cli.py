@@ -6,7 +6,7 @@ import pytest
 from cli_helpers import run_cli
 
 from attn import __version__
-from attn.cli import main
+from attn.app.cli import main
 from attn.config import preset_names
 
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from attn.beam_search import beam_search
-from attn.cli import main
-from attn.config import preset
-from attn.generation import GenerationConfig
-from attn.models import build_model
-from attn.tokenizers import Tokenizer
-from attn.training.checkpoint import write_checkpoint
 from cli_helpers import run_cli
+
+from attn.app.cli import main
+from attn.artifacts.checkpoint import write_checkpoint
+from attn.config import preset
+from attn.data.tokenizers import Tokenizer
+from attn.decoding import GenerationConfig
+from attn.decoding.beam_search import beam_search
+from attn.models import build_model
 
 TEXT = "ROMEO. But soft, what light through yonder window breaks?\nJULIET. Ay me!\n"
 PROMPTS = ["ROMEO.", "But soft, what light", "J"]
@@ -38,7 +38,7 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def greedy_by_recomputing(path: Path, prompt: str, new_tokens: int) -> str:
-    from attn.training.checkpoint import load_checkpoint
+    from attn.artifacts.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(path)
     ids = checkpoint.tokenizer.encode(prompt)
@@ -91,7 +91,7 @@ def test_sampling_draws_n_continuations_per_prompt_reproducibly(lm: Path, capsys
 def test_beam_search_gives_the_n_best_with_their_scores(lm: Path, capsys: pytest.CaptureFixture[str]) -> None:
     found = generate_json(capsys, "--model", str(lm), "--beam-size", "3", "--n-best", "2", "--max-new-tokens", "5",
                           *PROMPTS)
-    from attn.training.checkpoint import load_checkpoint
+    from attn.artifacts.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(lm)
     tokenizer = checkpoint.tokenizer

@@ -3,7 +3,7 @@ SIGTERM, resumes to the very weights and losses of a run that was never interrup
 
 Each run is a subprocess training a tiny character-level LM on the CPU with one thread. Kills
 land where timing puts them (after the first checkpoint appears) and, deterministically, at the
-fault points of `attn.training.faults`: mid-update, mid-checkpoint-write and mid-evaluation.
+fault points of `attn.faults`: mid-update, mid-checkpoint-write and mid-evaluation.
 """
 
 import os
@@ -18,13 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.cli import _resume_command, build_parser
-from attn.training import trainer
-from attn.training.checkpoint import CHECKPOINTS, latest_checkpoint, list_checkpoints, load_checkpoint
+from attn.app.cli import _resume_command, build_parser
+from attn.artifacts.checkpoint import (
+    CHECKPOINTS,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
+from attn.faults import FAULT_ENV
+from attn.training import signals
 from attn.training.distributed import DistContext
-from attn.training.faults import FAULT_ENV
 from attn.training.logs import METRICS_FILE, read_metrics
-from attn.training.trainer import recording_stop_signals
+from attn.training.signals import recording_stop_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 24
@@ -79,7 +84,7 @@ def run_dir_of(config: Path) -> Path:
 def start(config: Path, fault: str = "") -> subprocess.Popen:
     """`attn train --config CONFIG` in a subprocess, with one thread and an optional ATTN_FAULT."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", FAULT_ENV: fault}
-    command = [sys.executable, "-m", "attn.cli", "train", "--config", str(config)]
+    command = [sys.executable, "-m", "attn.app.cli", "train", "--config", str(config)]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -217,7 +222,7 @@ def test_a_stop_signal_saves_a_checkpoint_and_resuming_gives_the_uninterrupted_w
     assert 0 < step < STEPS and path == run_dir / CHECKPOINTS / f"step-{step:08d}"
     assert load_checkpoint(path, with_state=True).state["step"] == step == last_logged_step(run_dir)
     assert command == ["attn", "train", "--config", str(config), "train.resume=true"]
-    resumed = subprocess.run([sys.executable, "-m", "attn.cli", *command[1:]], cwd=ROOT, capture_output=True,
+    resumed = subprocess.run([sys.executable, "-m", "attn.app.cli", *command[1:]], cwd=ROOT, capture_output=True,
                              text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.startswith(f"finished at step {STEPS}")
@@ -228,7 +233,7 @@ def test_a_stop_signal_saves_a_checkpoint_and_resuming_gives_the_uninterrupted_w
 @pytest.mark.parametrize("world, expected", [
     ({}, "attn train --config 'my runs/c.toml' optim.lr=2 train.resume=true --quiet"),
     ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
-     "torchrun --nproc_per_node=4 -m attn.cli train --config 'my runs/c.toml' optim.lr=2 train.resume=true --quiet"),
+     "torchrun --nproc_per_node=4 -m attn.app.cli train --config 'my runs/c.toml' optim.lr=2 train.resume=true --quiet"),
 ])
 def test_the_resume_command_repeats_the_command_line_with_resuming_on(monkeypatch, world, expected):
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
@@ -265,15 +270,15 @@ class FakeRanks:
     ([signal.SIGINT], [], signal.SIGINT),
 ])
 def test_ranks_agree_on_stopping(monkeypatch, here, there, expected):
-    monkeypatch.setattr(trainer, "all_reduce_sum", FakeRanks(*there))
-    assert trainer.agreed_stop_signal(here, DistContext()) == expected
+    monkeypatch.setattr(signals, "all_reduce_sum", FakeRanks(*there))
+    assert signals.agreed_stop_signal(here, DistContext()) == expected
 
 
 LAUNCHED = """
 import dataclasses, os, pathlib, signal, sys
 sys.path.insert(0, {here!r})
 from test_ddp import reversal_task, run_config
-from attn.training.trainer import TrainingInterrupted, train
+from attn.training import TrainingInterrupted, train
 
 
 class SignalledAt:

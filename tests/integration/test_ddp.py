@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from attn.data import TokenBudgetSampler, collate_translation
-from attn.training.batches import IndexedBatches
+from attn.data.batches import IndexedBatches
+from attn.data.corpora import TokenBudgetSampler, collate_translation
+from attn.training import train
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskData, translation_batch
-from attn.training.trainer import train
 
 STEPS = 4
 RUNS = [  # (name, strategy, first stop) in the two-process job
@@ -102,7 +102,7 @@ import faulthandler, json, sys
 faulthandler.dump_traceback_later(90, exit=True)  # a hung rank prints where it waits (seen once under CI load)
 sys.path.insert(0, {here!r})
 from test_ddp import reversal_task, run_config
-from attn.training.trainer import train
+from attn.training import train
 result = train(run_config({run_dir!r}, "train.max_steps=2"), task_builder=reversal_task)
 if result.checkpoint is not None:
     print("LOSSES", json.dumps(result.losses))

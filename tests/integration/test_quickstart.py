@@ -4,11 +4,11 @@ import json
 
 import pytest
 import torch
+from cli_helpers import ROOT, run_cli
 from PIL import Image
 
+from attn.artifacts import load_model
 from attn.errors import ConfigError
-from attn.inference import load_for_inference
-from cli_helpers import ROOT, run_cli
 
 
 def test_quickstart_writes_every_artefact_and_each_loads(quickstart_runs):
@@ -28,7 +28,7 @@ def test_quickstart_writes_every_artefact_and_each_loads(quickstart_runs):
         assert (run / "metrics.jsonl").stat().st_size > 0
         for png in ("loss.png", "lr.png"):
             assert Image.open(run / "plots" / png).size[0] > 100
-        assert load_for_inference(run).task == task
+        assert load_model(run).task == task
     assert Image.open(quickstart_runs / "cross_attention.png").size[0] > 100
     page = (quickstart_runs / "index.html").read_text()
     assert "cross_attention.png" in page and "translation/plots/loss.png" in page
@@ -64,21 +64,21 @@ def test_evaluate_prints_json_for_each_task(quickstart_runs, tmp_path):
 
 def test_inference_checks_the_device_before_loading(quickstart_runs, monkeypatch):
     run = quickstart_runs / "shakespeare"
-    assert next(load_for_inference(run, "cpu").model.parameters()).device == torch.device("cpu")
+    assert next(load_model(run, "cpu").model.parameters()).device == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert next(load_for_inference(run).model.parameters()).device == torch.device("cpu")  # auto without a GPU
+    assert next(load_model(run).model.parameters()).device == torch.device("cpu")  # auto without a GPU
     with pytest.raises(ConfigError, match="--device: CUDA was asked for but no GPU is available"):
-        load_for_inference(run, "cuda")
+        load_model(run, "cuda")
     for name in ("meta", "mps", "cuda:x"):  # torch parses the first two, but attn cannot run there
         with pytest.raises(ConfigError, match=f"--device: unknown device '{name}'"):
-            load_for_inference(run, name)
+            load_model(run, name)
 
 
 def test_average_plot_and_attention(quickstart_runs, tmp_path):
     run = quickstart_runs / "translation"
     averaged = run_cli("average", "--run", str(run), "--last", "1", "--output", str(tmp_path / "avg"))
     assert averaged.returncode == 0, averaged.stderr
-    assert load_for_inference(tmp_path / "avg").task == "translation"
+    assert load_model(tmp_path / "avg").task == "translation"
     plotted = run_cli("plot", str(run), "--output", str(tmp_path / "plots"))
     assert plotted.returncode == 0 and (tmp_path / "plots" / "loss.png").exists()
     heatmap = run_cli("attention", "--model", str(run), "--kind", "encoder", "--head", "0", "God is love.",
@@ -94,7 +94,7 @@ def test_convert_exports_and_reimports(quickstart_runs, tmp_path):
     assert exported.returncode == 0, exported.stderr
     imported = run_cli("convert", "--to", "attn", str(tmp_path / "hf"), str(tmp_path / "back"))
     assert imported.returncode == 0, imported.stderr
-    assert load_for_inference(tmp_path / "back").task == "lm"
+    assert load_model(tmp_path / "back").task == "lm"
     # Marian is post-norm: the quickstart's pre-norm translator is refused with the reason.
     refused = run_cli("convert", "--to", "marian", str(quickstart_runs / "translation"), str(tmp_path / "m"))
     assert refused.returncode == 1 and "norm='pre' cannot be expressed" in refused.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import ROOT, run_cli
 
-from attn.inference import load_for_inference
+from attn.artifacts import load_model
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_fsdp2_on_two_processes_trains_the_lm_recipe_as_one_process_does(tmp_pat
     overrides = ["train.max_steps=20", "optim.warmup_steps=5", "train.max_minutes=0", "train.log_interval=1",
                  "train.precision=fp32", "train.device=cpu", "train.checkpoint_interval=0", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "attn.cli",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "attn.app.cli",
                "train", "--config", LM_RECIPE, f"run_dir={tmp_path / 'fsdp'}", "train.strategy=fsdp", *overrides]
     sharded = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
@@ -65,4 +65,4 @@ def test_fsdp2_on_two_processes_trains_the_lm_recipe_as_one_process_does(tmp_pat
     assert len(got) == len(expected) == 20 and expected[-1] < expected[0] - 1.0
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-5)
     assert got_val == pytest.approx(expected_val, rel=1e-5, abs=1e-5)
-    assert load_for_inference(tmp_path / "fsdp").task == "lm"  # the gathered checkpoint loads
+    assert load_model(tmp_path / "fsdp").task == "lm"  # the gathered checkpoint loads

@@ -55,7 +55,7 @@ def saved(tmp_path):
 @pytest.fixture
 def assert_exports_identically(tmp_path):
     """Exports our model, reloads it with `hf_class.from_pretrained`, and compares every tensor."""
-    from attn.pretrained import export_pretrained
+    from attn.artifacts.pretrained import export_pretrained
 
     def check(model, info, reference, hf_class):
         folder = export_pretrained(model, info.config, tmp_path / "exported", info.family, ids=info.ids)

@@ -10,13 +10,20 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+from transformers import (
+    BertConfig,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MarianConfig,
+    MarianMTModel,
+)
 
+from attn.artifacts.pretrained import export_pretrained, load_pretrained
+from attn.artifacts.pretrained.keymap import COPY, ROW_VECTOR, TRANSPOSE, Concat
 from attn.config import preset
 from attn.errors import CheckpointError
 from attn.models import build_model
-from attn.pretrained import export_pretrained, load_pretrained
-from attn.pretrained.keymap import COPY, ROW_VECTOR, TRANSPOSE, Concat
 
 TINY_MODELS = {
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=64)),

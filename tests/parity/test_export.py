@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers import BertForMaskedLM, BertModel, GPT2LMHeadModel, MarianMTModel
 
+from attn.artifacts.pretrained import SpecialIds, export_pretrained
 from attn.config import preset
+from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
-from attn.pretrained import SpecialIds, export_pretrained
-from attn.tokenizers import Tokenizer
 
 
 def built(config):

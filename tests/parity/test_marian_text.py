@@ -21,14 +21,15 @@ import sentencepiece
 import torch
 from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
-from attn.beam_search import huggingface_config
-from attn.cli import main
+from attn.app.cli import main
+from attn.app.inference import translate, translate_n_best
+from attn.artifacts import load_model
+from attn.artifacts.pretrained import load_pretrained
+from attn.artifacts.pretrained.decoding import DecodingRules
+from attn.data.tokenizers import Tokenizer
+from attn.decoding import GenerationConfig
+from attn.decoding.beam_search import huggingface_config
 from attn.errors import CheckpointError
-from attn.generation import GenerationConfig
-from attn.inference import load_for_inference, translate, translate_n_best
-from attn.pretrained import load_pretrained
-from attn.pretrained.decoding import DecodingRules
-from attn.tokenizers import Tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
@@ -159,7 +160,7 @@ BEAM = (huggingface_config(num_beams=4, max_new_tokens=NEW_TOKENS), dict(num_bea
 @pytest.mark.parametrize("config, settings", [GREEDY, BEAM], ids=["greedy", "beam-4"])
 def test_translate_equals_generate_from_text(opus_mt, reference, config, settings):
     expected = hf_translate(reference, SOURCES, **settings)
-    loaded = load_for_inference(opus_mt, "cpu")
+    loaded = load_model(opus_mt, "cpu")
     assert translate(loaded, SOURCES, config) == expected
     assert len(set(expected)) == len(SOURCES) and all(expected)  # distinct, non-empty: the texts matter
     # Each rule decides the text: without it attn would not give what transformers gives.
@@ -171,7 +172,7 @@ def test_translate_equals_generate_from_text(opus_mt, reference, config, setting
 def test_n_best_equals_generate_with_return_sequences(opus_mt, reference):
     config = huggingface_config(num_beams=4, max_new_tokens=NEW_TOKENS, num_return_sequences=4)
     expected = hf_translate(reference, SOURCES[:1], num_beams=4, num_return_sequences=4)
-    found = translate_n_best(load_for_inference(opus_mt, "cpu"), SOURCES[0], config)
+    found = translate_n_best(load_model(opus_mt, "cpu"), SOURCES[0], config)
     assert [text for text, _ in found] == expected
 
 
@@ -186,7 +187,7 @@ def test_converted_checkpoint_keeps_tokenizer_and_rules(opus_mt, reference, tmp_
     checkpoint = tmp_path / "ckpt"
     assert main(["convert", "--to", "attn", str(opus_mt), str(checkpoint)]) == 0
     assert {"source.spm", "target.spm", "vocab.json", "task.json"} <= {p.name for p in checkpoint.iterdir()}
-    loaded = load_for_inference(checkpoint, "cpu")
+    loaded = load_model(checkpoint, "cpu")
     config, settings = BEAM
     assert translate(loaded, SOURCES, config) == hf_translate(reference, SOURCES, **settings)
     assert [loaded.tokenizer.encode(t, add_special=True) for t in TEXTS] == reference[0](TEXTS)["input_ids"]

@@ -5,7 +5,11 @@ import math
 import pytest
 import torch
 
-from attn.attention import attention_weights, fast_attention, scaled_dot_product_attention
+from attn.attention import (
+    attention_weights,
+    fast_attention,
+    scaled_dot_product_attention,
+)
 from attn.masks import causal_mask, key_mask, padding_mask
 
 

@@ -8,8 +8,12 @@ import torch
 from torch.testing import assert_close
 
 from attn.attention import merge_heads
-from attn.attention_maps import attention_maps, attention_module, capture_attention
 from attn.config import Positional, preset
+from attn.decoding.attention_maps import (
+    attention_maps,
+    attention_module,
+    capture_attention,
+)
 from attn.errors import AttnError
 from attn.models import build_model
 

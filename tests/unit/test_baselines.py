@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from attn.baselines import NaiveBayes, unigram_nll
-from attn.data import load_labelled
-from attn.metrics import accuracy, macro_f1
+from attn.app.baselines import NaiveBayes, unigram_nll
+from attn.app.metrics import accuracy, macro_f1
+from attn.data.corpora import load_labelled
 
 
 def test_hand_computed_posterior_decides():

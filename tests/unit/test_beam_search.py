@@ -10,16 +10,22 @@ import torch
 from torch import Tensor
 from torch.testing import assert_close
 
-from attn.beam_search import (
+from attn.config import preset
+from attn.decoding import (
+    EarlyStopping,
+    GenerationConfig,
+    LengthNorm,
+    generate,
+    generate_seq2seq,
+)
+from attn.decoding.beam_search import (
     Hypothesis,
     beam_search,
     beam_search_seq2seq,
     huggingface_config,
     length_penalty,
 )
-from attn.config import preset
 from attn.errors import GenerationError
-from attn.generation import EarlyStopping, GenerationConfig, LengthNorm, generate, generate_seq2seq
 from attn.kv_cache import KVCache
 from attn.masks import positions_from_mask
 from attn.models import EncoderDecoder, build_model

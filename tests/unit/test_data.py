@@ -1,4 +1,4 @@
-"""Tests of attn.data: the shipped corpora, malformed files, LM windows, token-budget batching,
+"""Tests of attn.data.corpora: the shipped corpora, malformed files, LM windows, token-budget batching,
 collation and the worker-process loader."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn.data import (
+from attn.data.corpora import (
     BatchLoader,
     LMStream,
     TokenBudgetSampler,

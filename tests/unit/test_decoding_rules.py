@@ -2,9 +2,9 @@
 
 import pytest
 
+from attn.artifacts.pretrained.decoding import DecodingRules, hf_decoding_rules
+from attn.decoding import GenerationConfig
 from attn.errors import CheckpointError
-from attn.generation import GenerationConfig
-from attn.pretrained.decoding import DecodingRules, hf_decoding_rules
 
 
 def test_rules_add_to_the_options_bans_and_forced_eos():

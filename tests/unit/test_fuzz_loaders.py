@@ -1,7 +1,7 @@
 """Fuzzing every file reader: random bytes and broken copies of real files.
 
 A reader given any bytes either succeeds or raises its documented error: `DataFormatError` for the
-data loaders of `attn.data`, `CheckpointError` for checkpoints, tokenizers and Hugging Face
+data loaders of `attn.data.corpora`, `CheckpointError` for checkpoints, tokenizers and Hugging Face
 `config.json`, `ConfigError` for TOML run configurations. Anything else (UnicodeDecodeError,
 gzip.BadGzipFile, EOFError, RecursionError, IndexError, ...) would reach the user as a traceback.
 
@@ -21,14 +21,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from attn.artifacts import load_model
+from attn.artifacts.checkpoint import write_checkpoint
+from attn.artifacts.pretrained.files import family_of, read_hf_config
 from attn.config import preset
-from attn.data import load_labelled, load_parallel, read_text
+from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError, ConfigError, DataFormatError
-from attn.inference import load_for_inference
 from attn.models import build_model
-from attn.pretrained.files import family_of, read_hf_config
-from attn.tokenizers import Tokenizer
-from attn.training.checkpoint import write_checkpoint
 from attn.training.runconfig import RunConfig, load_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,7 +188,7 @@ def checkpoint(folder: Path) -> Path:
     """A tiny encoder-decoder checkpoint with a character tokenizer (untrained weights)."""
     tokenizer = Tokenizer.train_chars([PARALLEL.decode("utf-8")])
     config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size)
-    return write_checkpoint(folder / "checkpoint", build_model(config), config, RunConfig(), tokenizer=tokenizer,
+    return write_checkpoint(folder / "checkpoint", build_model(config), config, RunConfig().to_dict(), tokenizer=tokenizer,
                             task_info={"task": "translation"})
 
 
@@ -209,7 +209,7 @@ def test_load_for_inference_of_a_broken_checkpoint(
     for edit in edits:
         data = edit(data)
     (copy / name).write_bytes(DEEP_JSON if deep and name.endswith(".json") else b"\x00junk" if junk else data)
-    raises_only(CheckpointError, lambda: load_for_inference(copy))
+    raises_only(CheckpointError, lambda: load_model(copy))
 
 
 @FUZZ
@@ -219,11 +219,11 @@ def test_load_for_inference_of_a_run_with_a_broken_latest_pointer(checkpoint: Pa
     if not run.exists():
         shutil.copytree(checkpoint, run / "checkpoints" / "step-00000001")
     (run / "checkpoints" / "latest").write_bytes(data)
-    raises_only(CheckpointError, lambda: load_for_inference(run))
+    raises_only(CheckpointError, lambda: load_model(run))
 
 
 def test_the_fuzzed_checkpoint_loads_when_intact(checkpoint: Path) -> None:
-    loaded = load_for_inference(checkpoint)
+    loaded = load_model(checkpoint)
     assert loaded.task == "translation" and loaded.tokenizer.decode(loaded.tokenizer.encode("In the")) == "In the"
 
 

@@ -8,8 +8,7 @@ import torch
 from torch.testing import assert_close
 
 from attn.config import Positional, preset
-from attn.errors import GenerationError
-from attn.generation import (
+from attn.decoding import (
     GenerationConfig,
     ban_repeated_ngrams,
     choose_tokens,
@@ -22,6 +21,7 @@ from attn.generation import (
     start_decoder,
     stream,
 )
+from attn.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder, build_model
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]

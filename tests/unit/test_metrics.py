@@ -11,9 +11,17 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 
+from attn.app.metrics import (
+    accuracy,
+    bleu,
+    chrf,
+    confusion_matrix,
+    lm_metrics,
+    macro_f1,
+    stream_nll,
+)
 from attn.config import preset
 from attn.errors import AttnError
-from attn.metrics import accuracy, bleu, chrf, confusion_matrix, lm_metrics, macro_f1, stream_nll
 from attn.models import build_model
 
 HYPOTHESES = ["the cat sat on the mat", "a quick brown fox jumps", "hello there world", "no match here at all"]

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from attn.config import SinusoidalLayout
-from attn.positional import RelativePositionBias, RotaryPositions, relative_bucket, sinusoidal_table
+from attn.positional import (
+    RelativePositionBias,
+    RotaryPositions,
+    relative_bucket,
+    sinusoidal_table,
+)
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (99, 15)])

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from attn.precision import BF16_MIN_SPEEDUP, Precision, choose_precision, probe_shape, time_matmul
+from attn.training.precision import (
+    BF16_MIN_SPEEDUP,
+    Precision,
+    choose_precision,
+    probe_shape,
+    time_matmul,
+)
 
 CPU = torch.device("cpu")
 SHAPE = (128, 128, 512)

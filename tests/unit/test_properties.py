@@ -26,12 +26,24 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from attn.attention import attention_weights, fast_attention, scaled_dot_product_attention
+from attn.attention import (
+    attention_weights,
+    fast_attention,
+    scaled_dot_product_attention,
+)
 from attn.blocks import self_attention_inputs
-from attn.data import load_labelled, load_parallel, read_text
-from attn.masks import CAUSAL, causal_mask, key_mask, materialize, padding_mask, positions_from_mask, with_bias
+from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
+from attn.masks import (
+    CAUSAL,
+    causal_mask,
+    key_mask,
+    materialize,
+    padding_mask,
+    positions_from_mask,
+    with_bias,
+)
 from attn.positional import NoPositions
-from attn.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,16 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.cli import main
+from attn.app.cli import main
+from attn.artifacts import checkpoint as ckpt
+from attn.artifacts import load_model
+from attn.artifacts.pretrained import export_pretrained, load_pretrained
+from attn.artifacts.torch_files import load_torch_file
 from attn.config import preset
 from attn.errors import CheckpointError
-from attn.inference import load_for_inference
 from attn.models import build_model
-from attn.pretrained import export_pretrained, load_pretrained
-from attn.training import checkpoint as ckpt
+from attn.training import retention, train
+from attn.training.finetune import initial_model
 from attn.training.runconfig import RunConfig
-from attn.torch_files import load_torch_file
-from attn.training.trainer import train
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -53,8 +54,8 @@ def poisoned_run(tmp_path):
     """(run config, marker) of a run whose only checkpoint has a malicious trainer_state.pt."""
     config = RunConfig().override(f"run_dir={tmp_path / 'run'}", "model.preset=paper-base-tiny", "train.quiet=true")
     model_config = config.model_config()
-    contents = ckpt.Checkpoint(build_model(model_config), model_config, config, state={"step": 1})
-    checkpoint = ckpt.save_checkpoint(config.run_dir, 1, contents)
+    contents = ckpt.Checkpoint(build_model(model_config), model_config, config.to_dict(), state={"step": 1})
+    checkpoint = retention.save_checkpoint(config.run_dir, 1, contents)
     marker = tmp_path / "marker"
     plant(checkpoint / ckpt.STATE_FILE, marker)
     return config, marker
@@ -117,7 +118,7 @@ def poisoned_hf_dir(tmp_path):
 def test_a_pickle_in_pytorch_model_bin_is_refused_by_every_loader(poisoned_hf_dir, tmp_path, capsys):
     folder, marker = poisoned_hf_dir
     message = r"pytorch_model.bin: refused: it holds a Python object \(io.open\)"
-    for load in (load_pretrained, ckpt.load_initial, load_for_inference):
+    for load in (load_pretrained, initial_model, load_model):
         with pytest.raises(CheckpointError, match=message):
             load(folder)
     for command in (["translate", "--model", str(folder), "Hello."], ["convert", "--to", "attn", str(folder),
@@ -167,7 +168,7 @@ def test_no_source_file_loads_code_from_data():
 def test_a_pointer_that_leads_out_of_the_run_is_refused(tmp_path, name):
     model = build_model(preset("paper-base-tiny"))
     contents = ckpt.Checkpoint(model, preset("paper-base-tiny"), state={"step": 1})
-    ckpt.save_checkpoint(tmp_path / "run", 1, contents)
+    retention.save_checkpoint(tmp_path / "run", 1, contents)
     ckpt.write_checkpoint(tmp_path / "victim", model, preset("paper-base-tiny"))  # loadable, but not the run's
     (tmp_path / "run" / ckpt.CHECKPOINTS / ckpt.LATEST).write_text(name + "\n")
     with pytest.raises(CheckpointError, match=rf"latest: names '{name}', which is not a checkpoint of this run"):
@@ -175,5 +176,5 @@ def test_a_pointer_that_leads_out_of_the_run_is_refused(tmp_path, name):
     (tmp_path / "run" / ckpt.CHECKPOINTS / ckpt.LATEST).write_text("step-00000001\n")
     (tmp_path / "run" / ckpt.CHECKPOINTS / ckpt.BEST).write_text(name + "\n")
     with pytest.raises(CheckpointError, match="best: names"):
-        ckpt.save_checkpoint(tmp_path / "run", 2, contents)
+        retention.save_checkpoint(tmp_path / "run", 2, contents)
     assert ckpt.load_checkpoint(tmp_path / "victim").path == tmp_path / "victim"  # untouched

@@ -1,4 +1,4 @@
-"""Streamed text (`attn.inference.generate_stream`): whole characters, stop strings never half shown."""
+"""Streamed text (`attn.app.inference.generate_stream`): whole characters, stop strings never half shown."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from attn.app.inference import _text_pieces, generate_stream
+from attn.artifacts import Bundle
 from attn.config import preset
-from attn.generation import GenerationConfig, generate
-from attn.inference import Loaded, _text_pieces, generate_stream
+from attn.data.tokenizers import Tokenizer
+from attn.decoding import GenerationConfig, generate
 from attn.models import build_model
-from attn.tokenizers import Tokenizer
 
 # Accents (2 bytes), CJK (3 bytes), emoji (4 bytes, and a ZWJ sequence), mixed with ASCII.
 MULTI_BYTE = "Café naïve, ¿qué tal? 日本語のテキスト 👩‍🚀🎉 Ωμέγα — fin.\n"
@@ -143,7 +144,7 @@ def test_generate_stream_shows_what_the_generated_tokens_decode_to(byte_level: d
     torch.manual_seed(0)
     config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0)
     model = build_model(config).eval()
-    loaded = Loaded(model, tokenizer, "lm", start_id=2, eos_id=None, pad_id=0, label_names=[], path=Path("."))
+    loaded = Bundle(model, tokenizer, "lm", config, Path("."), start_id=2, eos_id=None, pad_id=0)
     decoding = GenerationConfig(sample=True, seed=3, max_new_tokens=40)
     ids = generate(model, [tokenizer.encode("Café")], decoding)[0]
     assert "".join(generate_stream(loaded, "Café", decoding)) == tokenizer.decode(ids)

@@ -1,4 +1,4 @@
-"""Tests of attn.tokenizers: round trips on the shipped corpora, fixed special ids, parity with
+"""Tests of attn.data.tokenizers: round trips on the shipped corpora, fixed special ids, parity with
 Hugging Face transformers on GPT-2 and MiniLM (BERT) files, save/load."""
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from reference_imports import require
 
-from attn.data import load_labelled, load_parallel, read_text
+from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
 from attn.errors import CheckpointError, ConfigError
-from attn.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # transformers must never reach for the network here
 

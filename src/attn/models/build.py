@@ -7,17 +7,37 @@
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
 from attn.attention import ATTENTION_FUNCTIONS, CrossAttention, SelfAttention
 from attn.blocks import Block, DecoderBlock
-from attn.config import Architecture, ModelConfig, NormPlacement, Pooling, Positional, Tying
+from attn.config import (
+    Architecture,
+    ModelConfig,
+    NormPlacement,
+    Pooling,
+    Positional,
+    Tying,
+)
 from attn.errors import ConfigError
-from attn.layers import ACTIVATIONS, Embeddings, FeedForward, PostNorm, PreNorm, embedding_scale
+from attn.layers import (
+    ACTIVATIONS,
+    Embeddings,
+    FeedForward,
+    PostNorm,
+    PreNorm,
+    embedding_scale,
+)
 from attn.models.decoder import Decoder
-from attn.models.encoder import Encoder, EncoderStack, FirstToken, MaskedLMHead, MeanPool, Pooler
+from attn.models.encoder import (
+    Encoder,
+    EncoderStack,
+    FirstToken,
+    MaskedLMHead,
+    MeanPool,
+    Pooler,
+)
 from attn.models.encoder_decoder import EncoderDecoder
 from attn.positional import (
     LearnedPositions,

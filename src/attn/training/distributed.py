@@ -1,6 +1,6 @@
 """Several processes, one model: process-group setup, model wrapping and the collectives we use.
 
-Run `torchrun --nproc_per_node=N -m attn.cli train ...`; torchrun sets RANK, WORLD_SIZE,
+Run `torchrun --nproc_per_node=N -m attn.app.cli train ...`; torchrun sets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR and MASTER_PORT, and `init_distributed` reads them (gloo on the CPU,
 nccl on GPUs, one GPU per process). Without them everything here is a no-op on one process.
 
@@ -28,8 +28,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from attn.artifacts.devices import resolve_device
 from attn.blocks import Block
-from attn.errors import ConfigError
 from attn.training.runconfig import Strategy
 
 
@@ -82,38 +82,6 @@ def shutdown(ctx: DistContext) -> None:
     """Leaves the process group if `init_distributed` created it."""
     if ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def resolve_device(name: str, local_rank: int | None = None, field: str = "train.device") -> torch.device:
-    """The device that `name` ("auto", "cpu", "cuda" or "cuda:N") means on this machine.
-
-    "auto" is the GPU (this rank's, under torchrun) when there is one, else the CPU; a CUDA device
-    always carries an index, which `torch.cuda.set_device` needs.
-
-    Raises:
-        ConfigError: (named `field`) an unknown name, CUDA without a GPU, or a GPU index past the last.
-    """
-    if name == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        return torch.device("cuda", local_rank or 0)
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):  # torch knows meta, mps, ...: attn runs on neither
-        raise ConfigError(field, f"unknown device {name!r}; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(field, "CUDA was asked for but no GPU is available; use cpu or auto")
-        if local_rank is not None:
-            return torch.device("cuda", local_rank)
-        index = torch.cuda.current_device() if device.index is None else device.index
-        if index >= torch.cuda.device_count():
-            raise ConfigError(field, f"{name!r}: this machine has {torch.cuda.device_count()} GPU(s), "
-                                     f"numbered from 0; choose one of them")
-        return torch.device("cuda", index)
-    return device
 
 
 def wrap_model(model: nn.Module, ctx: DistContext, strategy: Strategy, find_unused: bool = False) -> nn.Module:

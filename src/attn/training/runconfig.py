@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
+from attn.data.tokenizers import minimum_vocab_size
 from attn.errors import ConfigError
-from attn.precision import Precision
-from attn.tokenizers import minimum_vocab_size
+from attn.training.precision import Precision
 
 
 class Task(str, enum.Enum):
@@ -222,7 +222,7 @@ class TrainConfig:
     log_interval: int = 10
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.precision)
+    precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.training.precision)
     compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
     label_smoothing: float = 0.1
     patience: int = 0

@@ -23,7 +23,14 @@ import numpy as np
 import torch
 
 from attn.config import Architecture, ModelConfig
-from attn.data import (
+from attn.data.batches import (
+    Batch,
+    BatchSource,
+    IndexedBatches,
+    WindowBatches,
+    lm_batch,
+)
+from attn.data.corpora import (
     LMStream,
     Pair,
     TokenBudgetSampler,
@@ -35,9 +42,8 @@ from attn.data import (
     read_text,
     translation_collate,
 )
+from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
-from attn.tokenizers import Tokenizer
-from attn.training.batches import Batch, BatchSource, IndexedBatches, WindowBatches, lm_batch
 from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
 
 

@@ -1,7 +1,6 @@
 """One training engine for every task and architecture.
 
-`train(run_config)` builds the task's data and model, resumes from the run's latest checkpoint
-when there is one, and runs `Trainer.fit`: updates of `grad_accum` micro-batches each, periodic
+`Trainer.fit` runs the loop (`attn.training.run.train` sets a run up and calls it): updates of `grad_accum` micro-batches each, periodic
 evaluation, checkpoints, metrics and early stopping. The recipe is the paper's (section 5):
 Adam with beta2 = 0.98 and the warmup/inverse-square-root schedule, label smoothing 0.1; AdamW
 with a cosine schedule is there for GPT/BERT-style runs.
@@ -15,10 +14,8 @@ Resuming is exact: the checkpoint holds the optimizer and gradient-scaler states
 the early-stopping record, so N steps + resume + N steps gives the same losses and weights as
 2N steps.
 
-Before it trains a tokenizer or builds a model, `train` checks that the run directory can be
-written and that its disk has room for two checkpoints (`attn.training.preflight`). SIGINT and
-SIGTERM end training after the current update on every rank, with a checkpoint of that step
-(`TrainingInterrupted`; `attn train` then exits with 130 or 143).
+SIGINT and SIGTERM end training after the current update on every rank, with a checkpoint of that
+step (`attn.training.signals`).
 """
 
 from __future__ import annotations
@@ -26,36 +23,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import random
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from attn.artifacts.checkpoint import Checkpoint, latest_checkpoint
 from attn.config import ModelConfig
-from attn.errors import AttnError, CheckpointError, ConfigError, TrainingError
+from attn.data.batches import Batch
+from attn.errors import CheckpointError, ConfigError, TrainingError
+from attn.faults import fault_point
 from attn.models import Model, build_model, count_parameters
-from attn.precision import Precision, PrecisionChoice, choose_precision, probe_shape
-from attn.training.batches import Batch
-from attn.training.checkpoint import (
-    copy_pretrained,
-    load_initial,
-    Checkpoint,
-    capture_rng,
-    config_difference,
-    latest_checkpoint,
-    load_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
 from attn.training.distributed import (
     DistContext,
     all_gather_objects,
@@ -63,24 +46,38 @@ from attn.training.distributed import (
     barrier,
     full_model_state,
     gradient_sync,
-    init_distributed,
     load_optimizer_state,
     optimizer_state,
     reshard,
-    shutdown,
     wrap_model,
 )
-from attn.training.faults import fault_point
 from attn.training.logs import METRICS_FILE, FlopCounter, LogWindow, MetricsLog
 from attn.training.losses import LossSums, label_smoothed_cross_entropy
-from attn.training.preflight import check_run
-from attn.training.runconfig import NonFinite, OptimConfig, Optimizer, RunConfig, Strategy
+from attn.training.precision import (
+    Precision,
+    PrecisionChoice,
+    choose_precision,
+    probe_shape,
+)
+from attn.training.retention import save_checkpoint
+from attn.training.rng import capture_rng, restore_rng
+from attn.training.runconfig import (
+    NonFinite,
+    OptimConfig,
+    Optimizer,
+    RunConfig,
+    Strategy,
+)
 from attn.training.schedules import make_schedule
-from attn.training.tasks import TaskBuilder, TaskContext, TaskData, build_task
+from attn.training.signals import (
+    TrainingInterrupted,
+    agreed_stop_signal,
+    recording_stop_signals,
+)
+from attn.training.tasks import TaskData
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclasses.dataclass
@@ -126,66 +123,6 @@ class RunResult:
         if self.checkpoint is not None:
             parts.append(f"checkpoint {self.checkpoint}")
         return "; ".join(parts)
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped `train` after an update, and a checkpoint of that step was saved.
-
-    A KeyboardInterrupt, so a caller that does not handle it stops as on Ctrl-C; running the
-    same `train` again resumes from the checkpoint.
-
-    Attributes:
-        signal_number: signal.SIGINT or signal.SIGTERM.
-        step: the updates made so far.
-        checkpoint: the checkpoint of `step` (None on ranks other than 0).
-    """
-
-    def __init__(self, signal_number: int, step: int, checkpoint: Path | None) -> None:
-        self.signal_number, self.step, self.checkpoint = signal_number, step, checkpoint
-        where = checkpoint if checkpoint is not None else "the run directory by rank 0"
-        super().__init__(f"interrupted at step {step}; checkpoint saved to {where}")
-
-    @property
-    def exit_code(self) -> int:
-        """The status of a process that the signal ended: 130 for SIGINT, 143 for SIGTERM."""
-        return 128 + self.signal_number
-
-
-@contextlib.contextmanager
-def recording_stop_signals() -> Iterator[list[int]]:
-    """While active, SIGINT and SIGTERM are appended to the yielded list instead of stopping the process.
-
-    The previous handlers come back on exit. Further signals are recorded too rather than
-    aborting the final checkpoint: under torchrun every rank gets the terminal's Ctrl-C and then
-    the launcher's own copy of it. Only the main thread can catch signals; elsewhere nothing is
-    installed and the list stays empty.
-    """
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-    for number in STOP_SIGNALS:
-        signal.signal(number, lambda signum, frame: received.append(signum))
-    try:
-        yield received
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-
-
-def agreed_stop_signal(received: Sequence[int], ctx: DistContext) -> int:
-    """The signal all ranks stop for: SIGINT if any rank received one, else SIGTERM if any did, else 0.
-
-    A collective (one all-reduce), so every rank leaves the training loop after the same update.
-
-    Args:
-        received: the stop signals this rank received (see `recording_stop_signals`).
-        ctx: the process context.
-    """
-    got = torch.tensor([signal.SIGINT in received, signal.SIGTERM in received], device=ctx.device)
-    interrupt, terminate = all_reduce_sum(got.float(), ctx).tolist()
-    return signal.SIGINT if interrupt else signal.SIGTERM if terminate else 0
 
 
 class TaskHead(nn.Module):
@@ -274,7 +211,7 @@ def accumulate_gradients(
 
 
 def autocast_factory(device: torch.device, precision: Precision) -> Callable[[], contextlib.AbstractContextManager]:
-    """The forward pass's mixed-precision context for a resolved precision (see `attn.precision`).
+    """The forward pass's mixed-precision context for a resolved precision (see `attn.training.precision`).
 
     bf16 autocast works on a GPU and on a CPU (faster only on processors with bf16 matrix units);
     fp16 needs a GPU's gradient scaler and is a no-op on the CPU.
@@ -578,7 +515,7 @@ class Trainer:
         if self.ctx.is_main:
             train = self.config.train
             task = self.task
-            contents = Checkpoint(weights, task.model_config, self.config, state, task.tokenizer, task.info)
+            contents = Checkpoint(weights, task.model_config, self.config.to_dict(), state, task.tokenizer, task.info)
             path = save_checkpoint(self.config.run_dir, self.step, contents, train.keep_last, is_best)
         barrier(self.ctx)
         self._saved = (self.step, path)
@@ -653,92 +590,3 @@ class StepStats:
     tokens: int
     grad_norm: float
     lr: float
-
-
-# -- entry point ------------------------------------------------------------------------------
-
-
-def train(
-    run_config: RunConfig, model_config: ModelConfig | None = None, task_builder: TaskBuilder | None = None
-) -> RunResult:
-    """Trains a model as `run_config` says, resuming from the run's latest checkpoint if there is one.
-
-    Works the same in one process and under `torchrun` (see `attn.training.distributed`).
-
-    Args:
-        run_config: the run configuration.
-        model_config: the model to train, instead of `run_config.model` (vocabulary size and
-            labels are still set from the data).
-        task_builder: builds the task's data (default: the adapter of `run_config.task`).
-
-    Returns:
-        What the run did (on every rank; checkpoint paths only on rank 0).
-
-    Raises:
-        ConfigError: invalid settings; CheckpointError: an unusable checkpoint to resume, or a
-        checkpoint that cannot be written; TrainingError: an unwritable run_dir, too little free
-        disk space, or a non-finite loss with `on_nonfinite = "stop"`.
-        TrainingInterrupted: SIGINT or SIGTERM stopped training (a checkpoint was saved).
-    """
-    ctx = init_distributed(run_config.train.device)
-    try:
-        model_config = model_config or run_config.model_config()
-        _preflight(run_config, model_config, ctx)
-        trainer = _prepare(run_config, model_config, task_builder or build_task, ctx)
-        return trainer.fit()
-    finally:
-        shutdown(ctx)
-
-
-def _preflight(config: RunConfig, model_config: ModelConfig, ctx: DistContext) -> None:
-    """Rank 0 checks the run directory and free disk space; every rank raises its error."""
-    problem = None
-    if ctx.is_main:
-        try:
-            check_run(config.run_dir, model_config)
-        except TrainingError as err:
-            problem = err
-    problem = all_gather_objects(problem, ctx)[0]
-    if problem is not None:
-        raise problem
-
-
-def seed_everything(seed: int) -> None:
-    """Seeds Python's, NumPy's and torch's global generators (a resumed run restores them instead)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder, ctx: DistContext) -> Trainer:
-    train_config = config.train
-    previous = latest_checkpoint(config.run_dir)
-    if previous is not None and not train_config.resume:
-        raise ConfigError(
-            "train.resume", f"{config.run_dir} already holds checkpoints; choose a new run_dir, delete it, or resume"
-        )
-    resumed = load_checkpoint(previous, train_config.attention, with_state=True) if previous else None
-    initial = load_initial(config.model.init_from) if config.model.init_from else None
-    if initial is not None:
-        model_config = config.model.build(initial.model_config)
-    seed_everything(train_config.seed)
-    tokenizer = (resumed and resumed.tokenizer) or (initial and initial.tokenizer)
-    task = builder(config, model_config, TaskContext(ctx.rank, ctx.world_size, tokenizer))
-    if resumed is None:
-        model = build_model(task.model_config, train_config.attention)
-        if initial is not None:
-            copy_pretrained(initial, model)
-    else:
-        if resumed.model_config != task.model_config:
-            raise CheckpointError(
-                f"{resumed.path}: its model differs from this run's in "
-                f"{config_difference(resumed.model_config, task.model_config)!r}; use the same model settings "
-                "to resume, or a new run_dir"
-            )
-        model = resumed.model
-    # Ranks start from the same weights but draw different dropout masks.
-    torch.manual_seed(train_config.seed + ctx.rank)
-    trainer = Trainer(config, task, model.to(ctx.device).train(), ctx)
-    if resumed is not None:
-        trainer.load_state_dict(resumed.state)
-    return trainer

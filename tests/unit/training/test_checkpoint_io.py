@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from attn.artifacts import checkpoint as ckpt
 from attn.config import preset
+from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError
 from attn.models import build_model
-from attn.tokenizers import Tokenizer
-from attn.training import checkpoint as ckpt
+from attn.training import finetune, retention, rng
 from attn.training.runconfig import RunConfig
 
 ARCHITECTURES = ["paper-base-tiny", "gpt2-tiny", "bert-base-tiny"]
@@ -35,10 +36,11 @@ def test_round_trip_keeps_weights_configs_tokenizer_and_ties(tmp_path, name):
     model, config = tiny(name)
     run = RunConfig().override("task=lm", "train.max_steps=7")
     tokenizer = Tokenizer.train_chars(["to be or not to be"])
-    path = ckpt.write_checkpoint(tmp_path / "c", model, config, run, {"step": 7}, tokenizer, {"task": "lm"})
+    path = ckpt.write_checkpoint(tmp_path / "c", model, config, run.to_dict(), {"step": 7}, tokenizer, {"task": "lm"})
     loaded = ckpt.load_checkpoint(path, with_state=True)
     assert_same_weights(loaded.model, model)
-    assert loaded.model_config == config and loaded.run_config == run and loaded.state == {"step": 7}
+    assert loaded.model_config == config and RunConfig.from_dict(loaded.run_config) == run
+    assert loaded.state == {"step": 7}
     assert loaded.task_info == {"task": "lm"}
     assert loaded.tokenizer.encode("not to be") == tokenizer.encode("not to be")
     out = loaded.model.lm_head if name == "gpt2-tiny" else None
@@ -75,7 +77,7 @@ def test_weights_of_another_model_name_the_keys(tmp_path):
 
 
 def save(run_dir, step, model, config, **kwargs):
-    return ckpt.save_checkpoint(run_dir, step, ckpt.Checkpoint(model, config, state={"step": step}), **kwargs)
+    return retention.save_checkpoint(run_dir, step, ckpt.Checkpoint(model, config, state={"step": step}), **kwargs)
 
 
 def test_a_failure_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
@@ -104,7 +106,7 @@ def test_a_crash_between_rename_and_pointer_leaves_two_loadable_checkpoints(tmp_
     def killed(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckpt, "_write_pointer", killed)
+    monkeypatch.setattr(retention, "_write_pointer", killed)
     with pytest.raises(KeyboardInterrupt):
         save(tmp_path, 2, tiny(seed=1)[0], config)
     assert ckpt.load_checkpoint(tmp_path).path.name == "step-00000001"  # the pointer was not moved
@@ -129,9 +131,9 @@ def test_keeps_the_last_k_and_the_best(tmp_path):
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000005", "step-00000006"]
     assert ckpt.best_checkpoint(tmp_path).name == "step-00000002"
     assert ckpt.latest_checkpoint(tmp_path).name == "step-00000006"
-    assert [p.name for p in ckpt.last_checkpoints(tmp_path, 2)] == ["step-00000005", "step-00000006"]
+    assert [p.name for p in retention.last_checkpoints(tmp_path, 2)] == ["step-00000005", "step-00000006"]
     with pytest.raises(CheckpointError, match="the run has 3"):
-        ckpt.last_checkpoints(tmp_path, 5)
+        retention.last_checkpoints(tmp_path, 5)
 
 
 def test_refuses_to_write_nan_weights(tmp_path):
@@ -147,11 +149,11 @@ def test_average_of_checkpoints_is_the_elementwise_mean(tmp_path):
     (first, config), (second, _), (third, _) = tiny(seed=0), tiny(seed=1), tiny(seed=2)
     models = (first, second, third)
     paths = [ckpt.write_checkpoint(tmp_path / f"c{i}", m, config) for i, m in enumerate(models)]
-    averaged = ckpt.average_checkpoints(paths)
+    averaged = retention.average_checkpoints(paths)
     for key, tensor in first.state_dict().items():
         expected = (tensor.double() + second.state_dict()[key].double() + third.state_dict()[key].double()) / 3
         torch.testing.assert_close(averaged[key], expected.float(), rtol=0, atol=1e-5)
-    out = ckpt.write_averaged_checkpoint(paths, tmp_path / "averaged")
+    out = retention.write_averaged_checkpoint(paths, tmp_path / "averaged")
     loaded = ckpt.load_checkpoint(out)
     torch.testing.assert_close(loaded.model.state_dict(), averaged)
     assert loaded.model.generator.weight is loaded.model.embeddings.tokens.weight
@@ -166,16 +168,16 @@ def test_averaging_different_models_is_refused(tmp_path):
         ckpt.write_checkpoint(tmp_path / "b", other, other_config),
     ]
     with pytest.raises(CheckpointError, match="differs .* in 'architecture'"):
-        ckpt.average_checkpoints(paths)
+        retention.average_checkpoints(paths)
     with pytest.raises(CheckpointError, match="no checkpoints"):
-        ckpt.average_checkpoints([])
+        retention.average_checkpoints([])
 
 
 def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    torch.save(ckpt.capture_rng(), tmp_path / "rng.pt")
+    torch.save(rng.capture_rng(), tmp_path / "rng.pt")
     first = (random.random(), np.random.rand(), torch.rand(1).item(), np.random.randn())
-    ckpt.restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
+    rng.restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (random.random(), np.random.rand(), torch.rand(1).item(), np.random.randn()) == first
 
 
@@ -183,7 +185,7 @@ def test_fine_tuning_without_the_pooler_leaves_its_weights_behind():
     config = preset("bert-base-tiny").replace(num_labels=0)
     pretrained = build_model(config)
     target = build_model(config.replace(pooler=False, pooling="mean", num_labels=2))
-    fresh = ckpt.copy_pretrained(ckpt.Checkpoint(pretrained, config, None, None, None, {}), target)
+    fresh = finetune.copy_pretrained(ckpt.Checkpoint(pretrained, config, None, None, None, {}), target)
     assert fresh == ["classifier.bias", "classifier.weight"]
     source = pretrained.state_dict()
     for name, tensor in target.state_dict().items():
@@ -195,4 +197,4 @@ def test_fine_tuning_into_other_sizes_is_refused():
     pretrained, config = tiny("bert-base-tiny")
     target = build_model(config.replace(d_ff=48))
     with pytest.raises(CheckpointError, match="does not fit the model"):
-        ckpt.copy_pretrained(ckpt.Checkpoint(pretrained, config, None, None, None, {}), target)
+        finetune.copy_pretrained(ckpt.Checkpoint(pretrained, config, None, None, None, {}), target)

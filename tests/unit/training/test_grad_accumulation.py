@@ -1,11 +1,11 @@
 """Gradient accumulation normalises by the scored targets of the whole update, not per micro-batch."""
 
 import torch
+from training_helpers import PAD, collate
 
 from attn.config import preset
 from attn.models import build_model
 from attn.training.trainer import TaskHead, accumulate_gradients
-from training_helpers import PAD, collate
 
 # Target lengths 2, 8, 3 (padded to 9) in the first micro-batch and 5, 5 (no padding) in the
 # second: 16 and 12 scored targets, so a per-micro-batch mean would weigh them differently.

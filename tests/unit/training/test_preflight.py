@@ -5,16 +5,15 @@ import errno
 
 import pytest
 import torch
+from training_helpers import quick_config, reversal_builder
 
-from attn.cli import main
+from attn.app.cli import main
+from attn.artifacts import checkpoint as ckpt
+from attn.artifacts.checkpoint import CheckpointWriteError
 from attn.config import preset
 from attn.errors import CheckpointError, TrainingError
 from attn.models import build_model
-from attn.training import checkpoint as ckpt
-from attn.training import preflight
-from attn.training.checkpoint import CheckpointWriteError
-from attn.training.trainer import train
-from training_helpers import quick_config, reversal_builder
+from attn.training import preflight, retention, train
 
 MiB = 2**20
 DiskUsage = collections.namedtuple("DiskUsage", "total used free")
@@ -96,7 +95,7 @@ def tiny(seed):
 
 def save(run_dir, step, model):
     contents = ckpt.Checkpoint(model, preset("paper-base-tiny"), state={"step": step})
-    return ckpt.save_checkpoint(run_dir, step, contents)
+    return retention.save_checkpoint(run_dir, step, contents)
 
 
 def assert_previous_checkpoint_intact(run_dir, model):

@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from attn.data import load_labelled
-from attn.tokenizers import Tokenizer
-from attn.training.checkpoint import load_checkpoint
-from attn.training.runconfig import RunConfig
-from attn.training.logs import read_metrics
-from attn.training.trainer import train
 from training_helpers import quick_config, reversal_builder
+
+from attn.artifacts.checkpoint import load_checkpoint
+from attn.data.corpora import load_labelled
+from attn.data.tokenizers import Tokenizer
+from attn.training import train
+from attn.training.logs import read_metrics
+from attn.training.runconfig import RunConfig
 
 DATA = Path(__file__).parents[3] / "data"
 

@@ -7,7 +7,15 @@ import pytest
 
 from attn.config import NormPlacement
 from attn.errors import ConfigError
-from attn.training.runconfig import Optimizer, Precision, RunConfig, Schedule, Task, load_run_config, parse_value
+from attn.training.runconfig import (
+    Optimizer,
+    Precision,
+    RunConfig,
+    Schedule,
+    Task,
+    load_run_config,
+    parse_value,
+)
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
 

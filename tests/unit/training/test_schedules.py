@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from attn.errors import ConfigError
-from attn.training.schedules import Constant, Noam, WarmupCosine, make_schedule, warmup_ramp
+from attn.training.schedules import (
+    Constant,
+    Noam,
+    WarmupCosine,
+    make_schedule,
+    warmup_ramp,
+)
 
 
 def paper_rate(step, d_model=512, warmup=4000):

@@ -6,14 +6,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from training_helpers import collate, reversal_pairs
 
 from attn.config import preset
-from attn.data import LMStream, TokenBudgetSampler
+from attn.data.batches import IndexedBatches, WindowBatches
+from attn.data.corpora import LMStream, TokenBudgetSampler
 from attn.errors import ConfigError
-from attn.training.batches import IndexedBatches, WindowBatches
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import Masker, TaskContext, build_task, special_ids
-from training_helpers import collate, reversal_pairs
 
 DATA = Path(__file__).parents[3] / "data"
 

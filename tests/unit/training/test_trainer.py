@@ -6,18 +6,25 @@ import math
 
 import pytest
 import torch
+from training_helpers import (
+    PAD,
+    RepeatBatch,
+    collate,
+    quick_config,
+    reversal_builder,
+    reversal_pairs,
+)
 
+from attn.artifacts import checkpoint as ckpt
 from attn.config import preset
-from attn.errors import CheckpointError, ConfigError
-from attn import precision as precision_module
-from attn.training import checkpoint as ckpt
+from attn.data.batches import Batch, lm_batch
+from attn.errors import CheckpointError, ConfigError, TrainingError
+from attn.training import precision as precision_module
+from attn.training import train
 from attn.training import trainer as trainer_module
-from attn.training.batches import Batch, lm_batch
 from attn.training.distributed import init_distributed
-from attn.training.tasks import TaskData
 from attn.training.logs import FlopCounter, model_flops, read_metrics
-from attn.training.trainer import TrainingError, train
-from training_helpers import PAD, RepeatBatch, collate, quick_config, reversal_builder, reversal_pairs
+from attn.training.tasks import TaskData
 
 
 def one_batch(name):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from attn.app.plots import plot_run
 from attn.errors import AttnError
-from attn.plots import plot_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -2,8 +2,8 @@
 
 import random
 
-from attn.data import TokenBudgetSampler, collate_translation
-from attn.training.batches import Batch, IndexedBatches
+from attn.data.batches import Batch, IndexedBatches
+from attn.data.corpora import TokenBudgetSampler, collate_translation
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskData, translation_batch
 

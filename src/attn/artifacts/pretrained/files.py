@@ -1,0 +1,287 @@
+"""Hugging Face model directories: `load_pretrained` reads one, `export_pretrained` writes one.
+
+A directory holds `config.json` (its `model_type` names the family), the weights as
+`model.safetensors` (or shards listed in `model.safetensors.index.json`, or a
+`pytorch_model.bin` read with `torch.load(weights_only=True)`), and optionally tokenizer files.
+Nothing is downloaded: the directory must already be on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from attn.artifacts.pretrained import bert, gpt2, marian
+from attn.artifacts.pretrained.decoding import DecodingRules
+from attn.artifacts.pretrained.keymap import (
+    Family,
+    SpecialIds,
+    export_from,
+    load_into,
+    same_config,
+)
+from attn.artifacts.torch_files import load_torch_file
+from attn.config import ModelConfig
+from attn.data.marian_tokenizer import is_marian_directory
+from attn.data.tokenizers import MARIAN_KIND, Tokenizer
+from attn.errors import AttnError, CheckpointError
+from attn.models import Model, build_model
+
+FAMILIES: dict[str, Family] = {family.name: family for family in (gpt2.FAMILY, bert.FAMILY, marian.FAMILY)}
+
+CONFIG_FILE = "config.json"
+GENERATION_FILE = "generation_config.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedInfo:
+    """What `load_pretrained` learnt besides the weights.
+
+    Attributes:
+        family: "gpt2", "bert" or "marian".
+        config: our config of the loaded model.
+        ids: the special ids of config.json; a Marian decoder starts from `ids.decoder_start`
+            (the pad id).
+        unused: checkpoint keys read and knowingly left out (e.g. BERT's next-sentence head),
+            each with the reason.
+        decoding: the rules `generate` decodes this model under (`attn.artifacts.pretrained.decoding`).
+    """
+
+    family: str
+    config: ModelConfig
+    ids: SpecialIds
+    unused: Mapping[str, str]
+    decoding: DecodingRules = DecodingRules()
+
+    def task_info(self) -> dict[str, Any]:
+        """What an imported checkpoint's task.json keeps: the decoding rules, when there are any."""
+        return {} if self.decoding == DecodingRules() else {"decoding": self.decoding.to_json()}
+
+
+def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Model, Tokenizer | None, PretrainedInfo]:
+    """Loads a local Hugging Face GPT-2, BERT or Marian directory into an `attn` model.
+
+    Args:
+        directory: the model directory (config.json, weights, optional tokenizer files).
+        attention: "fast" or "reference", as in `build_model`.
+
+    Returns:
+        The model in eval mode, its tokenizer (None when the directory has no tokenizer file
+        `attn` reads: tokenizer.json, Marian's source.spm + target.spm + vocab.json, GPT-2's
+        vocab.json + merges.txt, or BERT's vocab.txt), and what else was learnt (`PretrainedInfo`).
+
+    Raises:
+        CheckpointError: a missing or unreadable file, an unsupported model_type or option, or a
+            key that is unknown, missing or mis-shaped (named in the message).
+    """
+    folder = Path(directory)
+    hf = read_hf_config(folder)
+    family = family_of(hf, folder / CONFIG_FILE)
+    weights, source = read_weights(folder)
+    config = _our_config(family, hf, weights, folder / CONFIG_FILE)
+    model = build_model(config, attention)
+    unused = load_into(model, family.key_table(config), weights, source)
+    ids = SpecialIds.from_hf(hf)
+    rules = family.decoding(generation_settings(folder, hf), ids.decoder_start)
+    info = PretrainedInfo(family.name, config, ids, unused, rules)
+    return model.eval(), load_tokenizer(folder), info
+
+
+def export_pretrained(
+    model: Model,
+    config: ModelConfig,
+    directory: str | Path,
+    family: str,
+    tokenizer: Tokenizer | None = None,
+    ids: SpecialIds | None = None,
+) -> Path:
+    """Writes `model` as a Hugging Face directory that `transformers` loads with the same weights.
+
+    Args:
+        model: the model to export.
+        config: the config it was built from.
+        directory: the output folder (created if needed).
+        family: "gpt2", "bert" or "marian"; the config must be expressible in it.
+        tokenizer: saved alongside when given: tokenizer.json, and a tokenizer_config.json that has
+            `AutoTokenizer` load that file as it is (see `_write_tokenizer_config`).
+        ids: special ids for config.json; by default those of `tokenizer`, else none.
+
+    Returns:
+        The folder.
+
+    Raises:
+        CheckpointError: the family is unknown, or the config has an option it cannot express.
+    """
+    chosen = _family_named(family)
+    ids = ids or _tokenizer_ids(tokenizer)
+    hf = chosen.hf_config(config, ids)
+    table, prefixed = chosen.key_table(config), chosen.prefixed(config)
+    same_config(config, chosen.model_config(hf, table.written_keys(prefixed)), chosen.name)
+    tensors = export_from(model, table, prefixed)
+    from safetensors.torch import save_file
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / SAFETENSORS_FILE), metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save(folder)
+        if tokenizer.kind != MARIAN_KIND:  # a SentencePiece tokenizer writes MarianTokenizer's own config
+            _write_tokenizer_config(folder, tokenizer, config.max_positions)
+    return folder
+
+
+def generation_settings(folder: Path, hf: dict[str, Any]) -> dict[str, Any]:
+    """Where `generate` reads its defaults: generation_config.json when there is one, else config.json."""
+    path = folder / GENERATION_FILE
+    return _read_json(path) if path.is_file() else hf
+
+
+def _write_tokenizer_config(folder: Path, tokenizer: Tokenizer, max_length: int) -> None:
+    """Has `transformers.AutoTokenizer` read our tokenizer.json exactly as `attn` does.
+
+    Without it, AutoTokenizer picks the family's own class (GPT-2's, BERT's, Marian's), which
+    rebuilds its own pipeline around our vocabulary: a character or Metaspace BPE vocabulary
+    behind GPT-2's byte-level pre-tokenizer loses every space, newline and accent, and Marian's
+    class wants SentencePiece files. `PreTrainedTokenizerFast` takes tokenizer.json whole:
+    normaliser, pre-tokenizer, model, frame and decoder. The role tokens let HF skip and add the
+    same special tokens as we do, and the clean-up that HF may apply to decoded text (removing the
+    space before punctuation) is switched off, since our decode does not do it.
+    """
+    settings: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
+    for role in ("bos", "eos", "unk", "pad", "cls", "sep", "mask"):
+        token_id = getattr(tokenizer, f"{role}_id")
+        if token_id is not None:
+            settings[f"{role}_token"] = tokenizer.id_to_token(token_id)
+    (folder / TOKENIZER_CONFIG_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    """The parsed config.json of a model directory."""
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file; give the folder of a Hugging Face model (save_pretrained)")
+    return _read_json(path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # Recursion: nested too deep
+        raise CheckpointError(f"{path}: not readable JSON ({err}); restore the file") from err
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def family_of(hf: Mapping[str, Any], path: Path) -> Family:
+    """The family that config.json's `model_type` names."""
+    model_type = hf.get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(
+            f"{path}: model_type {model_type!r} is not supported; attn converts {', '.join(FAMILIES)}"
+        )
+    return FAMILIES[model_type]
+
+
+def _family_named(name: str) -> Family:
+    if name not in FAMILIES:
+        raise CheckpointError(f"unknown family {name!r}; choose one of {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def _our_config(family: Family, hf: Mapping[str, Any], weights: Mapping[str, Tensor], path: Path) -> ModelConfig:
+    try:
+        return family.model_config(hf, weights.keys())
+    except CheckpointError:
+        raise
+    except AttnError as err:  # a value our config rejects (e.g. heads not dividing d_model)
+        raise CheckpointError(f"{path}: {err}") from err
+
+
+def read_weights(folder: Path) -> tuple[dict[str, Tensor], str]:
+    """The state dict of a model directory and the file it came from (for messages)."""
+    index = folder / SAFETENSORS_INDEX
+    if (folder / SAFETENSORS_FILE).is_file():
+        return _read_safetensors(folder / SAFETENSORS_FILE), str(folder / SAFETENSORS_FILE)
+    if index.is_file():
+        return {k: v for shard in _shards(index) for k, v in _read_safetensors(folder / shard).items()}, str(index)
+    if (folder / TORCH_FILE).is_file():
+        return _read_torch(folder / TORCH_FILE), str(folder / TORCH_FILE)
+    raise CheckpointError(
+        f"{folder}: no weights found; expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or {TORCH_FILE}"
+    )
+
+
+def _shards(index: Path) -> list[str]:
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: has no 'weight_map' object; restore the file")
+    shards = set(weight_map.values())
+    # A shard name is a file beside the index: never a path that leads out of the model directory.
+    for shard in shards:
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise CheckpointError(f"{index}: shard name {shard!r} is not a file name in the model directory; "
+                                  "restore the index")
+    return sorted(shards)
+
+
+def _read_safetensors(path: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file; the shard index lists it")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors reports every defect as its own SafetensorError
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err}); restore the file") from err
+
+
+def _read_torch(path: Path) -> dict[str, Tensor]:
+    state = load_torch_file(path, "restore the file")
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: expected a mapping of names to tensors (a state dict)")
+    return dict(state)
+
+
+def load_tokenizer(folder: Path) -> Tokenizer | None:
+    """The tokenizer of a model directory, or None when it has no file attn reads.
+
+    Marian's SentencePiece files come first (source.spm + target.spm + vocab.json, what
+    `MarianTokenizer` reads, even where a tokenizer.json was added beside them); then tokenizer.json
+    (it is the whole pipeline); then GPT-2's vocab.json + merges.txt; then BERT's vocab.txt,
+    lower-cased unless tokenizer_config.json says `do_lower_case: false`.
+
+    Raises:
+        CheckpointError: a file of the tokenizer it finds is missing or unreadable.
+    """
+    if is_marian_directory(folder):
+        return Tokenizer.from_marian_files(folder)
+    if (folder / "tokenizer.json").is_file():
+        return Tokenizer.from_file(folder / "tokenizer.json")
+    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        return Tokenizer.from_gpt2_files(folder / "vocab.json", folder / "merges.txt")
+    if (folder / "vocab.txt").is_file():
+        settings = folder / "tokenizer_config.json"
+        lowercase = _read_json(settings).get("do_lower_case", True) if settings.is_file() else True
+        return Tokenizer.from_bert_vocab(folder / "vocab.txt", lowercase=lowercase)
+    return None
+
+
+def _tokenizer_ids(tokenizer: Tokenizer | None) -> SpecialIds:
+    if tokenizer is None:
+        return SpecialIds()
+    return SpecialIds(pad=tokenizer.pad_id, bos=tokenizer.bos_id, eos=tokenizer.eos_id)

@@ -1,0 +1,26 @@
+"""Reading the files data and tokenizers come from, with errors that name the file and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from attn.errors import CheckpointError
+
+T = TypeVar("T")
+
+
+def read_tokenizer_file(loader: Callable[[], T], *paths: str | Path) -> T:
+    """Runs `loader` (which reads `paths`), turning a missing or unreadable file into a CheckpointError."""
+    for path in paths:
+        if not Path(path).is_file():
+            raise CheckpointError(
+                f"{path}: no such file; check the path (in a checkpoint, Tokenizer.save writes it)"
+            )
+    try:
+        return loader()
+    except Exception as err:  # the Rust side raises plain Exception for every failure
+        where = ", ".join(str(p) for p in paths)
+        raise CheckpointError(f"{where}: cannot be read as a tokenizer file ({err}); write it again") from err
+

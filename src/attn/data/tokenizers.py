@@ -1,0 +1,445 @@
+"""Tokenizers: one `Tokenizer` class over Hugging Face `tokenizers` (Rust) pipelines.
+
+Kinds (`Tokenizer.kind`), and when `decode(encode(x)) == x` holds:
+- `bpe` (`train_bpe`): BPE over NFC-normalised characters, words marked by a Metaspace `▁`.
+  Exact for NFC text of characters seen in training, less one leading space.
+- `byte-bpe` (`train_bpe(byte_level=True)`): BPE over UTF-8 bytes, as GPT-2. Exact for every string
+  (with `skip_special=False`).
+In every kind the text of a special token (`<s>`, `[CLS]`, ...) inside a text encodes to that
+token's id, which `decode` leaves out by default (tests/unit/test_properties.py checks all this).
+- `wordpiece` (`train_wordpiece`): BERT's WordPiece. Equal up to BERT's normalisation
+  (lower case, no accents, no control characters) and whitespace, when no `[UNK]` is produced.
+- `chars` (`train_chars`): one token per character. Exact for text of characters seen in training.
+- `gpt2` (`from_gpt2_files`): GPT-2's byte-level BPE. Exact for every string.
+- `bert` (`from_bert_vocab`): BERT's WordPiece; as `wordpiece`.
+- `file` (`from_file`): whatever the `tokenizer.json` holds.
+- `marian-spm` (`from_marian_files`): a Marian model's `source.spm` + `target.spm` + `vocab.json`,
+  read with the `sentencepiece` package; gives the ids and text of `transformers`' `MarianTokenizer`
+  (see `attn.data.marian_tokenizer`). `encode` cuts with the source model, `decode` reads model ids.
+
+Special-token ids of every tokenizer we *train* are fixed:
+
+| role | id | bpe, byte-bpe, chars | wordpiece |
+| --- | --- | --- | --- |
+| pad | 0 | `<pad>` | `[PAD]` |
+| unk | 1 | `<unk>` | `[UNK]` |
+| bos | 2 | `<s>` | `<s>` |
+| eos | 3 | `</s>` | `</s>` |
+| cls | 4 | `<cls>` | `[CLS]` |
+| sep | 5 | `<sep>` | `[SEP]` |
+| mask | 6 | `<mask>` | `[MASK]` |
+
+Loaded tokenizers keep the ids of their files. A role's id is that of the first special token
+of the file whose text is one of the names in `ROLE_TOKENS` (so GPT-2's `<|endoftext|>` is both
+bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep); a role with no such token has id `None`.
+
+`add_special=True` (in `encode` and `encode_batch`) applies the tokenizer's own frame, the
+same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byte-bpe` and
+`chars`; `[CLS] … [SEP]` for `wordpiece` and `bert`; nothing for `gpt2` (as in HF's GPT-2);
+the post-processor of the file for `file`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
+
+A tokenizer never pads or truncates: batching pads (`attn.data.corpora.collate_*`) and
+`attn.data.corpora.filter_long` bounds lengths.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import tokenizers as hf
+from tokenizers import (
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+from attn.data.files import read_tokenizer_file
+from attn.data.marian_tokenizer import MarianSentencePiece
+from attn.errors import CheckpointError, ConfigError
+
+MARIAN_KIND = "marian-spm"  # its files are SentencePiece models and a vocabulary, not tokenizer.json
+KINDS = ("bpe", "byte-bpe", "wordpiece", "chars", "gpt2", "bert", "file", MARIAN_KIND)
+
+SEQ_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<cls>", "<sep>", "<mask>")
+WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "<s>", "</s>", "[CLS]", "[SEP]", "[MASK]")
+
+ROLE_TOKENS: dict[str, tuple[str, ...]] = {
+    "pad": ("<pad>", "[PAD]"),
+    "unk": ("<unk>", "[UNK]"),
+    "bos": ("<s>", "<|endoftext|>"),
+    "eos": ("</s>", "<|endoftext|>"),
+    "cls": ("<cls>", "[CLS]"),
+    "sep": ("<sep>", "[SEP]"),
+    "mask": ("<mask>", "[MASK]"),
+}
+
+GPT2_SPECIAL = "<|endoftext|>"
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+T = TypeVar("T")
+
+TOKENIZER_FILE = "tokenizer.json"
+META_FILE = "attn_tokenizer.json"
+
+
+def _role(role: str) -> property:
+    def get(self: Tokenizer) -> int | None:
+        return self._role_ids[role]
+
+    return property(get, doc=f"Id of the {role} token, or None when this tokenizer has none.")
+
+
+class Tokenizer:
+    """Text ↔ token ids, wrapping a `tokenizers.Tokenizer`. Build one with a classmethod."""
+
+    pad_id = _role("pad")
+    unk_id = _role("unk")
+    bos_id = _role("bos")
+    eos_id = _role("eos")
+    cls_id = _role("cls")
+    sep_id = _role("sep")
+    mask_id = _role("mask")
+
+    def __init__(self, backend: hf.Tokenizer | MarianSentencePiece, kind: str) -> None:
+        """Wrap a ready pipeline; prefer the `train_*`, `from_*` and `load` constructors.
+
+        Args:
+            backend: the Hugging Face pipeline (or, for `marian-spm`, the object that stands in for
+                one); its padding and truncation are switched off.
+            kind: one of `KINDS`.
+        """
+        if kind not in KINDS:
+            raise ConfigError("kind", f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+        backend.no_padding()
+        backend.no_truncation()
+        self._backend = backend
+        self._kind = kind
+        self._role_ids = _find_roles(backend)
+
+    # -- training ---------------------------------------------------------------------------
+
+    @classmethod
+    def train_bpe(cls, texts: Iterable[str], vocab_size: int, byte_level: bool = False) -> Tokenizer:
+        """Train a BPE tokenizer; for translation, train on the texts of both languages.
+
+        Args:
+            texts: training texts, e.g. one sentence each.
+            vocab_size: target vocabulary size, special tokens included.
+            byte_level: split UTF-8 bytes (kind `byte-bpe`, never unknown) instead of
+                NFC characters (kind `bpe`).
+
+        Returns:
+            The trained tokenizer, with the special ids of the module table.
+        """
+        alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_level else []
+        _check_vocab_size(vocab_size, minimum_vocab_size("byte-bpe" if byte_level else "bpe"))
+        if byte_level:
+            backend = hf.Tokenizer(models.BPE())
+            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            backend.decoder = decoders.ByteLevel()
+        else:
+            backend = hf.Tokenizer(models.BPE(unk_token="<unk>"))
+            backend.normalizer = normalizers.NFC()
+            backend.pre_tokenizer = pre_tokenizers.Metaspace()
+            backend.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SEQ_SPECIALS),
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
+        backend.train_from_iterator(_non_empty(texts), trainer)
+        return cls._trained(backend, "byte-bpe" if byte_level else "bpe")
+
+    @classmethod
+    def train_wordpiece(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
+        """Train a BERT-style WordPiece tokenizer (for encoder models).
+
+        Args:
+            texts: training texts.
+            vocab_size: target vocabulary size, special tokens included.
+            lowercase: lower-case and strip accents first, as uncased BERT does.
+
+        Returns:
+            The trained tokenizer (kind `wordpiece`), with the special ids of the module table.
+        """
+        _check_vocab_size(vocab_size, minimum_vocab_size("wordpiece"))
+        backend = hf.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        _set_bert_pipeline(backend, lowercase)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False
+        )
+        backend.train_from_iterator(_non_empty(texts), trainer)
+        return cls._trained(backend, "wordpiece")
+
+    @classmethod
+    def train_chars(cls, texts: Iterable[str]) -> Tokenizer:
+        """Build a character-level tokenizer: one id per distinct character of `texts`.
+
+        Characters get ids in code-point order after the special tokens; a character not seen
+        here encodes to unk.
+
+        Args:
+            texts: training texts.
+
+        Returns:
+            The tokenizer (kind `chars`), with the special ids of the module table.
+        """
+        alphabet: set[str] = set()
+        for text in _non_empty(texts):
+            alphabet.update(text)
+        vocab = {token: i for i, token in enumerate([*SEQ_SPECIALS, *sorted(alphabet)])}
+        # A BPE model without merges is a character model, and it encodes faster than a
+        # word-level model behind a one-character split.
+        backend = hf.Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+        backend.decoder = decoders.Fuse()
+        return cls._trained(backend, "chars")
+
+    @classmethod
+    def _trained(cls, backend: hf.Tokenizer, kind: str) -> Tokenizer:
+        # The trainers already put the special tokens at ids 0-6; the character model has
+        # them in its vocabulary but still has to mark them special.
+        if kind == "wordpiece":
+            backend.add_special_tokens(list(WORDPIECE_SPECIALS))
+            _set_frame(backend, "[CLS]", "[SEP]")
+        else:
+            backend.add_special_tokens(list(SEQ_SPECIALS))
+            _set_frame(backend, "<s>", "</s>")
+        return cls(backend, kind)
+
+    # -- loading ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_gpt2_files(cls, vocab_json: str | Path, merges_txt: str | Path) -> Tokenizer:
+        """Load GPT-2's byte-level BPE from its `vocab.json` and `merges.txt`.
+
+        Args:
+            vocab_json: path of `vocab.json`.
+            merges_txt: path of `merges.txt`.
+
+        Returns:
+            The tokenizer (kind `gpt2`); `<|endoftext|>` is bos and eos, pad and unk are None.
+
+        Raises:
+            CheckpointError: a file is missing or unreadable.
+        """
+        model = read_tokenizer_file(lambda: models.BPE.from_file(str(vocab_json), str(merges_txt)), vocab_json, merges_txt)
+        backend = hf.Tokenizer(model)
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.add_special_tokens([GPT2_SPECIAL])
+        return cls(backend, "gpt2")
+
+    @classmethod
+    def from_bert_vocab(cls, vocab_txt: str | Path, lowercase: bool = True) -> Tokenizer:
+        """Load a BERT WordPiece tokenizer from its `vocab.txt` (one token per line).
+
+        Args:
+            vocab_txt: path of `vocab.txt`.
+            lowercase: whether the model is uncased (lower-cases and strips accents).
+
+        Returns:
+            The tokenizer (kind `bert`); encodes like HF's `BertTokenizer`.
+
+        Raises:
+            CheckpointError: the file is missing or unreadable.
+        """
+        model = read_tokenizer_file(lambda: models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"), vocab_txt)
+        backend = hf.Tokenizer(model)
+        _set_bert_pipeline(backend, lowercase)
+        backend.add_special_tokens([t for t in BERT_SPECIALS if model.token_to_id(t) is not None])
+        _set_frame(backend, "[CLS]", "[SEP]")
+        return cls(backend, "bert")
+
+    @classmethod
+    def from_file(cls, tokenizer_json: str | Path) -> Tokenizer:
+        """Load any Hugging Face `tokenizer.json`.
+
+        Args:
+            tokenizer_json: path of the file.
+
+        Returns:
+            The tokenizer (kind `file`), with its padding and truncation switched off.
+
+        Raises:
+            CheckpointError: the file is missing or is not a tokenizer.
+        """
+        return cls(_load_json(tokenizer_json), "file")
+
+    @classmethod
+    def from_marian_files(cls, directory: str | Path) -> Tokenizer:
+        """Load a Marian model's tokenizer: `source.spm`, `target.spm`, `vocab.json` (+ `tokenizer_config.json`).
+
+        Args:
+            directory: the Hugging Face Marian directory (or a checkpoint saved with this tokenizer).
+
+        Returns:
+            The tokenizer (kind `marian-spm`): `</s>` is eos, `<unk>` unk, `<pad>` pad; no bos.
+
+        Raises:
+            CheckpointError: a file is missing or corrupt, or the directory has separate vocabularies.
+        """
+        return cls(MarianSentencePiece.from_directory(directory), MARIAN_KIND)
+
+    def save(self, directory: str | Path) -> None:
+        """Write `tokenizer.json` and `attn_tokenizer.json` (the kind) into `directory`.
+
+        A `marian-spm` tokenizer writes its own files instead of `tokenizer.json`: `source.spm`,
+        `target.spm`, `vocab.json` and `tokenizer_config.json`, which `MarianTokenizer` also reads.
+
+        Args:
+            directory: folder, created if needed; usually the checkpoint's folder.
+        """
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self._kind == MARIAN_KIND:
+            self._backend.save_files(folder)
+        else:
+            self._backend.save(str(folder / TOKENIZER_FILE))
+        (folder / META_FILE).write_text(json.dumps({"kind": self._kind}) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer:
+        """Load a tokenizer written by `save`; it gives the same ids on every text.
+
+        Args:
+            directory: the folder given to `save`.
+
+        Returns:
+            The tokenizer.
+
+        Raises:
+            CheckpointError: a file is missing or corrupt.
+        """
+        meta_path = Path(directory) / META_FILE
+        meta = read_tokenizer_file(lambda: json.loads(meta_path.read_text(encoding="utf-8")), meta_path)
+        kind = meta.get("kind") if isinstance(meta, dict) else None
+        if kind not in KINDS:
+            raise CheckpointError(
+                f"{meta_path}: kind is {kind!r}, expected one of {', '.join(KINDS)}; "
+                "save the tokenizer again with Tokenizer.save"
+            )
+        if kind == MARIAN_KIND:
+            return cls.from_marian_files(directory)
+        return cls(_load_json(Path(directory) / TOKENIZER_FILE), kind)
+
+    # -- use --------------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        """How the tokenizer was made: one of `KINDS`."""
+        return self._kind
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included (the embedding table's rows)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        """Token ids of one text.
+
+        Args:
+            text: the text.
+            add_special: add the tokenizer's frame (`<s> … </s>` or `[CLS] … [SEP]`, see the
+                module docstring).
+
+        Returns:
+            The ids, length L.
+        """
+        return self.encode_batch([text], add_special)[0]
+
+    def encode_batch(self, texts: Sequence[str], add_special: bool = False) -> list[list[int]]:
+        """Token ids of many texts, encoded in parallel.
+
+        Args:
+            texts: the texts.
+            add_special: as in `encode`.
+
+        Returns:
+            One id list per text.
+        """
+        # The offsets that the slower `encode_batch` also computes are never used here.
+        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """Text of a sequence of ids.
+
+        Args:
+            ids: token ids.
+            skip_special: leave out special tokens (pad, bos, eos, unk, ...).
+
+        Returns:
+            The text.
+        """
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], skip_special: bool = True) -> list[str]:
+        """Texts of many id sequences.
+
+        Args:
+            batch: one id sequence per text.
+            skip_special: as in `decode`.
+
+        Returns:
+            One text per sequence.
+        """
+        return self._backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a token string, or None when it is not in the vocabulary."""
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """Token string of an id, or None when the id is out of range."""
+        return self._backend.id_to_token(token_id)
+
+
+def _find_roles(backend: hf.Tokenizer) -> dict[str, int | None]:
+    specials = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+    return {
+        role: next((specials[name] for name in names if name in specials), None)
+        for role, names in ROLE_TOKENS.items()
+    }
+
+
+def _set_frame(backend: hf.Tokenizer, first: str, last: str) -> None:
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{first} $A {last}",
+        special_tokens=[(first, backend.token_to_id(first)), (last, backend.token_to_id(last))],
+    )
+
+
+def _set_bert_pipeline(backend: hf.Tokenizer, lowercase: bool) -> None:
+    backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+
+
+def _non_empty(texts: Iterable[str]) -> list[str]:
+    listed = list(texts)
+    if not any(listed):
+        raise ConfigError("texts", "the training texts are empty; pass at least one non-empty text")
+    return listed
+
+
+def minimum_vocab_size(kind: str) -> int:
+    """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of
+    `byte-bpe`, and one token more."""
+    alphabet = len(pre_tokenizers.ByteLevel.alphabet()) if kind == "byte-bpe" else 0
+    return len(WORDPIECE_SPECIALS if kind == "wordpiece" else SEQ_SPECIALS) + alphabet + 1
+
+
+def _check_vocab_size(vocab_size: int, minimum: int) -> None:
+    if vocab_size < minimum:
+        raise ConfigError("vocab_size", f"is {vocab_size}, must be at least {minimum}; raise it")
+
+
+def _load_json(path: str | Path) -> hf.Tokenizer:
+    return read_tokenizer_file(lambda: hf.Tokenizer.from_file(str(path)), path)

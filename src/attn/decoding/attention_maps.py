@@ -1,0 +1,159 @@
+"""Attention probabilities of one layer, recomputed on request (opt-in).
+
+The fast attention path (PyTorch's fused SDPA) never forms the weights, and `forward` returns
+only what it always returns. `capture_attention` puts a forward hook on one attention module,
+runs the model once, and recomputes softmax(Q K^T / sqrt(d_k) + bias) from the very inputs the
+module received, with `attn.attention.attention_weights`. `attention_maps` does this for one
+example and one layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attn.attention import (
+    NO_CACHE,
+    CrossAttention,
+    SelfAttention,
+    attention_weights,
+    split_heads,
+)
+from attn.errors import AttnError
+from attn.models import Decoder, Encoder, EncoderDecoder, Model
+
+
+class AttentionKind(str, enum.Enum):
+    ENCODER = "encoder"  # self-attention of an encoder stack (Encoder, EncoderDecoder)
+    DECODER = "decoder"  # causal self-attention of a decoder stack (Decoder, EncoderDecoder)
+    CROSS = "cross"  # decoder queries over the encoder output (EncoderDecoder)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCapture:
+    """What one attention module computed in one forward pass.
+
+    Attributes:
+        weights: (B, h, Tq, Tk) attention probabilities; rows of masked-out queries are zero.
+        values: (B, h, Tk, d_k) the values they weight.
+        output: (B, Tq, d_model) what the module returned: out(merge_heads(weights @ values)).
+    """
+
+    weights: Tensor
+    values: Tensor
+    output: Tensor
+
+
+def _self_weights(module: SelfAttention, x: Tensor, mask: Tensor | None, rotate: Callable[[Tensor], Tensor],
+                  bias: Tensor | None = None, cache: Any = NO_CACHE) -> tuple[Tensor, Tensor]:
+    if cache is not NO_CACHE:
+        raise AttnError("attention maps are recomputed from a full forward pass, not from cached decoding")
+    q, k, v = module.project(x, rotate)  # (B, h, T, d_k) each
+    return attention_weights(q, k, mask, bias), v
+
+
+def _cross_weights(module: CrossAttention, x: Tensor, memory_kv: tuple[Tensor, Tensor],
+                   mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    q = split_heads(module.q(x), module.heads)  # (B, h, Tq, d_k)
+    k, v = memory_kv
+    return attention_weights(q, k, mask), v
+
+
+_RECOMPUTE: dict[type[nn.Module], Callable[..., tuple[Tensor, Tensor]]] = {
+    SelfAttention: _self_weights,
+    CrossAttention: _cross_weights,
+}
+
+
+def capture_attention(module: SelfAttention | CrossAttention, run: Callable[[], object]) -> AttentionCapture:
+    """Runs `run()` once and recomputes the attention weights of `module` from its inputs.
+
+    Args:
+        module: one attention module of the model that `run` calls.
+        run: a call of the model, e.g. `lambda: model(tokens)`.
+    """
+    calls: list[tuple[inspect.BoundArguments, Tensor]] = []
+
+    def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
+        calls.append((inspect.signature(mod.forward).bind(*args, **kwargs), output))
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    try:
+        run()
+    finally:
+        handle.remove()
+    if len(calls) != 1:
+        raise AttnError(f"the chosen attention module ran {len(calls)} times; capture one forward pass")
+    bound, output = calls[0]
+    weights, values = _RECOMPUTE[type(module)](module, *bound.args, **bound.kwargs)
+    return AttentionCapture(weights, values, output)
+
+
+def _kind(kind: AttentionKind | str) -> AttentionKind:
+    try:
+        return AttentionKind(kind)
+    except ValueError:
+        valid = ", ".join(repr(k.value) for k in AttentionKind)
+        raise AttnError(f"unknown attention kind {kind!r}; choose one of {valid}") from None
+
+
+def attention_module(model: Model, kind: AttentionKind | str, layer: int) -> SelfAttention | CrossAttention:
+    """The attention module of `kind` in layer `layer` (0-based; negative counts from the last) of `model`."""
+    kind = _kind(kind)
+    stacks: dict[AttentionKind, list[Any]] = {}
+    if isinstance(model, Decoder):
+        stacks[AttentionKind.DECODER] = [block.attn for block in model.blocks]
+    elif isinstance(model, Encoder):
+        stacks[AttentionKind.ENCODER] = [block.attn for block in model.stack.blocks]
+    else:
+        stacks[AttentionKind.ENCODER] = [block.attn for block in model.encoder.blocks]
+        stacks[AttentionKind.DECODER] = [block.attn for block in model.blocks]
+        stacks[AttentionKind.CROSS] = [block.cross for block in model.blocks]
+    if kind not in stacks:
+        valid = ", ".join(k.value for k in stacks)
+        raise AttnError(f"a {type(model).__name__} has no {kind.value!r} attention; choose one of {valid}")
+    modules = stacks[kind]
+    if not -len(modules) <= layer < len(modules):
+        raise AttnError(f"layer {layer} does not exist: the {kind.value} stack has layers 0..{len(modules) - 1} "
+                        "(negative indices count from the last)")
+    return modules[layer]
+
+
+@torch.no_grad()
+def attention_maps(
+    model: Model,
+    tokens: Sequence[int],
+    layer: int,
+    kind: AttentionKind | str,
+    target: Sequence[int] | None = None,
+) -> Tensor:
+    """Attention probabilities of one layer for one example, without changing what `forward` returns.
+
+    Args:
+        model: any of the three models, in eval mode.
+        tokens: the input token ids (the source, for an encoder-decoder).
+        layer: the layer, 0-based.
+        kind: "encoder", "decoder" or "cross" (see `AttentionKind`).
+        target: the decoder input of an encoder-decoder; needed for "decoder" and "cross".
+
+    Returns:
+        (h, Tq, Tk) weights; every row sums to 1 over the keys it may attend.
+    """
+    module = attention_module(model, kind, layer)
+    device = next(model.parameters()).device
+    src = torch.tensor([list(tokens)], dtype=torch.long, device=device)
+    if not isinstance(model, EncoderDecoder):
+        return capture_attention(module, lambda: model(src)).weights[0]
+    if _kind(kind) == AttentionKind.ENCODER:
+        return capture_attention(module, lambda: model.encode(src)).weights[0]
+    if not target:
+        raise AttnError(f"{_kind(kind).value} attention of an encoder-decoder needs the decoder input: "
+                        "pass target=[start_id, ...]")
+    tgt = torch.tensor([list(target)], dtype=torch.long, device=device)
+    return capture_attention(module, lambda: model(src, tgt)).weights[0]

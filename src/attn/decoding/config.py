@@ -1,0 +1,114 @@
+"""Decoding settings: `GenerationConfig` and the beam-search choices it names, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable
+
+from attn.config import coerce_fields
+from attn.errors import ConfigError, GenerationError
+
+PAPER_EXTRA_LENGTH = 50  # section 6.1: "maximum output length to input length + 50"
+
+Decode = Callable[[list[int]], str]
+
+
+class LengthNorm(str, enum.Enum):
+    """How beam search divides a hypothesis' log-probability by its length (see `attn.decoding.beam_search`)."""
+
+    GNMT = "gnmt"  # ((5 + |Y|) / 6) ** alpha, Wu et al. 2016, the paper's choice
+    HF = "hf"  # |Y| ** alpha, Hugging Face's `length_penalty`
+
+
+class EarlyStopping(str, enum.Enum):
+    """When beam search stops a sentence before its length limit (see `attn.decoding.beam_search`)."""
+
+    BOUND = "bound"  # no alive beam can beat the finished ones any more (exact)
+    HEURISTIC = "heuristic"  # Hugging Face's early_stopping=False
+    FIRST = "first"  # Hugging Face's early_stopping=True: once beam_size hypotheses have finished
+    NONE = "none"  # run to the length limit
+
+
+def _fail(field: str, message: str) -> None:
+    raise GenerationError(f"{field}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """How to decode. The defaults are greedy decoding; `GenerationConfig.paper()` is the paper's beam search.
+
+    `max_new_tokens=None` means: source length + 50 for translation, and as many as the model's
+    positions allow for a decoder-only model. `seed` seeds a `torch.Generator` for sampling (None
+    uses torch's global generator). The beam fields (`beam_size`, `length_penalty`, `length_norm`,
+    `early_stopping`, `n_best`) are read by `attn.decoding.beam_search`.
+    """
+
+    max_new_tokens: int | None = None
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram: int = 0
+    suppress: tuple[int, ...] = ()
+    force_eos: bool = False
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    beam_size: int = 1
+    length_penalty: float = 0.6
+    length_norm: LengthNorm = LengthNorm.GNMT
+    early_stopping: EarlyStopping = EarlyStopping.BOUND
+    n_best: int = 1
+
+    def __post_init__(self) -> None:
+        try:
+            coerce_fields(self)
+        except ConfigError as error:
+            raise GenerationError(str(error)) from None
+        self._validate_sampling()
+        self._validate_penalties()
+        self._validate_beam()
+
+    @classmethod
+    def paper(cls) -> GenerationConfig:
+        """Section 6.1: beam size 4, length penalty alpha = 0.6 (GNMT's formula), output <= input + 50."""
+        return cls(beam_size=4, length_penalty=0.6, length_norm=LengthNorm.GNMT)
+
+    def _validate_sampling(self) -> None:
+        if self.sample and not (self.temperature > 0 and math.isfinite(self.temperature)):
+            _fail("temperature", f"must be > 0 when sampling, got {self.temperature}; "
+                                 "use sample=False for greedy decoding")
+        if not 0 < self.top_p <= 1:
+            _fail("top_p", f"must be in (0, 1], got {self.top_p}; 1.0 turns nucleus sampling off")
+        if self.top_k < 0:
+            _fail("top_k", f"must be >= 0, got {self.top_k}; 0 turns top-k filtering off")
+        if not self.sample:
+            for name, neutral in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0)):
+                if getattr(self, name) != neutral:
+                    _fail(name, f"only applies when sampling; set sample=True or leave {name}={neutral}")
+
+    def _validate_penalties(self) -> None:
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            _fail("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}; use None for the default limit")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            _fail("repetition_penalty", f"must be > 0, got {self.repetition_penalty}; 1.0 turns it off")
+        if self.no_repeat_ngram < 0:
+            _fail("no_repeat_ngram", f"must be >= 0, got {self.no_repeat_ngram}; 0 turns it off")
+        if any(token < 0 for token in self.suppress):
+            _fail("suppress", f"token ids must be >= 0, got {self.suppress}")
+        if not all(self.stop):
+            _fail("stop", "stop strings must not be empty")
+
+    def _validate_beam(self) -> None:
+        if self.beam_size < 1:
+            _fail("beam_size", f"must be >= 1, got {self.beam_size}; 1 decodes greedily (or samples)")
+        if not 1 <= self.n_best <= self.beam_size:
+            _fail("n_best", f"must be in [1, beam_size={self.beam_size}], got {self.n_best}")
+        if not math.isfinite(self.length_penalty):
+            _fail("length_penalty", f"must be a finite number, got {self.length_penalty}; 0 turns it off")
+        if self.beam_size > 1 and self.sample:
+            _fail("sample", "beam search does not sample; set beam_size=1 to sample or sample=False")
+        if self.beam_size > 1 and self.stop:
+            _fail("stop", "beam search stops at EOS only; set beam_size=1 to use stop strings")

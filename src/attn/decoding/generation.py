@@ -1,0 +1,196 @@
+"""Decoding with the KV cache: greedy, sampled and streamed generation, as small free functions.
+
+A decode starts from a `Session`. `start_decoder` left-pads the prompts and prefills a `KVCache`
+with all of them in one `decode_step` (the model numbers each row's positions from its mask, so a
+padded row decodes as if alone); `start_seq2seq` encodes the right-padded sources once (`new_cache`
+computes every layer's cross-attention keys and values) and feeds the start token. Each later step
+feeds one token per row (`decode_one_token`); no prefix is ever recomputed. Before a token is
+chosen, `adjust_logits` applies the repetition penalty, the n-gram ban, the suppressed tokens and
+the forced final EOS; `choose_tokens` then takes the argmax or samples (temperature, top-k,
+top-p). Beam search (`attn.decoding.beam_search`) starts from the same sessions.
+
+Conventions:
+- The lists returned hold the new tokens only: no prompt, no start token, no EOS. A stop string
+  ends its row after the token that completes it; that token is kept.
+- A row stops at EOS, at a stop string, or after its own token limit. Finished rows leave the
+  batch (`KVCache.reorder`), so the others go on with a smaller one.
+- Lengths are checked before anything runs. A decoder-only cache holds the longest (left-padded)
+  prompt and the new tokens but the last, which is never fed back; that must fit in the model's
+  `max_positions`. Translations default to source length + 50 tokens (section 6.1 of the paper).
+- Call `model.eval()` first: in training mode dropout makes every decode random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from attn.decoding.beam_search import beam_search, beam_search_seq2seq
+from attn.decoding.config import Decode, GenerationConfig
+from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
+from attn.decoding.session import (
+    Session,
+    decode_one_token,
+    start_decoder,
+    start_seq2seq,
+)
+from attn.errors import GenerationError
+from attn.models import Decoder, EncoderDecoder
+
+
+def _stop_hits(recent: list[list[int]], stop: tuple[str, ...], decode: Decode) -> list[bool]:
+    return [any(s in decode(tokens) for s in stop) for tokens in recent]
+
+
+def _stop_window(stop: tuple[str, ...]) -> int:
+    # A stop string of b UTF-8 bytes spans at most b tokens when every token holds at least one
+    # byte (byte-level tokenizers split a character over up to 4); the slack gives the decoders
+    # that render a token by its neighbours (a metaspace, a joined word piece) their context.
+    return max(len(s.encode("utf-8")) for s in stop) + 4
+
+
+def decode_rows(
+    session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None = None
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Greedy or sampled decoding of a session, one step at a time.
+
+    Yields:
+        (rows, tokens), both (R,) long: the session row of each still active row and its new token.
+        A row appears for the last time with its EOS, stop-string or last allowed token.
+    """
+    generator = seeded_generator(config.seed, session.logits.device)
+    rows = torch.arange(session.logits.size(0), device=session.logits.device)
+    logits, history, limits = session.logits, session.history, session.limits
+    window = _stop_window(config.stop) if config.stop else 0
+    for step in range(int(limits.max())):
+        column = session.offset + step
+        logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1)
+        tokens = choose_tokens(logits, config, generator)
+        history[:, column] = tokens
+        yield rows, tokens
+        done = limits == step + 1
+        if eos_id is not None:
+            done |= tokens == eos_id
+        if config.stop and decode is not None:
+            recent = history[:, max(session.offset, column + 1 - window) : column + 1].tolist()
+            done |= torch.tensor(_stop_hits(recent, config.stop, decode), device=done.device)
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                return
+            session.cache.reorder(keep)
+            rows, tokens, history, limits = rows[keep], tokens[keep], history[keep], limits[keep]
+        logits = decode_one_token(session.model, tokens, session.cache)
+
+
+def _check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | None) -> None:
+    if config.stop and decode is None:
+        raise GenerationError("stop strings need the tokenizer's decode function: pass decode=tokenizer.decode")
+    if config.force_eos and eos_id is None:
+        raise GenerationError("force_eos needs eos_id: pass the tokenizer's end-of-sequence id")
+
+
+def _collect(steps: Iterator[tuple[Tensor, Tensor]], batch: int, eos_id: int | None) -> list[list[int]]:
+    outputs: list[list[int]] = [[] for _ in range(batch)]
+    for rows, tokens in steps:
+        for row, token in zip(rows.tolist(), tokens.tolist()):
+            if token != eos_id:
+                outputs[row].append(token)
+    return outputs
+
+
+@torch.inference_mode()
+def generate(
+    model: Decoder,
+    prompts: Sequence[Sequence[int]],
+    config: GenerationConfig = GenerationConfig(),
+    eos_id: int | None = None,
+    decode: Decode | None = None,
+) -> list[list[int]]:
+    """Continues each prompt with a decoder-only model, all prompts in one left-padded batch.
+
+    Greedy or sampled per `config`; with `config.beam_size > 1` the best beam-search hypothesis.
+
+    Args:
+        model: the language model, in eval mode.
+        prompts: B lists of token ids, of any lengths >= 1.
+        config: the decoding settings.
+        eos_id: the token that ends a row (None: rows end at their limit or a stop string).
+        decode: token ids -> text; needed for `config.stop`.
+
+    Returns:
+        B lists of new token ids (no prompt, no EOS).
+    """
+    _check_call(config, eos_id, decode)
+    if config.beam_size > 1:
+
+        return [hypotheses[0].tokens for hypotheses in beam_search(model, prompts, config, eos_id)]
+    session = start_decoder(model, prompts, config)
+    return _collect(decode_rows(session, config, eos_id, decode), len(prompts), eos_id)
+
+
+@torch.inference_mode()
+def generate_seq2seq(
+    model: EncoderDecoder,
+    sources: Sequence[Sequence[int]],
+    start_id: int,
+    eos_id: int | None,
+    pad_id: int,
+    config: GenerationConfig = GenerationConfig(),
+) -> list[list[int]]:
+    """Translates a batch of sources (right-padded, with their mask) with an encoder-decoder.
+
+    Greedy or sampled per `config`; with `config.beam_size > 1` the best beam-search hypothesis.
+    Each output has at most source length + 50 tokens unless `config.max_new_tokens` says otherwise.
+
+    Args:
+        model: the encoder-decoder, in eval mode.
+        sources: B lists of source token ids.
+        start_id: the decoder's first input token (BOS, or Marian's pad).
+        eos_id: the token that ends an output (None: outputs end at their limit).
+        pad_id: the source padding id.
+        config: the decoding settings.
+
+    Returns:
+        B lists of output token ids (no start token, no EOS).
+    """
+    _check_call(config, eos_id, None)
+    if config.beam_size > 1:
+
+        found = beam_search_seq2seq(model, sources, start_id, eos_id, pad_id, config)
+        return [hypotheses[0].tokens for hypotheses in found]
+    session = start_seq2seq(model, sources, start_id, pad_id, config)
+    return _collect(decode_rows(session, config, eos_id), len(sources), eos_id)
+
+
+def stream(
+    model: Decoder,
+    prompt: Sequence[int],
+    config: GenerationConfig = GenerationConfig(),
+    eos_id: int | None = None,
+    decode: Decode | None = None,
+) -> Iterator[int]:
+    """Continues one prompt, yielding each new token id as soon as it is chosen (EOS is not yielded).
+
+    The prompt is prefilled (and every argument checked) when `stream` is called; tokens are
+    decoded as the iterator is consumed.
+    """
+    _check_call(config, eos_id, decode)
+    if config.beam_size > 1:
+        raise GenerationError("beam search cannot stream: its best hypothesis is known only at the end; "
+                              "set beam_size=1")
+    with torch.inference_mode():
+        session = start_decoder(model, [prompt], config)
+    return _stream_tokens(session, config, eos_id, decode)
+
+
+@torch.inference_mode()
+def _stream_tokens(
+    session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None
+) -> Iterator[int]:
+    for _, tokens in decode_rows(session, config, eos_id, decode):
+        token = int(tokens[0])
+        if token != eos_id:
+            yield token

@@ -1,0 +1,118 @@
+"""A training run from its configuration: check the run directory, build the task, start or resume
+the model (or fine-tune a pretrained one), and fit.
+
+`train(run_config)` is the entry point. Before it trains a tokenizer or builds a model it checks
+that the run directory can be written and that its disk has room for two checkpoints
+(`attn.training.preflight`); it refuses a run directory that holds checkpoints unless
+`train.resume` is set, and resumes from the latest one when it is.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from attn.artifacts.checkpoint import latest_checkpoint, load_checkpoint
+from attn.config import ModelConfig
+from attn.errors import CheckpointError, ConfigError, TrainingError
+from attn.models import build_model
+from attn.training.distributed import (
+    DistContext,
+    all_gather_objects,
+    init_distributed,
+    shutdown,
+)
+from attn.training.finetune import copy_pretrained, initial_model
+from attn.training.preflight import check_run
+from attn.training.retention import config_difference
+from attn.training.runconfig import RunConfig
+from attn.training.tasks import TaskBuilder, TaskContext, build_task
+from attn.training.trainer import RunResult, Trainer
+
+
+def train(
+    run_config: RunConfig, model_config: ModelConfig | None = None, task_builder: TaskBuilder | None = None
+) -> RunResult:
+    """Trains a model as `run_config` says, resuming from the run's latest checkpoint if there is one.
+
+    Works the same in one process and under `torchrun` (see `attn.training.distributed`).
+
+    Args:
+        run_config: the run configuration.
+        model_config: the model to train, instead of `run_config.model` (vocabulary size and
+            labels are still set from the data).
+        task_builder: builds the task's data (default: the adapter of `run_config.task`).
+
+    Returns:
+        What the run did (on every rank; checkpoint paths only on rank 0).
+
+    Raises:
+        ConfigError: invalid settings; CheckpointError: an unusable checkpoint to resume, or a
+        checkpoint that cannot be written; TrainingError: an unwritable run_dir, too little free
+        disk space, or a non-finite loss with `on_nonfinite = "stop"`.
+        TrainingInterrupted: SIGINT or SIGTERM stopped training (a checkpoint was saved).
+    """
+    ctx = init_distributed(run_config.train.device)
+    try:
+        model_config = model_config or run_config.model_config()
+        _preflight(run_config, model_config, ctx)
+        trainer = _prepare(run_config, model_config, task_builder or build_task, ctx)
+        return trainer.fit()
+    finally:
+        shutdown(ctx)
+
+
+def _preflight(config: RunConfig, model_config: ModelConfig, ctx: DistContext) -> None:
+    """Rank 0 checks the run directory and free disk space; every rank raises its error."""
+    problem = None
+    if ctx.is_main:
+        try:
+            check_run(config.run_dir, model_config)
+        except TrainingError as err:
+            problem = err
+    problem = all_gather_objects(problem, ctx)[0]
+    if problem is not None:
+        raise problem
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python's, NumPy's and torch's global generators (a resumed run restores them instead)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder, ctx: DistContext) -> Trainer:
+    train_config = config.train
+    previous = latest_checkpoint(config.run_dir)
+    if previous is not None and not train_config.resume:
+        raise ConfigError(
+            "train.resume", f"{config.run_dir} already holds checkpoints; choose a new run_dir, delete it, or resume"
+        )
+    resumed = load_checkpoint(previous, train_config.attention, with_state=True) if previous else None
+    initial = initial_model(config.model.init_from)
+    if initial is not None:
+        model_config = config.model.build(initial.model_config)
+    seed_everything(train_config.seed)
+    tokenizer = (resumed and resumed.tokenizer) or (initial and initial.tokenizer)
+    task = builder(config, model_config, TaskContext(ctx.rank, ctx.world_size, tokenizer))
+    if resumed is None:
+        model = build_model(task.model_config, train_config.attention)
+        if initial is not None:
+            copy_pretrained(initial, model)
+    else:
+        if resumed.model_config != task.model_config:
+            raise CheckpointError(
+                f"{resumed.path}: its model differs from this run's in "
+                f"{config_difference(resumed.model_config, task.model_config)!r}; use the same model settings "
+                "to resume, or a new run_dir"
+            )
+        model = resumed.model
+    # Ranks start from the same weights but draw different dropout masks.
+    torch.manual_seed(train_config.seed + ctx.rank)
+    trainer = Trainer(config, task, model.to(ctx.device).train(), ctx)
+    if resumed is not None:
+        trainer.load_state_dict(resumed.state)
+    return trainer
