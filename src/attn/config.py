@@ -81,6 +81,14 @@ class ModelConfig:
     the encoder-decoder's source vocabulary (0 means "same as vocab_size"). `pooling` is the vector
     an encoder-only model classifies: the first token's ("first") or the mean of the real tokens'
     ("mean", for checkpoints trained as sentence embedders, such as all-MiniLM-L6-v2).
+
+    Example:
+        >>> from attn import ModelConfig, preset
+        >>> small = preset("paper-base").replace(d_model=256, d_ff=1024)
+        >>> small.d_model, small.heads
+        (256, 8)
+        >>> isinstance(small, ModelConfig)
+        True
     """
 
     architecture: Architecture = Architecture.ENCODER_DECODER
@@ -359,7 +367,14 @@ def preset_names() -> list[str]:
 
 
 def preset(name: str) -> ModelConfig:
-    """The named preset. Exact names only; an unknown name lists the valid ones."""
+    """The named preset. Exact names only; an unknown name lists the valid ones.
+
+    Example:
+        >>> from attn import preset
+        >>> config = preset("paper-base")
+        >>> config.d_model, config.heads, config.encoder_layers
+        (512, 8, 6)
+    """
     try:
         return _PRESETS[name]
     except KeyError:

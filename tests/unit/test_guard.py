@@ -82,9 +82,7 @@ def test_attn_train_stays_quiet_when_a_trained_lm_beats_unigrams(tmp_path, capsy
 
 @pytest.mark.parametrize("budget, passed, code", [("full", False, 1), ("full", True, 0), ("smoke", False, 0)])
 def test_the_full_quickstart_fails_when_a_model_is_not_clearly_better(monkeypatch, capsys, budget, passed, code):
-    import attn.app.quickstart
-
-    monkeypatch.setattr(attn.app.quickstart, "run_quickstart",
+    monkeypatch.setattr(cli, "run_quickstart",
                         lambda run_dir, budget, quiet: {"clearly_better_than_baselines": passed})
     assert cli.main(["quickstart", "--budget", budget]) == code
     assert ("not clearly better than its trivial baseline" in capsys.readouterr().err) == (code == 1)

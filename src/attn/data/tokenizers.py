@@ -96,7 +96,15 @@ def _role(role: str) -> property:
 
 
 class Tokenizer:
-    """Text ↔ token ids, wrapping a `tokenizers.Tokenizer`. Build one with a classmethod."""
+    """Text ↔ token ids, wrapping a `tokenizers.Tokenizer`. Build one with a classmethod.
+
+    Example:
+        >>> from attn import Tokenizer
+        >>> tokenizer = Tokenizer.train_chars(["to be or not to be"])
+        >>> ids = tokenizer.encode("to be")
+        >>> tokenizer.decode(ids)
+        'to be'
+    """
 
     pad_id = _role("pad")
     unk_id = _role("unk")

@@ -43,6 +43,11 @@ class GenerationConfig:
     positions allow for a decoder-only model. `seed` seeds a `torch.Generator` for sampling (None
     uses torch's global generator). The beam fields (`beam_size`, `length_penalty`, `length_norm`,
     `early_stopping`, `n_best`) are read by `attn.decoding.beam_search`.
+
+    Example:
+        >>> from attn import GenerationConfig
+        >>> GenerationConfig.paper().beam_size, GenerationConfig.paper().length_penalty
+        (4, 0.6)
     """
 
     max_new_tokens: int | None = None

@@ -122,6 +122,15 @@ def generate(
 
     Returns:
         B lists of new token ids (no prompt, no EOS).
+
+    Example (token ids in, token ids out; `attn.app.inference.continue_texts` works on text):
+        >>> import torch
+        >>> from attn import GenerationConfig, build_model, generate, preset
+        >>> _ = torch.manual_seed(0)
+        >>> model = build_model(preset("char-gpt-tiny")).eval()
+        >>> new = generate(model, [[2, 17, 5], [2, 9]], GenerationConfig(max_new_tokens=4))
+        >>> [len(row) for row in new]
+        [4, 4]
     """
     _check_call(config, eos_id, decode)
     if config.beam_size > 1:

@@ -56,6 +56,14 @@ def build_model(config: ModelConfig, attention: str = "fast") -> Model:
     Args:
         config: the model configuration.
         attention: "fast" (torch's fused SDPA) or "reference" (the plain formula, for tests).
+
+    Example:
+        >>> import torch
+        >>> from attn import build_model, preset
+        >>> from attn.models import count_parameters
+        >>> with torch.device("meta"):  # shapes only, no memory
+        ...     count_parameters(build_model(preset("paper-base")))
+        63082496
     """
     if attention not in ATTENTION_FUNCTIONS:
         raise ConfigError("attention", f"unknown attention {attention!r}; use 'fast' or 'reference'")

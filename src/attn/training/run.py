@@ -53,6 +53,16 @@ def train(
         checkpoint that cannot be written; TrainingError: an unwritable run_dir, too little free
         disk space, or a non-finite loss with `on_nonfinite = "stop"`.
         TrainingInterrupted: SIGINT or SIGTERM stopped training (a checkpoint was saved).
+
+    Example (two updates of the character-level Shakespeare recipe, from the repository's root):
+        >>> import tempfile
+        >>> from attn import load_model, load_run_config, train
+        >>> run_dir = tempfile.mkdtemp()
+        >>> config = load_run_config("configs/shakespeare-char-quick.toml",
+        ...                          [f"run_dir={run_dir}", "train.max_steps=2", "optim.warmup_steps=1", "train.quiet=true"])
+        >>> result = train(config)
+        >>> result.step, load_model(run_dir, "cpu").task
+        (2, 'lm')
     """
     ctx = init_distributed(run_config.train.device)
     try:

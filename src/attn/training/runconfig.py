@@ -279,7 +279,14 @@ SECTIONS: dict[str, type] = {
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """Everything about a training run except the model's architecture details (see `ModelSection`)."""
+    """Everything about a training run except the model's architecture details (see `ModelSection`).
+
+    Example:
+        >>> from attn import RunConfig
+        >>> config = RunConfig().override("task=lm", "optim.lr=3e-4", "train.max_minutes=5")
+        >>> config.task.value, config.optim.lr, config.train.max_minutes
+        ('lm', 0.0003, 5.0)
+    """
 
     task: Task = Task.TRANSLATION
     run_dir: str = "runs/run"
@@ -345,6 +352,12 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
 
     Raises:
         ConfigError: the file is missing or not TOML, or a key or value is invalid.
+
+    Example:
+        >>> from attn import load_run_config
+        >>> config = load_run_config("configs/shakespeare-char-quick.toml", ["optim.lr=1e-3"])
+        >>> config.task.value, config.optim.lr
+        ('lm', 0.001)
     """
     try:
         text = Path(path).read_text(encoding="utf-8")

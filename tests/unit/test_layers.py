@@ -1,0 +1,106 @@
+"""The layers of docs/architecture.md, checked on the source: a module imports only from its own layer or the
+layers below it, at the top of the module, with no import cycle."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+# From the bottom up; a module belongs to the first layer whose prefix it has.
+LAYERS = [
+    ("base", ("attn.errors", "attn.faults", "attn.config")),
+    ("model core", ("attn.masks", "attn.attention", "attn.positional", "attn.layers", "attn.blocks",
+                    "attn.kv_cache", "attn.models")),
+    ("decoding", ("attn.decoding",)),
+    ("data", ("attn.data",)),
+    ("model loading", ("attn.artifacts",)),
+    ("training", ("attn.training",)),
+    ("application", ("attn.app",)),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int:
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} belongs to no layer: add it to docs/architecture.md and LAYERS")
+
+
+SUBMODULES: set[str] = set()
+
+
+def imports(tree: ast.Module) -> list[tuple[str, bool]]:
+    """(imported attn module, whether at module level) for every import of an attn module."""
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from attn.pkg import submodule` imports the submodule (after the package's __init__)
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in SUBMODULES else node.module
+                     for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        found += [(name, id(node) in top) for name in names if name == "attn" or name.startswith("attn.")]
+    return found
+
+
+SUBMODULES.update(module_name(path) for path in SRC.glob("attn/**/*.py"))
+MODULES = {module_name(path): ast.parse(path.read_text(encoding="utf-8")) for path in SRC.glob("attn/**/*.py")}
+
+
+def test_every_module_imports_only_from_its_layer_or_below():
+    upward = []
+    for module, tree in MODULES.items():
+        if module == "attn":  # the package's face re-exports the public names of every layer
+            continue
+        for imported, _ in imports(tree):
+            if imported != "attn" and layer_of(imported) > layer_of(module):
+                upward.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {imported} "
+                              f"({LAYERS[layer_of(imported)][0]})")
+    assert not upward, "\n".join(upward)
+
+
+def test_attn_modules_are_imported_at_the_top_of_a_module():
+    local = [f"{module} imports {imported} inside a function" for module, tree in MODULES.items()
+             for imported, at_top in imports(tree) if not at_top]
+    assert not local, "\n".join(local)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (module -> modules it imports), or None."""
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for nxt in sorted(graph.get(module, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[module] = 2
+        return None
+
+    return next((cycle for module in sorted(graph) if module not in state and (cycle := visit(module, [module]))),
+                None)
+
+
+def test_no_import_cycle():
+    graph = {module: {imported for imported, _ in imports(tree) if imported in MODULES and imported != module}
+             for module, tree in MODULES.items() if module != "attn"}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_a_module_that_imports_upward_is_caught():
+    tree = ast.parse("from attn.training.run import train\n")
+    (imported, at_top), = imports(tree)
+    assert layer_of(imported) > layer_of("attn.models.build") and at_top
+    inner = ast.parse("def f():\n    from attn.app import cli\n")
+    assert imports(inner) == [("attn.app.cli", False)]
