@@ -9,8 +9,10 @@
 4. writes checkpoints, metrics, loss curves, a cross-attention heat map and an `index.html`;
 5. prints the commands to use each model.
 
-Each step is a shipped run config (`configs/quickstart-*.toml`); `budget="smoke"` runs a few
-steps of each on small slices, for the integration test.
+Each step is a shipped run config (`configs/quickstart-*.toml`, read from `attn.shipped`, so an
+installed `attn` runs it from any directory; its `data/...` paths name the shipped corpora unless
+the working directory has its own); `budget="smoke"` runs a few steps of each on small slices,
+for the integration test.
 
 Each model's test score is checked against its task's trivial baseline (`attn.app.guard`): a model
 that is not clearly better gets a warning naming the figures and the likely cause, and the full
@@ -41,10 +43,10 @@ from attn.app.report import write_report
 from attn.artifacts import load_model
 from attn.data.corpora import load_labelled, load_parallel, read_text
 from attn.decoding import GenerationConfig
+from attn.shipped import folder
 from attn.training import RunResult, train
 from attn.training.runconfig import RunConfig, load_run_config
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 TRANSLATION_TEST = "data/bible-en-es/test.tsv"
 LM_TEST = "data/shakespeare/test.txt"
 CLASSIFICATION_TEST = "data/fortunes-topics/test.tsv"
@@ -84,7 +86,7 @@ class _Trained:
 
 
 def _config_path(name: str) -> Path:
-    return CONFIGS / f"quickstart-{name}.toml"
+    return folder("configs") / f"quickstart-{name}.toml"
 
 
 def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:

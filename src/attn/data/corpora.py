@@ -35,6 +35,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from attn.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
+from attn.shipped import locate
 
 MAX_LINE_CHARS = 100_000
 PARALLEL_COLUMNS = ("ref", "en", "es")
@@ -57,7 +58,8 @@ def read_text(path: str | Path) -> str:
     """Read a whole UTF-8 text file, gunzipping it when its name ends in `.gz`.
 
     Args:
-        path: the file.
+        path: the file; a `data/...` path that the working directory lacks names the shipped
+            corpus file (`attn.shipped.locate`).
 
     Returns:
         The text, line ends unchanged, without a leading byte-order mark.
@@ -65,7 +67,8 @@ def read_text(path: str | Path) -> str:
     Raises:
         DataFormatError: the file is missing, not valid gzip, not valid UTF-8 or binary.
     """
-    return decode_text(_read_bytes(Path(path)), str(path))
+    found = locate(path)
+    return decode_text(_read_bytes(found), str(found))
 
 
 def decode_text(data: bytes, source: str) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
 from attn.data.tokenizers import minimum_vocab_size
 from attn.errors import ConfigError
+from attn.shipped import locate
 from attn.training.precision import Precision
 
 
@@ -63,7 +64,8 @@ class Strategy(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the data is. Paths are relative to the working directory.
+    """Where the data is. Paths are relative to the working directory; one under `data/` that is
+    not there names the corpus file shipped with attn (`attn.shipped.locate`).
 
     `source` picks the English column of the parallel corpus ("en" or "en_kjv"); `max_length`
     bounds training examples in tokens (0 = the model's max_positions); `mask_probability` is
@@ -347,7 +349,8 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
     """Reads a TOML run configuration and applies command-line overrides.
 
     Args:
-        path: the TOML file.
+        path: the TOML file; a `configs/...` path that the working directory lacks names the
+            shipped config (`attn.shipped.locate`).
         overrides: `key=value` or `section.key=value` strings, applied in order.
 
     Raises:
@@ -359,8 +362,9 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
         >>> config.task.value, config.optim.lr
         ('lm', 0.001)
     """
+    path = locate(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError("config", f"cannot read {path} ({err.strerror}); check the path") from err
     except UnicodeDecodeError as err:
