@@ -1,7 +1,7 @@
 """The `attn` command line: thin argument parsing over importable functions.
 
 Every subcommand parses its arguments and calls a function of the library (`attn.app.inference`,
-`attn.app.evaluation`, `attn.training`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
+`attn.app.tasks`, `attn.app.runs`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
 `AttnError`) is printed on one line; configuration and usage errors exit with status 2, other
 errors with 1; no traceback.
 """
@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from attn import __version__
-from attn.app.evaluation import evaluate
-from attn.app.guard import check_run
 from attn.app.inference import (
     attention_of,
     check_samples,
@@ -31,6 +29,8 @@ from attn.app.inference import (
 )
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
+from attn.app.runs import check_run, load_run_config, train
+from attn.app.tasks import EvalOptions, evaluate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names
@@ -38,13 +38,7 @@ from attn.data.corpora import decode_text, read_text
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
-from attn.training import (
-    TrainingInterrupted,
-    last_checkpoints,
-    load_run_config,
-    train,
-    write_averaged_checkpoint,
-)
+from attn.training import TrainingInterrupted, last_checkpoints, write_averaged_checkpoint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -222,12 +216,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_model(args.model, args.device)
-    options: dict[str, object] = {}
-    if loaded.task == "translation":
-        options = {"config": config, "limit": args.limit}
-    elif loaded.task == "lm":
-        options = {"context": args.context}
-    result = evaluate(loaded, args.data, **options)
+    result = evaluate(loaded, args.data, EvalOptions(config, args.limit, args.context))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
