@@ -200,58 +200,86 @@ def _default_limit(config: GenerationConfig, loaded: Bundle, longest: int) -> Ge
 
 def _text_pieces(tokens: Iterable[int], decode: Decode, stop: Sequence[str] = ()) -> Iterator[str]:
     """The text of a token stream in pieces, as the tokens arrive; the pieces add up to
-    `cut_at_stop(decode(all tokens), stop)`."""
-    return _before_stop(_complete_text(tokens, decode), stop)
-
-
-def _complete_text(tokens: Iterable[int], decode: Decode) -> Iterator[str]:
-    """The new text of each token, in complete characters, decoding a window of the last few tokens only.
-
-    A byte-level tokenizer (GPT-2, byte-bpe) decodes a character split across tokens as U+FFFD
-    until its last byte arrives, so a final U+FFFD is held back until the next token (at the end,
-    what is left is yielded as it decodes). The window keeps `_WINDOW` tokens: a UTF-8 character
-    has at most 4 bytes and a token at least one, so an unfinished character always lies inside
-    it, and the earlier tokens of the window give decoders that join tokens (a metaspace or a
-    space between words) the context to render the newest one as the whole text does.
-    """
-    window: list[int] = []
-    shown = ""  # the part of decode(window) already yielded
+    `cut_at_stop(decode(all tokens), stop)`. No token after the one that completes a stop string is read."""
+    text = TextStream(decode, stop)
     for token in tokens:
-        window.append(token)
-        ready = _finished(decode(window))
-        if len(ready) > len(shown):
-            yield ready[len(shown):]
-        shown = ready
-        if len(window) > _WINDOW:
-            window = window[-_WINDOW:]
-            shown = _finished(decode(window))  # all of it was yielded but a held-back last character
-    rest = decode(window)[len(shown):]
+        piece = text.push(token)
+        if piece:
+            yield piece
+        if text.stopped:
+            return
+    rest = text.finish()
     if rest:
         yield rest
 
+
+class TextStream:
+    """The text of a token stream, pushed one token at a time: what a server streams to its clients.
+
+    `push` returns the new text of each token, in complete characters, decoding a window of the last
+    few tokens only. A byte-level tokenizer (GPT-2, byte-bpe) decodes a character split across tokens as
+    U+FFFD until its last byte arrives, so a final U+FFFD is held back until the next token. The window
+    keeps `_WINDOW` tokens: a UTF-8 character has at most 4 bytes and a token at least one, so an
+    unfinished character always lies inside it, and the earlier tokens of the window give decoders that
+    join tokens (a metaspace or a space between words) the context to render the newest one as the
+    whole text does. Text that may be the start of a stop string is held back until it is known not to
+    be one; at the first stop string, `stopped` turns True and nothing more is shown. The pieces of all
+    `push` calls and `finish` add up to `cut_at_stop(decode(all tokens), stop)`.
+
+    Example:
+        >>> text = TextStream(lambda ids: "".join(chr(i) for i in ids), stop=["!?"])
+        >>> [text.push(ord(c)) for c in "hi!"], text.push(ord("?")), text.stopped
+        (['h', 'i', ''], '', True)
+    """
+
+    def __init__(self, decode: Decode, stop: Sequence[str] = ()) -> None:
+        self._decode = decode
+        self._stop = tuple(stop)
+        self._window: list[int] = []
+        self._shown = ""  # the part of decode(window) already passed on
+        self._held = ""  # text passed on by the window but held back as a possible stop string's start
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        """The text that `token` makes ready to show ('' when all of it is held back or the stream stopped)."""
+        if self.stopped:
+            return ""
+        self._window.append(token)
+        ready = _finished(self._decode(self._window))
+        piece = ready[len(self._shown):]
+        self._shown = ready
+        if len(self._window) > _WINDOW:
+            self._window = self._window[-_WINDOW:]
+            self._shown = _finished(self._decode(self._window))  # all of it was shown but a held-back last character
+        return self._before_stop(piece)
+
+    def finish(self) -> str:
+        """What is left to show when the stream ends: a held-back character or possible start of a stop string."""
+        if self.stopped:
+            return ""
+        piece = self._before_stop(self._decode(self._window)[len(self._shown):])
+        if self.stopped:
+            return piece
+        piece, self._held = piece + self._held, ""
+        return piece
+
+    def _before_stop(self, piece: str) -> str:
+        """`piece` up to the first stop string, less the end that may turn out to be the start of one."""
+        if not piece:
+            return ""
+        self._held += piece
+        end = stop_index(self._held, self._stop)
+        if end is not None:
+            self.stopped = True
+            return self._held[:end]
+        keep = max((n for s in self._stop for n in range(1, len(s)) if self._held.endswith(s[:n])), default=0)
+        shown, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
+        return shown
 
 
 def _finished(text: str) -> str:
     """The text without a final U+FFFD, which may be the start of a character still to come."""
     return text[:-1] if text.endswith("\ufffd") else text
-
-
-def _before_stop(pieces: Iterable[str], stop: Sequence[str]) -> Iterator[str]:
-    """The pieces up to the first stop string, holding back text that may turn out to be the start of one."""
-    held = ""
-    for piece in pieces:
-        held += piece
-        end = stop_index(held, stop)
-        if end is not None:
-            if end:
-                yield held[:end]
-            return
-        keep = max((n for s in stop for n in range(1, len(s)) if held.endswith(s[:n])), default=0)
-        if len(held) > keep:
-            yield held[: len(held) - keep]
-            held = held[len(held) - keep :]
-    if held:
-        yield held
 
 
 def stop_index(text: str, stop: Sequence[str]) -> int | None:
