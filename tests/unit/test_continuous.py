@@ -9,7 +9,7 @@ from torch.testing import assert_close
 
 from attn.config import Positional, preset
 from attn.decoding import GenerationConfig, generate
-from attn.decoding.continuous import RunningBatch, Step
+from attn.decoding.continuous import RowToken, RunningBatch
 from attn.errors import GenerationError
 from attn.models import Decoder, build_model
 
@@ -25,9 +25,9 @@ def _lm(positional: Positional) -> Decoder:
     return build_model(preset("gpt2-tiny").replace(positional=positional, dropout=0.0)).eval()
 
 
-def _run(batch: RunningBatch, arrivals: list[tuple[int, list[int], GenerationConfig]]) -> dict[int, list[Step]]:
+def _run(batch: RunningBatch, arrivals: list[tuple[int, list[int], GenerationConfig]]) -> dict[int, list[RowToken]]:
     """Adds each prompt at its arrival step and steps until every row is done; the steps of each row."""
-    found: dict[int, list[Step]] = {key: [] for key in range(len(arrivals))}
+    found: dict[int, list[RowToken]] = {key: [] for key in range(len(arrivals))}
     clock = 0
     while clock <= max(a[0] for a in arrivals) or len(batch):
         for key, (arrival, prompt, config) in enumerate(arrivals):
@@ -49,7 +49,7 @@ def test_a_row_in_a_continuous_batch_gets_its_tokens_and_scores_alone(positional
         assert tokens == generate(model, [prompt], config)[0]
         with torch.no_grad():  # the uncached forward pass over prompt + every new token
             reference = model(torch.tensor([prompt + tokens]))[0, len(prompt) - 1 : -1]
-        assert_close(torch.stack([step.logits for step in found[key]]), reference, atol=1e-5, rtol=1e-5)
+        assert_close(torch.stack([step.scores for step in found[key]]), reference, atol=1e-5, rtol=1e-5)
         assert [step.finish for step in found[key]] == [None] * (len(tokens) - 1) + ["length"]
 
 

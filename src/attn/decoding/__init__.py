@@ -23,7 +23,7 @@ from attn.decoding.config import (
     GenerationConfig,
     LengthNorm,
 )
-from attn.decoding.continuous import RunningBatch, Step
+from attn.decoding.continuous import RowToken, RunningBatch
 from attn.decoding.generation import decode_rows, generate, generate_seq2seq, stream
 from attn.decoding.sampling import (
     ban_repeated_ngrams,
@@ -35,8 +35,8 @@ from attn.decoding.sampling import (
 from attn.decoding.session import Session, start_decoder, start_seq2seq
 
 __all__ = [
-    "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RunningBatch",
-    "Session", "Step",
+    "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
+    "Session",
     "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention",
     "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_top_k", "keep_top_p",
     "length_penalty", "penalize_repeats", "start_decoder", "start_seq2seq", "stream",

@@ -38,20 +38,21 @@ from attn.models import Decoder
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
+class RowToken:
     """One row's new token.
 
     Attributes:
         key: the key the row was added with.
         token: the chosen token id (the EOS id too, when the row ends with it).
-        logits: (V,) float, the model's scores the token was chosen from, before any adjustment.
+        scores: (V,) float, the scores the token was chosen from: the model's logits after the logit
+            adjustments (penalties, bans, forced EOS), before temperature, top-k and top-p.
         finish: None while the row goes on; "stop" (EOS or a stop string) or "length" (its token
             limit) on its last step.
     """
 
     key: Hashable
     token: int
-    logits: Tensor
+    scores: Tensor
     finish: str | None
 
 
@@ -128,11 +129,11 @@ class RunningBatch:
         self._keep([i for i, row in enumerate(self.rows) if row.key != key])
 
     @torch.inference_mode()
-    def step(self) -> list[Step]:
+    def step(self) -> list[RowToken]:
         """Joins the queued prompts, chooses one token per row, drops the finished rows and feeds the rest.
 
         Returns:
-            One `Step` per row that was active in this step, in batch order.
+            One `RowToken` per row that was active in this step, in batch order.
         """
         self._join()
         steps = [self._choose(i, row) for i, row in enumerate(self.rows)]
@@ -157,14 +158,14 @@ class RunningBatch:
         self.rows += self.pending
         self.pending = []
 
-    def _choose(self, index: int, row: _Row) -> Step:
+    def _choose(self, index: int, row: _Row) -> RowToken:
         logits = self.logits[index : index + 1]  # (1, V)
         at_limit = len(row.history) - row.prompt_length + 1 == row.limit
         history = torch.tensor([row.history], device=logits.device)
         adjusted = adjust_logits(logits, history, row.config, self.eos_id, torch.tensor([at_limit]))
         token = int(choose_tokens(adjusted, row.config, row.generator))
         row.history.append(token)
-        return Step(row.key, token, logits[0], self._finish(row, token, at_limit))
+        return RowToken(row.key, token, adjusted[0], self._finish(row, token, at_limit))
 
     def _finish(self, row: _Row, token: int, at_limit: bool) -> str | None:
         if token == self.eos_id:
