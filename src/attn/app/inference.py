@@ -7,6 +7,7 @@ directory, a local Hugging Face directory or a packaged model).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -16,7 +17,7 @@ from torch import Tensor
 from attn.app.embeddings import embed_texts
 from attn.artifacts import Bundle
 from attn.data.corpora import pad_batch
-from attn.decoding import Decode, GenerationConfig, generate, generate_seq2seq, stream, stream_scored
+from attn.decoding import Decode, GenerationConfig, generate, generate_seq2seq, stream
 from attn.decoding.attention_maps import attention_maps, layer_count
 from attn.decoding.beam_search import Hypothesis, beam_search, beam_search_seq2seq
 from attn.errors import AttnError, GenerationError
@@ -143,14 +144,13 @@ def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig) -> It
 
 @dataclasses.dataclass(frozen=True)
 class GeneratedToken:
-    """One token of a continuation, as `start_completion` gives them.
+    """One new token of a continuation, with its text and log-probabilities (see `CompletionText`).
 
     Attributes:
         id: the token id (the final EOS too).
         text: the text that arrives with this token; "" while text is held back (a character not
             yet complete, or what may be the start of a stop string: it comes with a later token).
-            The texts of all tokens add up to what `generate_stream` shows.
-        logprob: the token's log-probability (see `attn.decoding.stream_scored`).
+        logprob: the token's log-probability under the scores it was chosen from.
         top: the most likely tokens of this step as (id, log-probability), best first.
         finish: None, except on the last token: "stop" (EOS or a stop string) or "length" (the limit).
     """
@@ -162,71 +162,48 @@ class GeneratedToken:
     finish: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Completion:
-    """A continuation of a prompt, written as `tokens` is consumed.
+class CompletionText:
+    """A continuation's tokens, pushed one at a time as a decoder chooses them, as `GeneratedToken`s.
 
-    Attributes:
-        prompt_ids: the prompt's token ids (the start token alone for an empty prompt).
-        tokens: the new tokens, each with its text and log-probabilities.
-    """
-
-    prompt_ids: list[int]
-    tokens: Iterator[GeneratedToken]
-
-
-def start_completion(loaded: Bundle, prompt: str, config: GenerationConfig, top_logprobs: int = 0) -> Completion:
-    """Continues a prompt with the decoder-only model token by token (`generate_stream` with the tokens).
-
-    The prompt is checked and prefilled when this is called, so its errors come before any token.
+    The texts of all tokens add up to what `generate_stream` shows for the same tokens (whole
+    characters, nothing from the first stop string on). Log-probabilities are the log-softmax of
+    the scores the token was chosen from (after the logit adjustments, before temperature, top-k
+    and top-p), so sampling settings do not change them.
 
     Args:
-        loaded: a decoder-only model and its tokenizer.
-        prompt: the prompt; an empty one starts from the start token.
-        config: the decoding settings (no beam search); without `max_new_tokens` the limit of `generate_stream`.
+        loaded: the decoder-only model's bundle (its tokenizer and EOS id).
+        stop: the stop strings.
         top_logprobs: how many of each step's most likely tokens `GeneratedToken.top` holds.
 
-    Raises:
-        GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
+    Example:
+        >>> import torch
+        >>> from attn import Bundle, Tokenizer, build_model, preset
+        >>> tokenizer = Tokenizer.train_chars(["hello"])
+        >>> config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size)
+        >>> bundle = Bundle(build_model(config).eval(), tokenizer, "lm", config, ".", eos_id=tokenizer.eos_id)
+        >>> text = CompletionText(bundle, stop=["lo"], top_logprobs=1)
+        >>> scores = torch.zeros(tokenizer.vocab_size)
+        >>> [text.push(tokenizer.token_to_id(c), scores, None).text for c in "hel"]
+        ['h', 'e', '']
+        >>> token = text.push(tokenizer.token_to_id("o"), scores, "stop")  # uniform scores: log(1 / V)
+        >>> token.text, token.finish, round(token.logprob * -1 - torch.tensor(tokenizer.vocab_size).log().item(), 5)
+        ('', 'stop', 0.0)
     """
-    _expect(loaded, Decoder, "text generation")
-    ids = prompt_ids(loaded, prompt)
-    config = _default_limit(config, loaded, len(ids))
-    steps = stream_scored(loaded.model, ids, config, loaded.eos_id, loaded.tokenizer.decode)
-    return Completion(ids, _generated_tokens(steps, loaded, config.stop, top_logprobs))
 
+    def __init__(self, loaded: Bundle, stop: Sequence[str] = (), top_logprobs: int = 0) -> None:
+        self._text = TextStream(loaded.tokenizer.decode, stop)
+        self._eos = loaded.eos_id
+        self._top = top_logprobs
 
-def _generated_tokens(steps: Iterator[tuple[int, Tensor]], loaded: Bundle, stop: Sequence[str],
-                      top: int) -> Iterator[GeneratedToken]:
-    """Each step's token with the text `_text_pieces` lets out after it; a token is given once the next one is drawn."""
-    eos, decode = loaded.eos_id, loaded.tokenizer.decode
-    pulled: list[tuple[int, Tensor]] = []
-    texts: list[str] = []
-
-    def text_tokens() -> Iterator[int]:
-        for token, logprobs in steps:
-            pulled.append((token, logprobs))
-            texts.append("")
-            if token != eos:
-                yield token
-
-    given = 0
-    for piece in _text_pieces(text_tokens(), decode, stop):
-        texts[-1] += piece
-        for given in range(given, len(pulled) - 1):
-            yield _generated(*pulled[given], texts[given], top)
-        given = len(pulled) - 1
-    words = [token for token, _ in pulled if token != eos]
-    stopped = pulled[-1][0] == eos or stop_index(decode(words), stop) is not None
-    for index in range(given, len(pulled)):
-        last = index == len(pulled) - 1
-        yield _generated(*pulled[index], texts[index], top, ("stop" if stopped else "length") if last else None)
-
-
-def _generated(token: int, logprobs: Tensor, text: str, top: int, finish: str | None = None) -> GeneratedToken:
-    values, ids = logprobs.topk(min(top, logprobs.numel()))
-    best = [(i, v) for i, v in zip(ids.tolist(), values.tolist()) if v > float("-inf")]
-    return GeneratedToken(token, text, float(logprobs[token]), best, finish)
+    def push(self, token: int, scores: Tensor, finish: str | None) -> GeneratedToken:
+        """The next token, from its (V,) scores; `finish` is set on the continuation's last token."""
+        text = self._text.push(token) if token != self._eos else ""
+        if finish is not None:
+            text += self._text.finish()
+        logprobs = scores.float().log_softmax(-1)
+        values, ids = logprobs.topk(min(self._top, logprobs.numel()))
+        top = [(i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -math.inf]
+        return GeneratedToken(token, text, float(logprobs[token]), top, finish)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,58 +296,86 @@ def _default_limit(config: GenerationConfig, loaded: Bundle, longest: int) -> Ge
 
 def _text_pieces(tokens: Iterable[int], decode: Decode, stop: Sequence[str] = ()) -> Iterator[str]:
     """The text of a token stream in pieces, as the tokens arrive; the pieces add up to
-    `cut_at_stop(decode(all tokens), stop)`."""
-    return _before_stop(_complete_text(tokens, decode), stop)
-
-
-def _complete_text(tokens: Iterable[int], decode: Decode) -> Iterator[str]:
-    """The new text of each token, in complete characters, decoding a window of the last few tokens only.
-
-    A byte-level tokenizer (GPT-2, byte-bpe) decodes a character split across tokens as U+FFFD
-    until its last byte arrives, so a final U+FFFD is held back until the next token (at the end,
-    what is left is yielded as it decodes). The window keeps `_WINDOW` tokens: a UTF-8 character
-    has at most 4 bytes and a token at least one, so an unfinished character always lies inside
-    it, and the earlier tokens of the window give decoders that join tokens (a metaspace or a
-    space between words) the context to render the newest one as the whole text does.
-    """
-    window: list[int] = []
-    shown = ""  # the part of decode(window) already yielded
+    `cut_at_stop(decode(all tokens), stop)`. No token after the one that completes a stop string is read."""
+    text = TextStream(decode, stop)
     for token in tokens:
-        window.append(token)
-        ready = _finished(decode(window))
-        if len(ready) > len(shown):
-            yield ready[len(shown):]
-        shown = ready
-        if len(window) > _WINDOW:
-            window = window[-_WINDOW:]
-            shown = _finished(decode(window))  # all of it was yielded but a held-back last character
-    rest = decode(window)[len(shown):]
+        piece = text.push(token)
+        if piece:
+            yield piece
+        if text.stopped:
+            return
+    rest = text.finish()
     if rest:
         yield rest
 
+
+class TextStream:
+    """The text of a token stream, pushed one token at a time: what a server streams to its clients.
+
+    `push` returns the new text of each token, in complete characters, decoding a window of the last
+    few tokens only. A byte-level tokenizer (GPT-2, byte-bpe) decodes a character split across tokens as
+    U+FFFD until its last byte arrives, so a final U+FFFD is held back until the next token. The window
+    keeps `_WINDOW` tokens: a UTF-8 character has at most 4 bytes and a token at least one, so an
+    unfinished character always lies inside it, and the earlier tokens of the window give decoders that
+    join tokens (a metaspace or a space between words) the context to render the newest one as the
+    whole text does. Text that may be the start of a stop string is held back until it is known not to
+    be one; at the first stop string, `stopped` turns True and nothing more is shown. The pieces of all
+    `push` calls and `finish` add up to `cut_at_stop(decode(all tokens), stop)`.
+
+    Example:
+        >>> text = TextStream(lambda ids: "".join(chr(i) for i in ids), stop=["!?"])
+        >>> [text.push(ord(c)) for c in "hi!"], text.push(ord("?")), text.stopped
+        (['h', 'i', ''], '', True)
+    """
+
+    def __init__(self, decode: Decode, stop: Sequence[str] = ()) -> None:
+        self._decode = decode
+        self._stop = tuple(stop)
+        self._window: list[int] = []
+        self._shown = ""  # the part of decode(window) already passed on
+        self._held = ""  # text passed on by the window but held back as a possible stop string's start
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        """The text that `token` makes ready to show ('' when all of it is held back or the stream stopped)."""
+        if self.stopped:
+            return ""
+        self._window.append(token)
+        ready = _finished(self._decode(self._window))
+        piece = ready[len(self._shown):]
+        self._shown = ready
+        if len(self._window) > _WINDOW:
+            self._window = self._window[-_WINDOW:]
+            self._shown = _finished(self._decode(self._window))  # all of it was shown but a held-back last character
+        return self._before_stop(piece)
+
+    def finish(self) -> str:
+        """What is left to show when the stream ends: a held-back character or possible start of a stop string."""
+        if self.stopped:
+            return ""
+        piece = self._before_stop(self._decode(self._window)[len(self._shown):])
+        if self.stopped:
+            return piece
+        piece, self._held = piece + self._held, ""
+        return piece
+
+    def _before_stop(self, piece: str) -> str:
+        """`piece` up to the first stop string, less the end that may turn out to be the start of one."""
+        if not piece:
+            return ""
+        self._held += piece
+        end = stop_index(self._held, self._stop)
+        if end is not None:
+            self.stopped = True
+            return self._held[:end]
+        keep = max((n for s in self._stop for n in range(1, len(s)) if self._held.endswith(s[:n])), default=0)
+        shown, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
+        return shown
 
 
 def _finished(text: str) -> str:
     """The text without a final U+FFFD, which may be the start of a character still to come."""
     return text[:-1] if text.endswith("\ufffd") else text
-
-
-def _before_stop(pieces: Iterable[str], stop: Sequence[str]) -> Iterator[str]:
-    """The pieces up to the first stop string, holding back text that may turn out to be the start of one."""
-    held = ""
-    for piece in pieces:
-        held += piece
-        end = stop_index(held, stop)
-        if end is not None:
-            if end:
-                yield held[:end]
-            return
-        keep = max((n for s in stop for n in range(1, len(s)) if held.endswith(s[:n])), default=0)
-        if len(held) > keep:
-            yield held[: len(held) - keep]
-            held = held[len(held) - keep :]
-    if held:
-        yield held
 
 
 def stop_index(text: str, stop: Sequence[str]) -> int | None:
