@@ -329,18 +329,6 @@ def test_classification_bars_show_the_apis_probabilities(page: Page, api: httpx.
                                        abs=0.01)
 
 
-def test_sentence_pairs_are_sent_as_pairs(page: Page, api: httpx.Client) -> None:
-    choose(page, "cls", "classify")
-    page.fill("#classify-input", "In the beginning")
-    page.fill("#classify-pair", "God created")
-    run_and_wait(page, "classify")
-    answer = api.post("/v1/classify", json={"model": "cls", "inputs": ["In the beginning"],
-                                            "pairs": ["God created"]}).json()
-    row = page.locator("#classify-output .bar-row.top")
-    assert row.get_attribute("data-label") == answer["results"][0]["label"]
-    assert float(row.get_attribute("data-probability")) == pytest.approx(answer["results"][0]["score"], abs=1e-6)
-
-
 def test_embeddings_show_dimension_norms_first_values_and_cosine(page: Page, api: httpx.Client) -> None:
     choose(page, "emb", "embed")
     a, b = "A man is eating food.", "A man eats a meal."
