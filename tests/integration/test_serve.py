@@ -12,6 +12,7 @@ from serve_models import TEXTS, tiny_bundles
 
 from attn.app.inference import attention_of, classify, continue_texts, embed, prompt_ids, translate
 from attn.app.serve import ServedModel, create_app
+from attn.app.serve.routes import PAGE
 from attn.artifacts import Bundle
 from attn.decoding import GenerationConfig
 
@@ -260,3 +261,9 @@ def test_every_route_is_in_the_openapi_docs(client: TestClient) -> None:
                   "/v1/models", "/health", "/metrics", "/"):
         assert route in paths, route
     assert client.get("/docs").status_code == 200
+
+
+def test_the_page_is_served_at_the_root(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.text == PAGE.read_text(encoding="utf-8")
