@@ -7,7 +7,8 @@ directory, a local Hugging Face directory or a packaged model).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -15,15 +16,16 @@ from torch import Tensor
 from attn.app.embeddings import embed_texts
 from attn.artifacts import Bundle
 from attn.data.corpora import pad_batch
-from attn.decoding import Decode, GenerationConfig, generate, generate_seq2seq, stream
-from attn.decoding.attention_maps import attention_maps
-from attn.decoding.beam_search import beam_search, beam_search_seq2seq
+from attn.decoding import Decode, GenerationConfig, generate, generate_seq2seq, stream, stream_scored
+from attn.decoding.attention_maps import attention_maps, layer_count
+from attn.decoding.beam_search import Hypothesis, beam_search, beam_search_seq2seq
 from attn.errors import AttnError, GenerationError
 from attn.models import Decoder, Encoder, EncoderDecoder
 
 _KIND_NAMES = {EncoderDecoder: "an encoder-decoder", Decoder: "a decoder-only", Encoder: "an encoder-only"}
 DEFAULT_NEW_TOKENS = 200  # what `generate_stream` and `continue_texts` write when the config sets no limit
 _WINDOW = 4  # the last tokens a stream decodes again with each new one (see `_complete_text`)
+Result = TypeVar("Result")
 
 
 def _expect(loaded: Bundle, kind: type, what: str) -> None:
@@ -65,28 +67,57 @@ def translate(loaded: Bundle, texts: Sequence[str], config: GenerationConfig | N
     """
     _expect(loaded, EncoderDecoder, "translation")
     config = loaded.rules.applied_to(config or GenerationConfig.paper())
-    sources = _texts_to_ids(loaded, texts, add_special=loaded.rules.frame_sources)
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    outputs: list[list[int]] = [[] for _ in sources]
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            decoded = generate_seq2seq(loaded.model, [sources[i] for i in chunk], loaded.start_id, loaded.eos_id,
-                                       loaded.pad_id, config)
-            for i, tokens in zip(chunk, decoded, strict=True):
-                outputs[i] = tokens
+    sources = source_ids(loaded, texts)
+    outputs = _in_length_order(sources, batch_size, lambda chunk: generate_seq2seq(
+        loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config))
     return loaded.tokenizer.decode_batch(outputs)
 
 
 def translate_n_best(loaded: Bundle, text: str, config: GenerationConfig) -> list[tuple[str, float]]:
     """The n best translations of one text with their scores (under `loaded.rules`, as `translate`)."""
-    _expect(loaded, EncoderDecoder, "translation")
-    source = _texts_to_ids(loaded, [text], add_special=loaded.rules.frame_sources)
-    with torch.inference_mode():
-        (hypotheses,) = beam_search_seq2seq(
-            loaded.model, source, loaded.start_id, loaded.eos_id, loaded.pad_id, loaded.rules.applied_to(config)
-        )
+    (hypotheses,) = translate_hypotheses(loaded, [text], config)
     return [(loaded.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
+
+
+def translate_hypotheses(loaded: Bundle, texts: Sequence[str], config: GenerationConfig,
+                         batch_size: int = 32) -> list[list[Hypothesis]]:
+    """The `config.n_best` best beam-search translations of each text (any beam size, 1 too), best first.
+
+    Batched as `translate`, under `loaded.rules`; the tokens of each hypothesis hold no start token and no EOS.
+    """
+    _expect(loaded, EncoderDecoder, "translation")
+    config = loaded.rules.applied_to(config)
+    return _in_length_order(source_ids(loaded, texts), batch_size, lambda chunk: beam_search_seq2seq(
+        loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config))
+
+
+def alignment(loaded: Bundle, source: Sequence[int], output: Sequence[int]) -> Tensor:
+    """(len(output), len(source)) cross-attention of the last decoder layer, mean over heads.
+
+    Row i is how the decoder attended over the source ids when it chose output token i (its query
+    is at decoder position i, whose input is the start token, then the output before token i).
+    """
+    _expect(loaded, EncoderDecoder, "alignment")
+    weights = attention_maps(loaded.model, source, -1, "cross", [loaded.start_id, *output])  # (h, T + 1, S)
+    return weights.mean(0)[: len(output)]
+
+
+def source_ids(loaded: Bundle, texts: Sequence[str]) -> list[list[int]]:
+    """The encoder-decoder's source ids of each text, framed as `loaded.rules` says (what `translate` feeds)."""
+    return _texts_to_ids(loaded, texts, add_special=loaded.rules.frame_sources)
+
+
+def _in_length_order(sources: list[list[int]], batch_size: int,
+                     run: Callable[[list[list[int]]], list[Result]]) -> list[Result]:
+    """`run` on batches of similar source length; its results come back in the input order."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs: list[Result] = [None] * len(sources)  # type: ignore[list-item]
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            for i, result in zip(chunk, run([sources[i] for i in chunk]), strict=True):
+                outputs[i] = result
+    return outputs
 
 
 def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig) -> Iterator[str]:
@@ -104,10 +135,98 @@ def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig) -> It
         GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
     """
     _expect(loaded, Decoder, "text generation")
-    ids = _prompt_ids(loaded, prompt)
+    ids = prompt_ids(loaded, prompt)
     decode = loaded.tokenizer.decode
     tokens = stream(loaded.model, ids, _default_limit(config, loaded, len(ids)), eos_id=loaded.eos_id, decode=decode)
     return _text_pieces(tokens, decode, config.stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedToken:
+    """One token of a continuation, as `start_completion` gives them.
+
+    Attributes:
+        id: the token id (the final EOS too).
+        text: the text that arrives with this token; "" while text is held back (a character not
+            yet complete, or what may be the start of a stop string: it comes with a later token).
+            The texts of all tokens add up to what `generate_stream` shows.
+        logprob: the token's log-probability (see `attn.decoding.stream_scored`).
+        top: the most likely tokens of this step as (id, log-probability), best first.
+        finish: None, except on the last token: "stop" (EOS or a stop string) or "length" (the limit).
+    """
+
+    id: int
+    text: str
+    logprob: float
+    top: list[tuple[int, float]]
+    finish: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A continuation of a prompt, written as `tokens` is consumed.
+
+    Attributes:
+        prompt_ids: the prompt's token ids (the start token alone for an empty prompt).
+        tokens: the new tokens, each with its text and log-probabilities.
+    """
+
+    prompt_ids: list[int]
+    tokens: Iterator[GeneratedToken]
+
+
+def start_completion(loaded: Bundle, prompt: str, config: GenerationConfig, top_logprobs: int = 0) -> Completion:
+    """Continues a prompt with the decoder-only model token by token (`generate_stream` with the tokens).
+
+    The prompt is checked and prefilled when this is called, so its errors come before any token.
+
+    Args:
+        loaded: a decoder-only model and its tokenizer.
+        prompt: the prompt; an empty one starts from the start token.
+        config: the decoding settings (no beam search); without `max_new_tokens` the limit of `generate_stream`.
+        top_logprobs: how many of each step's most likely tokens `GeneratedToken.top` holds.
+
+    Raises:
+        GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
+    """
+    _expect(loaded, Decoder, "text generation")
+    ids = prompt_ids(loaded, prompt)
+    config = _default_limit(config, loaded, len(ids))
+    steps = stream_scored(loaded.model, ids, config, loaded.eos_id, loaded.tokenizer.decode)
+    return Completion(ids, _generated_tokens(steps, loaded, config.stop, top_logprobs))
+
+
+def _generated_tokens(steps: Iterator[tuple[int, Tensor]], loaded: Bundle, stop: Sequence[str],
+                      top: int) -> Iterator[GeneratedToken]:
+    """Each step's token with the text `_text_pieces` lets out after it; a token is given once the next one is drawn."""
+    eos, decode = loaded.eos_id, loaded.tokenizer.decode
+    pulled: list[tuple[int, Tensor]] = []
+    texts: list[str] = []
+
+    def text_tokens() -> Iterator[int]:
+        for token, logprobs in steps:
+            pulled.append((token, logprobs))
+            texts.append("")
+            if token != eos:
+                yield token
+
+    given = 0
+    for piece in _text_pieces(text_tokens(), decode, stop):
+        texts[-1] += piece
+        for given in range(given, len(pulled) - 1):
+            yield _generated(*pulled[given], texts[given], top)
+        given = len(pulled) - 1
+    words = [token for token, _ in pulled if token != eos]
+    stopped = pulled[-1][0] == eos or stop_index(decode(words), stop) is not None
+    for index in range(given, len(pulled)):
+        last = index == len(pulled) - 1
+        yield _generated(*pulled[index], texts[index], top, ("stop" if stopped else "length") if last else None)
+
+
+def _generated(token: int, logprobs: Tensor, text: str, top: int, finish: str | None = None) -> GeneratedToken:
+    values, ids = logprobs.topk(min(top, logprobs.numel()))
+    best = [(i, v) for i, v in zip(ids.tolist(), values.tolist()) if v > float("-inf")]
+    return GeneratedToken(token, text, float(logprobs[token]), best, finish)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +268,7 @@ def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationCon
     check_samples(samples, config)
     if not prompts:
         raise GenerationError("no prompts: give at least one, as an argument or as a non-blank line of the input file")
-    ids = [_prompt_ids(loaded, prompt) for prompt in prompts]
+    ids = [prompt_ids(loaded, prompt) for prompt in prompts]
     rows = [i for i in range(len(ids)) for _ in range(samples)]  # the prompt of each row
     order = sorted(range(len(rows)), key=lambda row: len(ids[rows[row]]))
     found: list[list[Continuation]] = [[] for _ in rows]
@@ -180,7 +299,7 @@ def _continue_batch(loaded: Bundle, prompts: list[list[int]], config: Generation
     return [[Continuation(cut_at_stop(text(tokens), config.stop))] for tokens in outputs]
 
 
-def _prompt_ids(loaded: Bundle, prompt: str) -> list[int]:
+def prompt_ids(loaded: Bundle, prompt: str) -> list[int]:
     """The prompt's ids; an empty prompt is the start token alone."""
     ids = loaded.tokenizer.encode(prompt) if prompt else []
     if not ids:
@@ -382,6 +501,75 @@ def attention_of(bundle: Bundle, text: str, kind: str, layer: int, head: int | N
     Raises:
         AttnError: no such layer, head or kind of attention in this model.
     """
+    tokens = _attention_tokens(bundle, text, kind)
+    weights = attention_maps(bundle.model, tokens.source, layer, kind, tokens.target)  # (h, Tq, Tk)
+    chosen = _one_head(weights, head)
+    which = "mean over heads" if head is None else f"head {head}"
+    return AttentionView(chosen, tokens.queries, tokens.keys, f"{kind} attention, layer {layer}, {which}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionLayers:
+    """Several layers' and heads' attention on a text.
+
+    Attributes:
+        weights: (layers, heads, queries, keys) float.
+        queries: the attending tokens, as text pieces.
+        keys: the attended tokens.
+        target: an encoder-decoder's greedy translation of the text, whose tokens (after the start
+            token) are the queries of "decoder" and "cross" attention; None otherwise.
+        layers: the layers of this kind the model has (all of them, whichever were chosen).
+        heads: the heads per layer the model has.
+    """
+
+    weights: Tensor
+    queries: list[str]
+    keys: list[str]
+    target: str | None
+    layers: int
+    heads: int
+
+
+def attention_layers(bundle: Bundle, text: str, kind: str, layer: int | None = None,
+                     head: int | None = None) -> AttentionLayers:
+    """Attention of every layer (or one) and every head (or one) of `kind` on `text`.
+
+    "self" is the only self-attention of an encoder-only or decoder-only model. For an
+    encoder-decoder, "decoder" and "cross" attention are taken over its greedy translation (as
+    `attention_of`).
+
+    Raises:
+        AttnError: no such layer, head or kind of attention in this model.
+    """
+    tokens = _attention_tokens(bundle, text, kind)
+    count = layer_count(bundle.model, kind)
+    chosen = range(count) if layer is None else [layer]
+    weights = torch.stack([attention_maps(bundle.model, tokens.source, i, kind, tokens.target) for i in chosen])
+    heads = weights.size(1)
+    if head is not None:
+        weights = weights[:, _checked_head(head, heads)][:, None]
+    target = None if tokens.target is None else bundle.tokenizer.decode(tokens.target[1:])
+    return AttentionLayers(weights, tokens.queries, tokens.keys, target, count, heads)
+
+
+def next_token_attention(bundle: Bundle, ids: Sequence[int], layer: int, head: int | None) -> Tensor:
+    """(T,) how the last position of `ids` attends over all of them in a decoder-only model: the
+    attention with which the model chose the token that follows `ids` (one head, or the mean over heads)."""
+    weights = attention_maps(bundle.model, ids, layer, "self")  # (h, T, T)
+    return _one_head(weights[:, -1:], head)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _AttentionTokens:
+    source: list[int]
+    target: list[int] | None
+    queries: list[str]
+    keys: list[str]
+
+
+def _attention_tokens(bundle: Bundle, text: str, kind: str) -> _AttentionTokens:
+    """The ids a map of `kind` is computed on (an encoder-decoder's decoder side is its greedy
+    translation, after the start token) and the pieces of its queries and keys."""
     tok = bundle.tokenizer
     source = tok.encode(text)
     target = None
@@ -389,13 +577,24 @@ def attention_of(bundle: Bundle, text: str, kind: str, layer: int, head: int | N
         output = generate_seq2seq(bundle.model, [source], bundle.start_id, bundle.eos_id, bundle.pad_id,
                                   GenerationConfig())[0]
         target = [bundle.start_id, *output]
-    weights = attention_maps(bundle.model, source, layer, kind, target)  # (h, Tq, Tk)
-    if head is not None and not 0 <= head < weights.size(0):
-        raise AttnError(f"head {head} does not exist: the model has heads 0..{weights.size(0) - 1}")
-    chosen = weights.mean(0) if head is None else weights[head]
-    pieces = [tok.id_to_token(i) or str(i) for i in source]
-    target_pieces = [tok.id_to_token(i) or str(i) for i in target] if target else pieces
+    pieces = token_pieces(bundle, source)
+    target_pieces = token_pieces(bundle, target) if target else pieces
     queries, keys = {"cross": (target_pieces, pieces), "decoder": (target_pieces, target_pieces)}.get(
         kind, (pieces, pieces))
-    which = "mean over heads" if head is None else f"head {head}"
-    return AttentionView(chosen, queries, keys, f"{kind} attention, layer {layer}, {which}")
+    return _AttentionTokens(source, target, queries, keys)
+
+
+def token_pieces(bundle: Bundle, ids: Sequence[int]) -> list[str]:
+    """The vocabulary entry of each id (e.g. "Ġthe", "##ing"), or the id itself when it has none."""
+    return [bundle.tokenizer.id_to_token(i) or str(i) for i in ids]
+
+
+def _checked_head(head: int, heads: int) -> int:
+    if not 0 <= head < heads:
+        raise AttnError(f"head {head} does not exist: the model has heads 0..{heads - 1}")
+    return head
+
+
+def _one_head(weights: Tensor, head: int | None) -> Tensor:
+    """(h, Tq, Tk) -> (Tq, Tk): one head, or the mean over heads."""
+    return weights.mean(0) if head is None else weights[_checked_head(head, weights.size(0))]

@@ -1,1 +1,13 @@
-"""`attn serve`: the HTTP server over loaded models; `engine` runs their work, batched, off the event loop."""
+"""`attn serve`: the models of `attn` over HTTP (docs/serve-api.md).
+
+`registry` names the served models and says what each can do; `schemas` holds the request and
+response bodies; `work` the jobs and what each computes with `attn.app.inference`; `scheduler`
+runs jobs off the event loop (on `engine`: one worker thread per model, batched); `routes` checks requests, builds jobs and shapes answers; `errors`
+gives every failure one JSON shape; `gate` limits bodies, drains on shutdown and counts requests;
+`metrics` the Prometheus metrics; `app` puts them together and runs the server.
+"""
+
+from attn.app.serve.app import ServeOptions, create_app, run_server
+from attn.app.serve.registry import ServedModel, load_served_models
+
+__all__ = ["ServeOptions", "ServedModel", "create_app", "load_served_models", "run_server"]
