@@ -2,7 +2,7 @@
 
 `registry` names the served models and says what each can do; `schemas` holds the request and
 response bodies; `work` the jobs and what each computes with `attn.app.inference`; `scheduler`
-runs jobs off the event loop (on `engine`: one worker thread per model, batched); `routes` checks requests, builds jobs and shapes answers; `errors`
+runs jobs off the event loop; `routes` checks requests, builds jobs and shapes answers; `errors`
 gives every failure one JSON shape; `gate` limits bodies, drains on shutdown and counts requests;
 `metrics` the Prometheus metrics; `app` puts them together and runs the server.
 """
