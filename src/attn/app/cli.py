@@ -250,7 +250,8 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching)
+    options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
+                           args.max_batch_tokens)
     run_server(load_served_models(args.model, args.device), options)
     return 0
 
@@ -474,7 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", dest="max_queue", type=int, default=64,
                    help="requests per model waiting or running; more get 429")
     p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
-                   help="decode requests to one model together")
+                   help="run the waiting requests to one model together (--no-batching: one at a time)")
+    p.add_argument("--max-batch-tokens", dest="max_batch_tokens", type=int, default=8192,
+                   help="the token budget of one batch (padded inputs; prompts and new tokens of running completions)")
 
     p = _subcommand(sub, "presets", cmd_presets, "list the model presets with their sizes and parameter counts",
                     "attn presets --json")

@@ -7,6 +7,7 @@ directory, a local Hugging Face directory or a packaged model).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -16,7 +17,7 @@ from torch import Tensor
 from attn.app.embeddings import embed_texts
 from attn.artifacts import Bundle
 from attn.data.corpora import pad_batch
-from attn.decoding import Decode, GenerationConfig, generate, generate_seq2seq, stream, stream_scored
+from attn.decoding import Decode, GenerationConfig, generate, generate_seq2seq, stream
 from attn.decoding.attention_maps import attention_maps, layer_count
 from attn.decoding.beam_search import Hypothesis, beam_search, beam_search_seq2seq
 from attn.errors import AttnError, GenerationError
@@ -143,14 +144,13 @@ def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig) -> It
 
 @dataclasses.dataclass(frozen=True)
 class GeneratedToken:
-    """One token of a continuation, as `start_completion` gives them.
+    """One new token of a continuation, with its text and log-probabilities (see `CompletionText`).
 
     Attributes:
         id: the token id (the final EOS too).
         text: the text that arrives with this token; "" while text is held back (a character not
             yet complete, or what may be the start of a stop string: it comes with a later token).
-            The texts of all tokens add up to what `generate_stream` shows.
-        logprob: the token's log-probability (see `attn.decoding.stream_scored`).
+        logprob: the token's log-probability under the scores it was chosen from.
         top: the most likely tokens of this step as (id, log-probability), best first.
         finish: None, except on the last token: "stop" (EOS or a stop string) or "length" (the limit).
     """
@@ -162,71 +162,48 @@ class GeneratedToken:
     finish: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Completion:
-    """A continuation of a prompt, written as `tokens` is consumed.
+class CompletionText:
+    """A continuation's tokens, pushed one at a time as a decoder chooses them, as `GeneratedToken`s.
 
-    Attributes:
-        prompt_ids: the prompt's token ids (the start token alone for an empty prompt).
-        tokens: the new tokens, each with its text and log-probabilities.
-    """
-
-    prompt_ids: list[int]
-    tokens: Iterator[GeneratedToken]
-
-
-def start_completion(loaded: Bundle, prompt: str, config: GenerationConfig, top_logprobs: int = 0) -> Completion:
-    """Continues a prompt with the decoder-only model token by token (`generate_stream` with the tokens).
-
-    The prompt is checked and prefilled when this is called, so its errors come before any token.
+    The texts of all tokens add up to what `generate_stream` shows for the same tokens (whole
+    characters, nothing from the first stop string on). Log-probabilities are the log-softmax of
+    the scores the token was chosen from (after the logit adjustments, before temperature, top-k
+    and top-p), so sampling settings do not change them.
 
     Args:
-        loaded: a decoder-only model and its tokenizer.
-        prompt: the prompt; an empty one starts from the start token.
-        config: the decoding settings (no beam search); without `max_new_tokens` the limit of `generate_stream`.
+        loaded: the decoder-only model's bundle (its tokenizer and EOS id).
+        stop: the stop strings.
         top_logprobs: how many of each step's most likely tokens `GeneratedToken.top` holds.
 
-    Raises:
-        GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
+    Example:
+        >>> import torch
+        >>> from attn import Bundle, Tokenizer, build_model, preset
+        >>> tokenizer = Tokenizer.train_chars(["hello"])
+        >>> config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size)
+        >>> bundle = Bundle(build_model(config).eval(), tokenizer, "lm", config, ".", eos_id=tokenizer.eos_id)
+        >>> text = CompletionText(bundle, stop=["lo"], top_logprobs=1)
+        >>> scores = torch.zeros(tokenizer.vocab_size)
+        >>> [text.push(tokenizer.token_to_id(c), scores, None).text for c in "hel"]
+        ['h', 'e', '']
+        >>> token = text.push(tokenizer.token_to_id("o"), scores, "stop")  # uniform scores: log(1 / V)
+        >>> token.text, token.finish, round(token.logprob * -1 - torch.tensor(tokenizer.vocab_size).log().item(), 5)
+        ('', 'stop', 0.0)
     """
-    _expect(loaded, Decoder, "text generation")
-    ids = prompt_ids(loaded, prompt)
-    config = _default_limit(config, loaded, len(ids))
-    steps = stream_scored(loaded.model, ids, config, loaded.eos_id, loaded.tokenizer.decode)
-    return Completion(ids, _generated_tokens(steps, loaded, config.stop, top_logprobs))
 
+    def __init__(self, loaded: Bundle, stop: Sequence[str] = (), top_logprobs: int = 0) -> None:
+        self._text = TextStream(loaded.tokenizer.decode, stop)
+        self._eos = loaded.eos_id
+        self._top = top_logprobs
 
-def _generated_tokens(steps: Iterator[tuple[int, Tensor]], loaded: Bundle, stop: Sequence[str],
-                      top: int) -> Iterator[GeneratedToken]:
-    """Each step's token with the text `_text_pieces` lets out after it; a token is given once the next one is drawn."""
-    eos, decode = loaded.eos_id, loaded.tokenizer.decode
-    pulled: list[tuple[int, Tensor]] = []
-    texts: list[str] = []
-
-    def text_tokens() -> Iterator[int]:
-        for token, logprobs in steps:
-            pulled.append((token, logprobs))
-            texts.append("")
-            if token != eos:
-                yield token
-
-    given = 0
-    for piece in _text_pieces(text_tokens(), decode, stop):
-        texts[-1] += piece
-        for given in range(given, len(pulled) - 1):
-            yield _generated(*pulled[given], texts[given], top)
-        given = len(pulled) - 1
-    words = [token for token, _ in pulled if token != eos]
-    stopped = pulled[-1][0] == eos or stop_index(decode(words), stop) is not None
-    for index in range(given, len(pulled)):
-        last = index == len(pulled) - 1
-        yield _generated(*pulled[index], texts[index], top, ("stop" if stopped else "length") if last else None)
-
-
-def _generated(token: int, logprobs: Tensor, text: str, top: int, finish: str | None = None) -> GeneratedToken:
-    values, ids = logprobs.topk(min(top, logprobs.numel()))
-    best = [(i, v) for i, v in zip(ids.tolist(), values.tolist()) if v > float("-inf")]
-    return GeneratedToken(token, text, float(logprobs[token]), best, finish)
+    def push(self, token: int, scores: Tensor, finish: str | None) -> GeneratedToken:
+        """The next token, from its (V,) scores; `finish` is set on the continuation's last token."""
+        text = self._text.push(token) if token != self._eos else ""
+        if finish is not None:
+            text += self._text.finish()
+        logprobs = scores.float().log_softmax(-1)
+        values, ids = logprobs.topk(min(self._top, logprobs.numel()))
+        top = [(i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -math.inf]
+        return GeneratedToken(token, text, float(logprobs[token]), top, finish)
 
 
 @dataclasses.dataclass(frozen=True)

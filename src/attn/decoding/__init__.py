@@ -24,7 +24,7 @@ from attn.decoding.config import (
     LengthNorm,
 )
 from attn.decoding.continuous import RowToken, RunningBatch
-from attn.decoding.generation import Step, decode_rows, generate, generate_seq2seq, stream, stream_scored
+from attn.decoding.generation import decode_rows, generate, generate_seq2seq, stream
 from attn.decoding.sampling import (
     ban_repeated_ngrams,
     choose_tokens,
@@ -35,9 +35,9 @@ from attn.decoding.sampling import (
 from attn.decoding.session import Session, start_decoder, start_seq2seq
 
 __all__ = [
-    "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken",
-    "RunningBatch", "Session", "Step",
+    "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
+    "Session",
     "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention",
     "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_top_k", "keep_top_p",
-    "length_penalty", "penalize_repeats", "start_decoder", "start_seq2seq", "stream", "stream_scored",
+    "length_penalty", "penalize_repeats", "start_decoder", "start_seq2seq", "stream",
 ]

@@ -23,7 +23,6 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -54,29 +53,14 @@ def stop_window(stop: tuple[str, ...]) -> int:
     return max(len(s.encode("utf-8")) for s in stop) + 4
 
 
-class Step(NamedTuple):
-    """One decoding step of the still active rows.
-
-    Attributes:
-        rows: (R,) long, the session row of each active row.
-        tokens: (R,) long, each row's new token.
-        scores: (R, V) float, the scores the tokens were chosen from: the model's logits after the
-            logit adjustments (penalties, bans, forced EOS), before temperature, top-k and top-p.
-    """
-
-    rows: Tensor
-    tokens: Tensor
-    scores: Tensor
-
-
 def decode_rows(
     session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None = None
-) -> Iterator[Step]:
+) -> Iterator[tuple[Tensor, Tensor]]:
     """Greedy or sampled decoding of a session, one step at a time.
 
     Yields:
-        One `Step` per new token of the active rows. A row appears for the last time with its EOS,
-        stop-string or last allowed token.
+        (rows, tokens), both (R,) long: the session row of each still active row and its new token.
+        A row appears for the last time with its EOS, stop-string or last allowed token.
     """
     generator = seeded_generator(config.seed, session.logits.device)
     rows = torch.arange(session.logits.size(0), device=session.logits.device)
@@ -87,7 +71,7 @@ def decode_rows(
         logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1)
         tokens = choose_tokens(logits, config, generator)
         history[:, column] = tokens
-        yield Step(rows, tokens, logits)
+        yield rows, tokens
         done = limits == step + 1
         if eos_id is not None:
             done |= tokens == eos_id
@@ -111,9 +95,9 @@ def check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | No
         raise GenerationError("force_eos needs eos_id: pass the tokenizer's end-of-sequence id")
 
 
-def _collect(steps: Iterator[Step], batch: int, eos_id: int | None) -> list[list[int]]:
+def _collect(steps: Iterator[tuple[Tensor, Tensor]], batch: int, eos_id: int | None) -> list[list[int]]:
     outputs: list[list[int]] = [[] for _ in range(batch)]
-    for rows, tokens, _ in steps:
+    for rows, tokens in steps:
         for row, token in zip(rows.tolist(), tokens.tolist()):
             if token != eos_id:
                 outputs[row].append(token)
@@ -205,34 +189,20 @@ def stream(
     The prompt is prefilled (and every argument checked) when `stream` is called; tokens are
     decoded as the iterator is consumed.
     """
-    return (token for token, _ in stream_scored(model, prompt, config, eos_id, decode) if token != eos_id)
-
-
-def stream_scored(
-    model: Decoder,
-    prompt: Sequence[int],
-    config: GenerationConfig = GenerationConfig(),
-    eos_id: int | None = None,
-    decode: Decode | None = None,
-) -> Iterator[tuple[int, Tensor]]:
-    """As `stream`, with each token's log-probabilities; the final EOS is yielded too.
-
-    Yields:
-        (token id, (V,) float log-probabilities it was chosen from): the log-softmax of the
-        adjusted scores (see `Step.scores`), so temperature, top-k and top-p do not change them.
-    """
     check_call(config, eos_id, decode)
     if config.beam_size > 1:
         raise GenerationError("beam search cannot stream: its best hypothesis is known only at the end; "
                               "set beam_size=1")
     with torch.inference_mode():
         session = start_decoder(model, [prompt], config)
-    return _scored_tokens(session, config, eos_id, decode)
+    return _stream_tokens(session, config, eos_id, decode)
 
 
 @torch.inference_mode()
-def _scored_tokens(
+def _stream_tokens(
     session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None
-) -> Iterator[tuple[int, Tensor]]:
-    for step in decode_rows(session, config, eos_id, decode):
-        yield int(step.tokens[0]), step.scores[0].log_softmax(-1)
+) -> Iterator[int]:
+    for _, tokens in decode_rows(session, config, eos_id, decode):
+        token = int(tokens[0])
+        if token != eos_id:
+            yield token

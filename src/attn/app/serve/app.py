@@ -21,8 +21,10 @@ from attn.app.serve.gate import RequestGate, Traffic
 from attn.app.serve.metrics import ServeMetrics
 from attn.app.serve.registry import ServedModel
 from attn.app.serve.routes import ServeState, router
-from attn.app.serve.scheduler import Scheduler
+from attn.app.serve.engine import Engine
+from attn.decoding import RunningBatch
 from attn.errors import ConfigError
+from attn.models import Decoder
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
@@ -36,7 +38,8 @@ class ServeOptions:
         port: the TCP port.
         max_body_bytes: the largest request body; a larger one gets 413.
         max_queue: the most requests per model waiting or running; one more gets 429.
-        batching: whether requests to one model may be decoded together (the scheduler's choice).
+        batching: whether requests to one model run together (False: one at a time).
+        max_batch_tokens: the token budget of one batch (see `engine.Engine`).
     """
 
     host: str = "127.0.0.1"
@@ -44,9 +47,10 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_queue: int = 64
     batching: bool = True
+    max_batch_tokens: int = 8192
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_queue"):
+        for name in ("max_body_bytes", "max_queue", "max_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
@@ -67,13 +71,14 @@ def create_app(models: Sequence[ServedModel], options: ServeOptions = ServeOptio
         384
     """
     metrics = ServeMetrics()
-    state = ServeState({m.name: m for m in models}, Scheduler([m.name for m in models], options.max_queue, metrics),
-                       metrics, Traffic())
+    engines = {served.name: _engine(served, options, metrics) for served in models}
+    state = ServeState({served.name: served for served in models}, engines, metrics, Traffic())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        state.scheduler.close()
+        for engine in engines.values():
+            await engine.drain()
 
     app = FastAPI(title="attn serve", version=__version__, lifespan=lifespan,
                   description="Transformer models of `attn` over HTTP: completions, translation, embeddings, "
@@ -83,6 +88,14 @@ def create_app(models: Sequence[ServedModel], options: ServeOptions = ServeOptio
     app.include_router(router)
     app.add_middleware(RequestGate, traffic=state.traffic, metrics=metrics, max_body_bytes=options.max_body_bytes)
     return app
+
+
+def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -> Engine:
+    bundle = served.bundle
+    running = None
+    if isinstance(bundle.model, Decoder):
+        running = RunningBatch(bundle.model, bundle.eos_id, bundle.tokenizer.decode)
+    return Engine(served.name, running, options.batching, options.max_queue, options.max_batch_tokens, metrics)
 
 
 class _DrainingServer(uvicorn.Server):

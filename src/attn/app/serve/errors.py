@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from attn.app.serve.scheduler import QueueFull
+from attn.app.serve.engine import QueueFull
 
 log = logging.getLogger("attn.serve")
 

@@ -1,7 +1,7 @@
-"""The HTTP routes of docs/serve-api.md: each checks its request, builds a job and hands it to the scheduler.
+"""The HTTP routes of docs/serve-api.md: each checks its request, builds an engine task and submits it.
 
-Model work never runs here (it runs on the model's thread, see `scheduler`); a route only
-validates, tokenizes to count and check, and turns the job's result into the response body.
+Model work never runs here (it runs on the model's engine thread, see `engine` and `work`); a
+route only validates, tokenizes to count and check, and turns the task's result into the response.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from attn.app.inference import AttentionLayers, Prediction, check_samples, prompt_ids, source_ids
+from attn.app.inference import Prediction, check_samples, prompt_ids
 from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
 from attn.app.serve.metrics import ServeMetrics
 from attn.app.serve.registry import ServedModel
-from attn.app.serve.scheduler import Scheduler
+from attn.app.serve.engine import Batch, Closed, Engine, Rows
 from attn.app.serve.schemas import (
     AttentionRequest,
     AttentionResponse,
@@ -40,14 +40,13 @@ from attn.app.serve.schemas import (
     TranslateResponse,
 )
 from attn.app.serve.work import (
-    AttentionJob,
     Chunk,
-    ClassifyJob,
-    CompletionJob,
-    EmbedJob,
-    Job,
     Translation,
-    TranslateJob,
+    attention_task,
+    classify_task,
+    completion_rows,
+    embed_task,
+    translate_task,
 )
 from attn.decoding import GenerationConfig
 from attn.decoding.attention_maps import layer_count
@@ -64,10 +63,10 @@ router = APIRouter()
 
 @dataclasses.dataclass
 class ServeState:
-    """What the routes share: the served models, the scheduler, the metrics and the traffic gate."""
+    """What the routes share: the served models, each one's engine, the metrics and the traffic gate."""
 
     models: dict[str, ServedModel]
-    scheduler: Scheduler
+    engines: dict[str, Engine]
     metrics: ServeMetrics
     traffic: Traffic
 
@@ -103,18 +102,21 @@ def _checked(make: Callable[[], T], param: str) -> T:
         raise _invalid(error, param) from None
 
 
+async def _run(request: Request, served: ServedModel, task: Batch, param: str) -> Any:
+    """The result of `task` on the served model's engine; a mistake it finds is a 422 naming `param`."""
+    try:
+        return await _state(request).engines[served.name].submit(task)
+    except AttnError as error:
+        raise _invalid(error, param) from None
+
+
 def _invalid(error: AttnError, param: str) -> ApiError:
+    if isinstance(error, Closed):
+        return ApiError(503, str(error))
     field, sep, _ = str(error).partition(": ")
     named = sep and field.isidentifier()
     return ApiError(422, str(error).replace(field, _PARAMS.get(field, field), 1) if named else str(error),
                     _PARAMS.get(field, field) if named else param)
-
-
-async def _run(request: Request, job: Job, param: str) -> Any:
-    try:
-        return await _state(request).scheduler.submit(job)
-    except AttnError as error:
-        raise _invalid(error, param) from None
 
 
 # -- completions --------------------------------------------------------------------------------
@@ -130,48 +132,24 @@ def _completion_config(body: CompletionRequest) -> GenerationConfig:
     return config
 
 
-def _completion_job(request: Request, body: CompletionRequest) -> CompletionJob:
-    served = _served(request, body.model, "completions")
-    config = _checked(lambda: _completion_config(body), "prompt")
-    attention = None
-    if body.attention is not None:
-        _check_layer_head(served, "self", body.attention.layer, body.attention.head, "attention.")
-        attention = (body.attention.layer, body.attention.head)
-    prompts = body.prompts()
-    tokens = _checked(lambda: sum(len(prompt_ids(served.bundle, p)) for p in prompts), "prompt")
-    return CompletionJob(served, "completions", tokens, prompts, config, body.n, body.logprobs or 0, attention)
-
-
-@router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
-             summary="Continue prompts with a decoder-only model (OpenAI completions; stream: server-sent events)")
-async def completions(body: CompletionRequest, request: Request) -> Any:
-    started = time.monotonic()
-    job = _completion_job(request, body)
-    head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-            "model": job.model.name}
-    answer = _Answer(job, head, [p for p in job.prompts for _ in range(job.n)], body.logprobs is not None)
-    if body.stream:
-        return await _stream(request, answer, started)
-    chunks: list[Chunk] = await _run(request, job, "prompt")
-    _state(request).metrics.first_token.labels(model=job.model.name).observe(time.monotonic() - started)
-    choices = [answer.choice([c for c in chunks if c.index == i]) for i in range(len(answer.prompts))]
-    usage = {"prompt_tokens": job.tokens, "completion_tokens": len(chunks), "total_tokens": job.tokens + len(chunks)}
-    return {**head, "choices": choices, "usage": usage}
-
-
 @dataclasses.dataclass
-class _Answer:
-    """Turns a completion job's chunks into OpenAI's choices and stream events.
+class _Completion:
+    """A completion request, checked: its model, its rows (one per choice) and how to answer.
 
     Attributes:
-        prompts: the prompt of each choice.
+        prompts: the prompt of each choice (choice i * n + j is sample j of prompt i).
+        prompt_tokens: the prompts' tokens, each prompt counted once.
         logprobs: whether the choices carry logprobs.
+        attention: (layer, head) of the attention sent with each streamed token, or None.
     """
 
-    job: CompletionJob
+    served: ServedModel
+    rows: Rows
     head: dict[str, Any]
     prompts: list[str]
+    prompt_tokens: int
     logprobs: bool
+    attention: tuple[int, int | None] | None
 
     def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
         """One choice from all its chunks."""
@@ -184,14 +162,14 @@ class _Answer:
         choice = {"text": chunk.token.text, "index": chunk.index, "logprobs": self._logprobs([chunk], offset),
                   "finish_reason": chunk.token.finish}
         body: dict[str, Any] = {**self.head, "choices": [choice]}
-        if chunk.attention is not None and self.job.attention is not None:
-            layer, head = self.job.attention
+        if chunk.attention is not None and self.attention is not None:
+            layer, head = self.attention
             body["attention"] = {"layer": layer, "head": head, "token": self._decode([chunk.token.id]),
                                  "keys": chunk.attention.keys, "weights": chunk.attention.weights}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     def _decode(self, ids: list[int]) -> str:
-        return self.job.model.bundle.tokenizer.decode(ids)
+        return self.served.bundle.tokenizer.decode(ids)
 
     def _logprobs(self, chunks: list[Chunk], offset: int) -> dict[str, list] | None:
         if not self.logprobs:
@@ -206,29 +184,51 @@ class _Answer:
                 "text_offset": offsets}
 
 
-async def _stream(request: Request, answer: _Answer, started: float) -> StreamingResponse:
-    """Server-sent events, one per token, then `[DONE]`. The first token is computed before the
-    answer starts, so that a prompt's mistake is still an error status."""
-    state = _state(request)
-    chunks = state.scheduler.submit_stream(answer.job)
-    try:
+def _completion(request: Request, body: CompletionRequest) -> _Completion:
+    served = _served(request, body.model, "completions")
+    config = _checked(lambda: _completion_config(body), "prompt")
+    attention = None
+    if body.attention is not None:
+        _check_layer_head(served, "self", body.attention.layer, body.attention.head, "attention.")
+        attention = (body.attention.layer, body.attention.head)
+    ids = _checked(lambda: [prompt_ids(served.bundle, p) for p in body.prompts()], "prompt")
+    seeds = [None if config.seed is None else config.seed + j for j in range(body.n)]
+    configs = [dataclasses.replace(config, seed=seed) for _ in ids for seed in seeds]
+    rows = completion_rows(served, [p for p in ids for _ in seeds], configs, body.logprobs or 0, attention)
+    head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+            "model": served.name}
+    prompts = [p for p in body.prompts() for _ in seeds]
+    return _Completion(served, rows, head, prompts, sum(map(len, ids)), body.logprobs is not None, attention)
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
+             summary="Continue prompts with a decoder-only model (OpenAI completions; stream: server-sent events)")
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    completion = _completion(request, body)
+    chunks = _state(request).engines[completion.served.name].submit_stream(completion.rows)
+    try:  # the first token before the answer starts, so that a prompt's mistake is still an error status
         first = await anext(chunks)
     except AttnError as error:
         raise _invalid(error, "prompt") from None
-    state.metrics.first_token.labels(model=answer.job.model.name).observe(time.monotonic() - started)
-    return StreamingResponse(_events(answer, first, chunks), media_type="text/event-stream")
+    if body.stream:
+        return StreamingResponse(_events(completion, first, chunks), media_type="text/event-stream")
+    found = [first, *[chunk async for chunk in chunks]]
+    choices = [completion.choice([c for c in found if c.index == i]) for i in range(len(completion.prompts))]
+    used = completion.prompt_tokens
+    return {**completion.head, "choices": choices,
+            "usage": {"prompt_tokens": used, "completion_tokens": len(found), "total_tokens": used + len(found)}}
 
 
-async def _events(answer: _Answer, first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
-    offsets = [len(prompt) for prompt in answer.prompts]  # where each choice's next text starts
+async def _events(completion: _Completion, first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
+    offsets = [len(prompt) for prompt in completion.prompts]  # where each choice's next text starts
     chunk: Chunk | None = first
     try:
         while chunk is not None:
-            yield answer.event(chunk, offsets[chunk.index])
+            yield completion.event(chunk, offsets[chunk.index])
             offsets[chunk.index] += len(chunk.token.text)
             chunk = await anext(chunks, None)
         yield "data: [DONE]\n\n"
-    except Exception:  # the status was sent with the first event: the error goes in the stream
+    except Exception:  # the status went out with the first event: the error goes in the stream
         log.exception("internal error in a completion stream")
         yield f"data: {json.dumps(error_body(500, 'internal error while streaming; the server log has the details'))}\n\n"
     finally:
@@ -244,10 +244,8 @@ async def translate(body: TranslateRequest, request: Request) -> Any:
     served = _served(request, body.model, "translate")
     config = _checked(lambda: GenerationConfig(beam_size=body.beam_size, length_penalty=body.length_penalty,
                                                n_best=body.n_best, max_new_tokens=body.max_tokens), "inputs")
-    texts = body.texts()
-    tokens = _checked(lambda: sum(map(len, source_ids(served.bundle, texts))), "inputs")
-    found: list[Translation] = await _run(request, TranslateJob(served, "translate", tokens, texts, config,
-                                                                body.alignment), "inputs")
+    task = _checked(lambda: translate_task(served, body.texts(), config, body.alignment), "inputs")
+    found: list[Translation] = await _run(request, served, task, "inputs")
     return {"model": served.name, "translations": [_translation(t) for t in found]}
 
 
@@ -264,9 +262,9 @@ def _translation(found: Translation) -> dict[str, Any]:
              summary="Sentence embeddings of an encoder (mean-pooled, L2-normalised; OpenAI embeddings)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     served = _served(request, body.model, "embeddings")
-    texts = body.texts()
-    tokens = sum(map(len, served.bundle.tokenizer.encode_batch(texts, add_special=True)))
-    vectors = await _run(request, EmbedJob(served, "embeddings", tokens, texts), "input")
+    task = embed_task(served, body.texts())
+    vectors = await _run(request, served, task, "input")
+    tokens = sum(task.sizes)
     return {"object": "list", "model": served.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors.tolist())]}
 
@@ -278,9 +276,7 @@ async def classify(body: ClassifyRequest, request: Request) -> Any:
     if body.pairs is not None:
         raise ApiError(400, f"model {served.name!r} (task {served.bundle.task}) classifies single texts; attn "
                        "trains no sentence-pair classifier: leave out pairs", "pairs")
-    texts = body.texts()
-    tokens = sum(map(len, served.bundle.tokenizer.encode_batch(texts, add_special=True)))
-    found: list[Prediction] = await _run(request, ClassifyJob(served, "classify", tokens, texts), "inputs")
+    found: list[Prediction] = await _run(request, served, classify_task(served, body.texts()), "inputs")
     return {"model": served.name, "results": [{"label": p.label, "score": p.probability,
                                                "probabilities": p.probabilities} for p in found]}
 
@@ -305,9 +301,7 @@ def _check_layer_head(served: ServedModel, kind: str, layer: int | None, head: i
 async def attention(body: AttentionRequest, request: Request) -> Any:
     served = _served(request, body.model, "attention")
     _check_layer_head(served, body.kind, body.layer, body.head)
-    tokens = len(served.bundle.tokenizer.encode(body.text))
-    found: AttentionLayers = await _run(request, AttentionJob(served, "attention", tokens, body.text, body.kind,
-                                                              body.layer, body.head), "text")
+    (found,) = await _run(request, served, attention_task(served, body.text, body.kind, body.layer, body.head), "text")
     return {"model": served.name, "kind": body.kind, "layers": found.layers, "heads": found.heads,
             "queries": found.queries, "keys": found.keys, "target": found.target,
             "weights": found.weights.double().round(decimals=6).tolist()}

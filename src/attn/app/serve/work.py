@@ -1,108 +1,53 @@
-"""What each kind of job computes, on the model's own thread: the jobs routes build and schedulers run.
+"""The engine tasks that routes build: what each route computes with `attn.app.inference`, and how
+tasks of one group run together.
 
-A job holds a route's checked inputs and settings. `run_job` computes a whole answer with
-`attn.app.inference`; `stream_job` gives a completion's tokens one at a time. Nothing here knows
-about HTTP: routes turn the results into responses.
+A `TextBatch` holds one request's texts; its `run` computes the texts of all the tasks the engine
+put together in one call of the library and gives each task its share. A completion is `Rows` for
+the model's running batch; its `chunk` turns each new token into a `Chunk` (text, log-probabilities,
+and the attention the page asked for). Nothing here knows about HTTP: routes shape the answers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor
 
 from attn.app.inference import (
     AttentionLayers,
+    CompletionText,
     GeneratedToken,
-    Prediction,
     alignment,
     attention_layers,
     classify,
     embed,
     next_token_attention,
     source_ids,
-    start_completion,
     token_pieces,
     translate_hypotheses,
 )
+from attn.app.serve.engine import Batch, Rows
 from attn.app.serve.registry import ServedModel
-from attn.decoding import GenerationConfig
+from attn.decoding import GenerationConfig, RowToken
 
 
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """One request's model work.
+@dataclasses.dataclass(eq=False)
+class TextBatch(Batch):
+    """A `Batch` task over a request's texts (one size per text)."""
 
-    Attributes:
-        model: the model it runs on.
-        route: the route that made it ("completions", "translate", "embeddings", "classify", "attention").
-        tokens: its input tokens, what a token budget counts.
-    """
-
-    model: ServedModel
-    route: str
-    tokens: int
-
-
-@dataclasses.dataclass(frozen=True)
-class CompletionJob(Job):
-    """Continue each prompt `n` times; choice i * n + j is sample j of prompt i (seed + j when seeded).
-
-    Attributes:
-        prompts: the prompts.
-        config: the decoding settings (sampled or greedy).
-        n: continuations per prompt.
-        logprobs: how many top log-probabilities per token (0: the token's own only).
-        attention: (layer, head or None for the mean) of the attention to send with each streamed token, or None.
-    """
-
-    prompts: list[str] = dataclasses.field(default_factory=list)
-    config: GenerationConfig = GenerationConfig()
-    n: int = 1
-    logprobs: int = 0
-    attention: tuple[int, int | None] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class TranslateJob(Job):
-    """Translate each text, keeping `config.n_best` hypotheses; with `alignment`, the best one's cross-attention."""
-
-    texts: list[str] = dataclasses.field(default_factory=list)
-    config: GenerationConfig = GenerationConfig()
-    alignment: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbedJob(Job):
-    texts: list[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass(frozen=True)
-class ClassifyJob(Job):
-    texts: list[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionJob(Job):
-    """The attention of `kind` on `text`: one layer or all (None), one head or all (None)."""
-
-    text: str = ""
-    kind: str = "self"
-    layer: int | None = None
-    head: int | None = None
+    texts: list[str]
 
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-    """One token of one choice of a completion.
+    """One new token of one choice of a completion.
 
     Attributes:
-        index: the choice.
+        index: the choice (the row of the `Rows` task).
         token: the token, its text and log-probabilities (`token.finish` set on the choice's last).
-        attention: with `CompletionJob.attention`, how the model attended when it chose the token.
+        attention: when asked, how the model attended when it chose the token.
     """
 
     index: int
@@ -120,7 +65,8 @@ class TokenAttention:
 
 @dataclasses.dataclass(frozen=True)
 class Translation:
-    """The hypotheses of one source, best first: (text, score); with alignment, the best one's cross-attention."""
+    """The hypotheses of one source, best first, as (text, score); with alignment, the best one's
+    (target, source) cross-attention and the tokens of both sides."""
 
     hypotheses: list[tuple[str, float]]
     source_tokens: list[str]
@@ -128,67 +74,85 @@ class Translation:
     alignment: Tensor | None
 
 
-def stream_job(job: CompletionJob) -> Iterator[Chunk]:
-    """The chunks of every choice, choice after choice. Every prompt is checked (and its first
-    continuation prefilled) before the first chunk."""
-    seeds = [None if job.config.seed is None else job.config.seed + j for j in range(job.n)]
-    completions = [start_completion(job.model.bundle, prompt, dataclasses.replace(job.config, seed=seed),
-                                    job.logprobs) for prompt in job.prompts for seed in seeds]
-    return (chunk for index, completion in enumerate(completions)
-            for chunk in _choice_chunks(job, index, completion.prompt_ids, completion.tokens))
+def _together(compute: Callable[[list[str]], Sequence[Any]]) -> Callable[[list[Batch]], list[Any]]:
+    """A `Batch.run` that computes the texts of all its tasks in one call; each task gets its slice."""
+
+    def run(tasks: list[Batch]) -> list[Any]:
+        texts = [text for task in tasks for text in task.texts]
+        results = compute(texts)
+        shares, start = [], 0
+        for task in tasks:
+            shares.append(results[start : start + len(task.texts)])
+            start += len(task.texts)
+        return shares
+
+    return run
 
 
-def _choice_chunks(job: CompletionJob, index: int, prompt: list[int],
-                   tokens: Iterator[GeneratedToken]) -> Iterator[Chunk]:
-    context = list(prompt)
-    for token in tokens:
-        attention = None
-        if job.attention is not None:
-            weights = next_token_attention(job.model.bundle, context, *job.attention)
-            attention = TokenAttention(token_pieces(job.model.bundle, context), weights.tolist())
-        context.append(token.id)
-        yield Chunk(index, token, attention)
+def _sizes(served: ServedModel, texts: list[str], special: bool) -> list[int]:
+    return [len(ids) for ids in served.bundle.tokenizer.encode_batch(texts, add_special=special)]
 
 
-@functools.singledispatch
-def run_job(job: Job) -> Any:
-    """The whole answer of a job: a list of chunks (completions), `Translation`s, an (N, d) tensor
-    (embeddings), `Prediction`s or `AttentionLayers`."""
-    raise TypeError(f"no work defined for {type(job).__name__}")
+def embed_task(served: ServedModel, texts: list[str]) -> TextBatch:
+    """Result: (len(texts), d_model) embeddings, as `inference.embed`."""
+    return TextBatch("embeddings", ("embeddings",), _sizes(served, texts, True),
+                     _together(lambda all_texts: embed(served.bundle, all_texts)), texts)
 
 
-@run_job.register
-def _(job: CompletionJob) -> list[Chunk]:
-    return list(stream_job(job))
+def classify_task(served: ServedModel, texts: list[str]) -> TextBatch:
+    """Result: one `Prediction` per text, as `inference.classify`."""
+    return TextBatch("classify", ("classify",), _sizes(served, texts, True),
+                     _together(lambda all_texts: classify(served.bundle, all_texts)), texts)
 
 
-@run_job.register
-def _(job: TranslateJob) -> list[Translation]:
-    bundle = job.model.bundle
-    found = translate_hypotheses(bundle, job.texts, job.config)
-    sources = source_ids(bundle, job.texts)
-    return [_translation(job, source, hypotheses) for source, hypotheses in zip(sources, found, strict=True)]
+def translate_task(served: ServedModel, texts: list[str], config: GenerationConfig, aligned: bool) -> TextBatch:
+    """Result: one `Translation` per text (tasks with the same settings run together)."""
+    sizes = [len(ids) for ids in source_ids(served.bundle, texts)]
+
+    def compute(all_texts: list[str]) -> list[Translation]:
+        found = translate_hypotheses(served.bundle, all_texts, config)
+        sources = source_ids(served.bundle, all_texts)
+        return [_translation(served, source, hypotheses, aligned) for source, hypotheses in zip(sources, found)]
+
+    return TextBatch("translate", ("translate", config, aligned), sizes, _together(compute), texts)
 
 
-def _translation(job: TranslateJob, source: list[int], hypotheses: list) -> Translation:
-    bundle = job.model.bundle
+def _translation(served: ServedModel, source: list[int], hypotheses: list, aligned: bool) -> Translation:
+    bundle = served.bundle
     texts = [(bundle.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
-    best = list(hypotheses[0].tokens)
-    if not job.alignment:
+    if not aligned:
         return Translation(texts, [], [], None)
+    best = list(hypotheses[0].tokens)
     return Translation(texts, token_pieces(bundle, source), token_pieces(bundle, best), alignment(bundle, source, best))
 
 
-@run_job.register
-def _(job: EmbedJob) -> Tensor:
-    return embed(job.model.bundle, job.texts)
+def attention_task(served: ServedModel, text: str, kind: str, layer: int | None, head: int | None) -> TextBatch:
+    """Result: a one-element list with the `AttentionLayers` of the text (maps are computed text by text)."""
+
+    def compute(texts: list[str]) -> list[AttentionLayers]:
+        return [attention_layers(served.bundle, t, kind, layer, head) for t in texts]
+
+    return TextBatch("attention", ("attention", kind, layer, head), _sizes(served, [text], False), _together(compute),
+                     [text])
 
 
-@run_job.register
-def _(job: ClassifyJob) -> list[Prediction]:
-    return classify(job.model.bundle, job.texts)
+def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list[GenerationConfig],
+                    logprobs: int, attention: tuple[int, int | None] | None) -> Rows:
+    """One row per choice (prompt ids and decoding settings); the stream yields a `Chunk` per token.
 
+    Args:
+        logprobs: how many top log-probabilities each token carries.
+        attention: (layer, head or None for the mean over heads) of the attention each token carries, or None.
+    """
+    texts = [CompletionText(served.bundle, config.stop, logprobs) for config in configs]
+    contexts = [list(prompt) for prompt in prompts]  # what each row's next token attends over
 
-@run_job.register
-def _(job: AttentionJob) -> AttentionLayers:
-    return attention_layers(job.model.bundle, job.text, job.kind, job.layer, job.head)
+    def chunk(row: int, token: RowToken) -> Chunk:
+        seen = None
+        if attention is not None:
+            weights = next_token_attention(served.bundle, contexts[row], *attention)
+            seen = TokenAttention(token_pieces(served.bundle, contexts[row]), weights.tolist())
+        contexts[row].append(token.token)
+        return Chunk(row, texts[row].push(token.token, token.scores, token.finish), seen)
+
+    return Rows("completions", prompts, configs, chunk)
