@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -124,14 +125,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server(models: dict[str, Path], batching: bool, extra: list[str]) -> Iterator[tuple[str, int]]:
-    """A running `attn serve` on a free loopback port: (base URL, pid); stopped (SIGTERM) on exit."""
+    """A running `attn serve` on a free loopback port, with this process' torch threads: (base URL, pid);
+    stopped (SIGTERM) on exit."""
     port = free_port()
     command = [sys.executable, "-m", "attn.app.cli", "serve", "--port", str(port), "--device", "cpu",
                "--max-queue", "256", "--batching" if batching else "--no-batching", *extra]
     for name, path in models.items():
         command += ["--model", f"{name}={path}"]
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -252,7 +255,8 @@ async def compare(models: dict[str, Path], args: argparse.Namespace, extra: list
     for batching in (True, False):
         mode = "batched" if batching else "one_at_a_time"
         with server(models, batching, extra) as (url, _):
-            await load(url, args.routes[0], texts[args.routes[0]], 2, 1)  # warm-up
+            for route in args.routes:  # warm-up: first calls allocate and fill caches
+                await load(url, route, texts[route], 2, 2)
             results[mode] = {}
             for route in args.routes:
                 print(f"{mode} {route}: {args.clients} clients x {args.requests}", flush=True)
@@ -316,6 +320,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
                         help="a model to serve instead of the quickstart's (translation, lm, classifier)")
     parser.add_argument("--max-batch-tokens", type=int, help="passed on to attn serve")
+    parser.add_argument("--threads", type=int, help="torch threads, here and in the server (default: torch's)")
     parser.add_argument("--soak-minutes", type=float, help="run the soak test instead of the comparison")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "serving")
     return parser.parse_args(argv)
@@ -323,6 +328,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     models = {name: Path(path) for name, _, path in (m.partition("=") for m in args.model)}
     if not models:
         quickstart = {name: QUICKSTART / folder_name for name, folder_name in MODEL_DIRS.items()}
