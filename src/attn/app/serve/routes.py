@@ -205,12 +205,15 @@ def _completion(request: Request, body: CompletionRequest) -> _Completion:
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
              summary="Continue prompts with a decoder-only model (OpenAI completions; stream: server-sent events)")
 async def completions(body: CompletionRequest, request: Request) -> Any:
+    started = time.monotonic()
     completion = _completion(request, body)
-    chunks = _state(request).engines[completion.served.name].submit_stream(completion.rows)
+    state = _state(request)
+    chunks = state.engines[completion.served.name].submit_stream(completion.rows)
     try:  # the first token before the answer starts, so that a prompt's mistake is still an error status
         first = await anext(chunks)
     except AttnError as error:
         raise _invalid(error, "prompt") from None
+    state.metrics.first_token.labels(model=completion.served.name).observe(time.monotonic() - started)
     if body.stream:
         return StreamingResponse(_events(completion, first, chunks), media_type="text/event-stream")
     found = [first, *[chunk async for chunk in chunks]]
