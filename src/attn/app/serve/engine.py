@@ -18,9 +18,9 @@ task latency). A caller that stops waiting (a client that disconnected) cancels 
 dropped, a decoding one leaves the batch at the next step. `drain` stops new tasks and returns once
 every admitted one is done.
 
-Metrics (when given): the number of tasks waiting or running (`queue_length{model}`), the requests in each
-batch or decode step (`batch_size{model,route}`) and the time from a stream's submission to its first token
-(`first_token{model}`).
+Metrics (when given): the number of tasks waiting or running (`queue_length{model}`) and the requests in each
+batch or decode step (`batch_size{model,route}`). Times to first token are the routes' to measure: they
+start the clock when the request arrives.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ class EngineMetrics(Protocol):
 
     queue_length: Any  # Gauge{model}
     batch_size: Any  # Histogram{model, route}
-    first_token: Any  # Histogram{model}
 
 
 @dataclasses.dataclass(eq=False)
@@ -114,7 +113,6 @@ class _Task:
     submitted: float = dataclasses.field(default_factory=time.monotonic)
     cancelled: bool = False
     rows_left: int = 0
-    first_sent: bool = False
 
     def send(self, item: Any) -> None:
         """Puts `item` on the task's queue from the worker thread (dropped once the task is cancelled)."""
@@ -132,7 +130,7 @@ class Engine:
         max_queue: the most tasks waiting or running.
         max_batch_tokens: the budget of one batch: padded input tokens of a `Batch` group, prompt plus
             new-token room of the rows in the running batch. A task larger than the budget runs alone.
-        metrics: where the queue length, batch sizes and times to first token go (None: nowhere).
+        metrics: where the queue length and batch sizes go (None: nowhere).
     """
 
     def __init__(self, name: str, running: RunningBatch | None, batching: bool, max_queue: int,
@@ -336,9 +334,6 @@ class Engine:
         task, row = token.key
         if task not in self._decoding:  # an earlier row of the task failed in this step
             return
-        if not task.first_sent and self.metrics is not None:
-            self.metrics.first_token.labels(model=self.name).observe(time.monotonic() - task.submitted)
-        task.first_sent = True
         try:
             task.send(task.work.chunk(row, token))
         except Exception as error:
