@@ -205,3 +205,12 @@ def test_a_bad_row_fails_its_own_stream_only(lm) -> None:
 
     bad, good = asyncio.run(main())
     assert "max_positions" in str(bad) and len(good) == 3
+
+
+def test_rows_for_a_model_without_a_running_batch_are_refused_at_once() -> None:
+    async def main() -> None:
+        engine = Engine("m", None, True, max_queue=2, max_batch_tokens=100)
+        with pytest.raises(TypeError, match="decoder-only"):
+            engine.submit_stream(_rows([[5]], GenerationConfig(max_new_tokens=1)))
+
+    asyncio.run(main())

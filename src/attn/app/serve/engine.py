@@ -193,6 +193,8 @@ class Engine:
             task.cancelled = True  # a no-op after the end; else the rows leave the batch at the next step
 
     def _admit(self, work: Batch | Rows) -> _Task:
+        if isinstance(work, Rows) and self.running is None:
+            raise TypeError(f"model {self.name!r} has no running batch: only decoder-only models decode rows")
         with self._lock:
             if self._closing:
                 raise Closed(f"model {self.name!r} is shutting down and takes no new requests")
