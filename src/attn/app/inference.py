@@ -17,7 +17,7 @@ from torch import Tensor
 from attn.app.embeddings import embed_texts
 from attn.artifacts import Bundle
 from attn.data.corpora import pad_batch
-from attn.decoding import Decode, GenerationConfig, generate, generate_seq2seq, stream
+from attn.decoding import PAPER_EXTRA_LENGTH, Decode, GenerationConfig, generate, generate_seq2seq, stream
 from attn.decoding.attention_maps import attention_maps, layer_count
 from attn.decoding.beam_search import Hypothesis, beam_search, beam_search_seq2seq
 from attn.errors import AttnError, GenerationError
@@ -99,8 +99,8 @@ def alignment(loaded: Bundle, source: Sequence[int], output: Sequence[int]) -> T
     is at decoder position i, whose input is the start token, then the output before token i).
     """
     _expect(loaded, EncoderDecoder, "alignment")
-    weights = attention_maps(loaded.model, source, -1, "cross", [loaded.start_id, *output])  # (h, T + 1, S)
-    return weights.mean(0)[: len(output)]
+    weights = attention_maps(loaded.model, source, -1, "cross", [loaded.start_id, *output[:-1]])  # (h, T, S)
+    return weights.mean(0)[: len(output)]  # no rows for an empty output
 
 
 def source_ids(loaded: Bundle, texts: Sequence[str]) -> list[list[int]]:
@@ -551,8 +551,10 @@ def _attention_tokens(bundle: Bundle, text: str, kind: str) -> _AttentionTokens:
     source = tok.encode(text)
     target = None
     if isinstance(bundle.model, EncoderDecoder) and kind != "encoder":
+        # The paper's limit, less one: the start token and the output must fit the decoder's positions.
+        limit = min(len(source) + PAPER_EXTRA_LENGTH, bundle.model.max_positions - 1)
         output = generate_seq2seq(bundle.model, [source], bundle.start_id, bundle.eos_id, bundle.pad_id,
-                                  GenerationConfig())[0]
+                                  GenerationConfig(max_new_tokens=limit))[0]
         target = [bundle.start_id, *output]
     pieces = token_pieces(bundle, source)
     target_pieces = token_pieces(bundle, target) if target else pieces

@@ -55,7 +55,7 @@ from attn.errors import AttnError
 PAGE = Path(__file__).parent / "static" / "index.html"
 ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 422, 429, 500, 503)}
 # Library field names that the API calls otherwise.
-_PARAMS = {"max_new_tokens": "max_tokens", "samples": "n"}
+_PARAMS = {"samples": "n"}
 T = TypeVar("T")
 
 router = APIRouter()
@@ -113,10 +113,11 @@ async def _run(request: Request, served: ServedModel, task: Batch, param: str) -
 def _invalid(error: AttnError, param: str) -> ApiError:
     if isinstance(error, Closed):
         return ApiError(503, str(error))
-    field, sep, _ = str(error).partition(": ")
-    named = sep and field.isidentifier()
-    return ApiError(422, str(error).replace(field, _PARAMS.get(field, field), 1) if named else str(error),
-                    _PARAMS.get(field, field) if named else param)
+    message = str(error).replace("max_new_tokens", "max_tokens")
+    field, sep, rest = message.partition(": ")
+    if sep and field.isidentifier():  # "field: what is wrong"
+        return ApiError(422, f"{_PARAMS.get(field, field)}: {rest}", _PARAMS.get(field, field))
+    return ApiError(422, message, param)
 
 
 # -- completions --------------------------------------------------------------------------------
@@ -204,12 +205,15 @@ def _completion(request: Request, body: CompletionRequest) -> _Completion:
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
              summary="Continue prompts with a decoder-only model (OpenAI completions; stream: server-sent events)")
 async def completions(body: CompletionRequest, request: Request) -> Any:
+    started = time.monotonic()
     completion = _completion(request, body)
-    chunks = _state(request).engines[completion.served.name].submit_stream(completion.rows)
+    state = _state(request)
+    chunks = state.engines[completion.served.name].submit_stream(completion.rows)
     try:  # the first token before the answer starts, so that a prompt's mistake is still an error status
         first = await anext(chunks)
     except AttnError as error:
         raise _invalid(error, "prompt") from None
+    state.metrics.first_token.labels(model=completion.served.name).observe(time.monotonic() - started)
     if body.stream:
         return StreamingResponse(_events(completion, first, chunks), media_type="text/event-stream")
     found = [first, *[chunk async for chunk in chunks]]
@@ -244,6 +248,9 @@ async def translate(body: TranslateRequest, request: Request) -> Any:
     served = _served(request, body.model, "translate")
     config = _checked(lambda: GenerationConfig(beam_size=body.beam_size, length_penalty=body.length_penalty,
                                                n_best=body.n_best, max_new_tokens=body.max_tokens), "inputs")
+    if body.max_tokens is not None and body.max_tokens > served.max_positions:
+        raise ApiError(422, f"max_tokens: {body.max_tokens} is more than the model's max_positions="
+                       f"{served.max_positions}; ask for at most {served.max_positions}", "max_tokens")
     task = _checked(lambda: translate_task(served, body.texts(), config, body.alignment), "inputs")
     found: list[Translation] = await _run(request, served, task, "inputs")
     return {"model": served.name, "translations": [_translation(t) for t in found]}

@@ -86,10 +86,13 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["stop", "length"] | None
 
 
-class Usage(BaseModel):
+class EmbeddingUsage(BaseModel):
     prompt_tokens: int
-    completion_tokens: int = 0
     total_tokens: int
+
+
+class Usage(EmbeddingUsage):
+    completion_tokens: int
 
 
 class CompletionResponse(BaseModel):
@@ -125,7 +128,7 @@ class EmbeddingResponse(BaseModel):
     object: Literal["list"] = "list"
     data: list[Embedding]
     model: str
-    usage: Usage
+    usage: EmbeddingUsage
 
 
 class TranslateRequest(TextsRequest):
