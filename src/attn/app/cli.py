@@ -336,7 +336,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         trained = train_tokenizer_files(args.kind, args.inputs, args.vocab_size, args.output, args.force,
                                         args.lowercase)
     except ConfigError as error:
-        raise _flag_error(error, {"inputs": "INPUT", "texts": "INPUT"}) from None
+        raise _flag_error(error, {"inputs": "inputs", "texts": "inputs"}) from None
     tokenizer = trained.tokenizer
     print(f"trained a {tokenizer.kind} tokenizer on {trained.lines} lines of {len(trained.files)} file(s)")
     print(f"vocabulary size: {tokenizer.vocab_size}")
