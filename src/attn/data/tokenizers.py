@@ -5,8 +5,8 @@ Kinds (`Tokenizer.kind`), and when `decode(encode(x)) == x` holds:
   Exact for NFC text of characters seen in training, less one leading space.
 - `byte-bpe` (`train_bpe(byte_level=True)`): BPE over UTF-8 bytes, as GPT-2. Exact for every string
   (with `skip_special=False`).
-In every kind the text of a special token (`<s>`, `[CLS]`, ...) inside a text encodes to that
-token's id, which `decode` leaves out by default (tests/unit/test_properties.py checks all this).
+In every kind but `sentencepiece` the text of a special token (`<s>`, `[CLS]`, ...) inside a text
+encodes to that token's id, which `decode` leaves out by default (tests/unit/test_properties.py checks all this).
 - `unigram` (`train_unigram`): the Unigram language model of SentencePiece, trained by `tokenizers`'
   own `UnigramTrainer`, over the same NFC + Metaspace pipeline as `bpe`, with the same round trip.
   Its vocabulary holds every character of the training texts, so `vocab_size` must leave room for them.
@@ -228,8 +228,8 @@ class Tokenizer:
             vocab_size=vocab_size, special_tokens=list(SEQ_SPECIALS), unk_token="<unk>", show_progress=False
         )
         alphabet: set[str] = set()
+        stream = _noting_alphabet(*_metaspace_parts(), _non_empty(texts), alphabet)
         try:
-            stream = _noting_alphabet(*_metaspace_parts(), _non_empty(texts), alphabet)
             backend.train_from_iterator(stream, trainer)
         except Exception as err:  # the Rust trainer's own failures are plain Exceptions
             if type(err) is not Exception or "not large enough" not in str(err):
@@ -432,8 +432,9 @@ class Tokenizer:
             return cls.from_file(path / TOKENIZER_FILE)
         if is_marian_directory(path):
             return cls.from_marian_files(path)
+        reason = "no tokenizer there" if path.is_dir() else "no such file or directory"
         raise CheckpointError(
-            f"{path}: no tokenizer there; give a directory written by `attn tokenizer train` or Tokenizer.save "
+            f"{path}: {reason}; give a directory written by `attn tokenizer train` or Tokenizer.save "
             f"({META_FILE}), a Hugging Face {TOKENIZER_FILE} (or its directory) or a SentencePiece .model file"
         )
 

@@ -310,7 +310,8 @@ def special_ids(tokenizer: Tokenizer, *roles: str, source: str = "") -> tuple[in
     Raises:
         ConfigError: the tokenizer has no token for some of the roles; names them all.
     """
-    missing = [role for role in roles if tokenizer.roles[role] is None]
+    ids = {role: getattr(tokenizer, f"{role}_id") for role in roles}
+    missing = [role for role, token_id in ids.items() if token_id is None]
     if missing:
         names = "; ".join(f"{role}: {' or '.join(ROLE_TOKENS[role])}" for role in missing)
         raise ConfigError(
@@ -318,7 +319,7 @@ def special_ids(tokenizer: Tokenizer, *roles: str, source: str = "") -> tuple[in
             f"(it needs {', '.join(roles)}); add them to its special tokens under these names ({names}), or train "
             "one with attn tokenizer train"
         )
-    return tuple(tokenizer.roles[role] for role in roles)
+    return tuple(ids.values())
 
 
 def length_limit(config: RunConfig, model_config: ModelConfig) -> int:
