@@ -587,7 +587,8 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 
 def minimum_vocab_size(kind: str) -> int:
     """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of
-    `byte-bpe`, and one token more."""
+    `byte-bpe`, and one token more (`unigram` also needs one per character of its texts, which
+    `train_unigram` checks once it has read them)."""
     alphabet = len(pre_tokenizers.ByteLevel.alphabet()) if kind == "byte-bpe" else 0
     return len(WORDPIECE_SPECIALS if kind == "wordpiece" else SEQ_SPECIALS) + alphabet + 1
 
