@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+import tokenizers
 import torch
 from cli_helpers import ROOT, run_cli
 
@@ -185,6 +186,13 @@ def marian_directory(change: Callable[[Path], None]) -> Prepare:
     return prepare
 
 
+def tokenizer_json_without_specials(folder: Path, names: Mapping[str, str]) -> None:
+    """A Hugging Face tokenizer.json (a word-level model of three words) that has no special token."""
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"in": 0, "the": 1, "beginning": 2}))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.save(str(folder / "tokenizer.json"))
+
+
 def gzipped(data: bytes) -> bytes:
     return gzip.compress(data, mtime=0)
 
@@ -240,6 +248,12 @@ def broken_translator(change: Callable[[Path], None]) -> Prepare:
 
 
 TRAIN_PAIRS = "data.train={case}/pairs.tsv"
+
+
+def train_tokenizer(*args: str) -> tuple[str, ...]:
+    """`attn tokenizer train` into `tok` in the case folder."""
+    return ("tokenizer", "train", "--output", "tok", *args)
+
 
 CASES = [
     # usage: argparse answers before anything is loaded
@@ -353,6 +367,33 @@ CASES = [
     Case("init-from-other-architecture", "fine-tuning a translator from a language model",
          train("translation", "model.init_from={lm}"), 2,
          "model: task 'translation' trains encoder-decoder models, but runs/lm is decoder-only"),
+    # tokenizers
+    Case("tokenizer-unknown-kind", "`attn tokenizer train --kind` outside its choices",
+         train_tokenizer("--kind", "sentencepiece", "{tiny}/text.txt"), 2,
+         "invalid choice: 'sentencepiece' (choose from 'bpe', 'byte-bpe', 'wordpiece', 'unigram', 'chars')"),
+    Case("tokenizer-glob-matches-nothing", "a training-file pattern that matches no file",
+         train_tokenizer("--kind", "bpe", "corpus/*.txt"), 2, "inputs: the pattern 'corpus/*.txt' matches no file"),
+    Case("tokenizer-input-missing", "a training file that does not exist",
+         train_tokenizer("--kind", "bpe", "nowhere.txt"), 2, "inputs: nowhere.txt: no such file or directory"),
+    Case("tokenizer-input-invalid-utf8", "a Latin-1 training file", train_tokenizer("--kind", "bpe", "latin1.txt"), 1,
+         "latin1.txt:2: invalid UTF-8 (byte 0xe9); re-save the file as UTF-8",
+         files({"latin1.txt": b"In the beginning.\ncaf\xe9\n"})),
+    Case("tokenizer-vocab-below-minimum", "a byte-level BPE vocabulary smaller than its 256 bytes",
+         train_tokenizer("--kind", "byte-bpe", "--vocab-size", "100", "{tiny}/text.txt"), 2,
+         "--vocab-size: is 100, must be at least 264"),
+    Case("tokenizer-unigram-vocab-below-alphabet", "a unigram vocabulary too small for the characters of its texts",
+         train_tokenizer("--kind", "unigram", "--vocab-size", "20", "{tiny}/text.txt"), 2,
+         "a unigram vocabulary holds every one of the"),
+    Case("tokenizer-output-not-empty", "an output directory that already holds a tokenizer",
+         train_tokenizer("--kind", "chars", "{tiny}/text.txt"), 2,
+         "--output: tok already holds a tokenizer; give a new directory, or replace it with --force",
+         files({"tok/attn_tokenizer.json": '{"kind": "chars"}\n', "tok/tokenizer.json": "{}"})),
+    Case("tokenizer-path-without-tokenizer", "tokenizer.path names a folder without a tokenizer",
+         train("translation", "tokenizer.path={case}/tok"), 1,
+         "tok: no tokenizer there; give a directory written by `attn tokenizer train`", files({"tok/notes.txt": ""})),
+    Case("tokenizer-path-lacks-roles", "tokenizer.path names a tokenizer.json without a translator's special tokens",
+         train("translation", "tokenizer.path={case}/tokenizer.json"), 2,
+         "tokenizer.json has no pad, bos, eos token, which this task needs", tokenizer_json_without_specials),
     # checkpoints and model folders
     Case("model-path-missing", "--model names nothing", translate_with("nowhere"), 1,
          "nowhere: no such checkpoint or model directory; give an attn checkpoint, a run directory"),

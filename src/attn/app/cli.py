@@ -36,6 +36,8 @@ from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names
 from attn.data.corpora import decode_text, read_text
+from attn.data.tokenizer_training import train_tokenizer_files
+from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
@@ -323,6 +325,33 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- tokenizers -------------------------------------------------------------------------------
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    try:
+        trained = train_tokenizer_files(args.kind, args.inputs, args.vocab_size, args.output, args.force,
+                                        args.lowercase)
+    except ConfigError as error:
+        raise _flag_error(error, {"inputs": "inputs", "texts": "inputs"}) from None
+    tokenizer = trained.tokenizer
+    print(f"trained a {tokenizer.kind} tokenizer on {trained.lines} lines of {len(trained.files)} file(s)")
+    print(f"vocabulary size: {tokenizer.vocab_size}")
+    specials = [f"{role}={tokenizer.id_to_token(i)} ({i})" for role, i in tokenizer.roles.items() if i is not None]
+    print(f"special tokens: {', '.join(specials)}")
+    print(f"wrote {trained.output}; load it with tokenizer.path = {json.dumps(str(trained.output))}")
+    return 0
+
+
+def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
+    tokenizer = Tokenizer.load(args.tokenizer)
+    for text in args.text:
+        ids = tokenizer.encode(text, add_special=args.add_special)
+        print(f"tokens: {json.dumps([tokenizer.id_to_token(i) for i in ids], ensure_ascii=False)}")
+        print(f"ids: {json.dumps(ids)}")
+    return 0
+
+
 # -- the parser -------------------------------------------------------------------------------
 
 
@@ -468,10 +497,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-tokens", dest="max_batch_tokens", type=int, default=8192,
                    help="the token budget of one batch (padded inputs; prompts and new tokens of running completions)")
 
+    _tokenizer_parsers(sub)
+
     p = _subcommand(sub, "presets", cmd_presets, "list the model presets with their sizes and parameter counts",
                     "attn presets --json")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
+
+
+def _tokenizer_parsers(sub) -> None:
+    group = sub.add_parser("tokenizer", help="train a tokenizer on text files, or show how one encodes a text",
+                           description="train a tokenizer on text files (into a directory that a run config's "
+                           "tokenizer.path loads), or show how one encodes a text")
+    verbs = group.add_subparsers(dest="tokenizer_command", metavar="VERB", required=True)
+    p = _subcommand(verbs, "train", cmd_tokenizer_train, "train a tokenizer on text files, one text per line",
+                    "attn tokenizer train --kind unigram --vocab-size 8000 --output tok/ data/shakespeare/train.txt.gz")
+    p.add_argument("inputs", nargs="+", help="text files (one text per line, .gz too), directories, glob patterns")
+    p.add_argument("--kind", required=True, choices=TRAINED_KINDS, help="the tokenizer's algorithm")
+    p.add_argument("--vocab-size", dest="vocab_size", type=int, default=8000,
+                   help="vocabulary size, special tokens included (chars: ignored, one token per character)")
+    p.add_argument("--output", "-o", required=True, help="the directory to write")
+    p.add_argument("--force", action="store_true", help="replace the output directory when it holds a tokenizer")
+    p.add_argument("--cased", dest="lowercase", action="store_false",
+                   help="wordpiece: keep case and accents (default: lower-case them, as uncased BERT)")
+    p = _subcommand(verbs, "encode", cmd_tokenizer_encode, "print the tokens and ids of texts",
+                    'attn tokenizer encode --tokenizer tok/ "To be, or not to be"')
+    p.add_argument("--tokenizer", "-t", required=True,
+                   help="a tokenizer directory, a Hugging Face tokenizer.json or a SentencePiece .model file")
+    p.add_argument("text", nargs="+", help="the texts")
+    p.add_argument("--add-special", dest="add_special", action="store_true", help="add the tokenizer's frame")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -71,12 +71,38 @@ def read_text(path: str | Path) -> str:
     return decode_text(_read_bytes(found), str(found))
 
 
-def decode_text(data: bytes, source: str) -> str:
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file, gunzipped when its name ends in `.gz`, read one at a time.
+
+    Args:
+        path: the file (a `data/...` path as in `read_text`).
+
+    Yields:
+        Each line with its line end as `\n` (a `\r` before it dropped), without a leading byte-order mark.
+
+    Raises:
+        DataFormatError: the file is missing, not valid gzip, or a line is not valid UTF-8 or binary;
+            names the line.
+    """
+    found = locate(path)
+    try:
+        with gzip.open(found) if found.suffix == ".gz" else open(found, "rb") as file:
+            for number, raw in enumerate(file, 1):
+                text = decode_text(raw, str(found), number)
+                yield text.removesuffix("\r\n") + "\n" if text.endswith("\r\n") else text
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise _gzip_error(found, err) from err
+    except OSError as err:
+        raise DataFormatError(str(found), f"cannot be read ({err.strerror}); check the path") from err
+
+
+def decode_text(data: bytes, source: str, line: int = 1) -> str:
     """UTF-8 bytes -> text, without a leading byte-order mark.
 
     Args:
         data: the bytes, e.g. of a file or of standard input.
         source: what they came from, for the message (a path, or "<stdin>").
+        line: the line `data` starts on, for the message.
 
     Raises:
         DataFormatError: the bytes are binary (hold a NUL byte) or not valid UTF-8; names the line.
@@ -88,13 +114,13 @@ def decode_text(data: bytes, source: str) -> str:
     if nul >= 0:
         message = ("contains a NUL byte, so it is binary (or UTF-16) rather than text; give a UTF-8 text file, "
                    "or re-save the file as UTF-8")
-        raise DataFormatError(source, message, data.count(b"\n", 0, nul) + 1)
+        raise DataFormatError(source, message, data.count(b"\n", 0, nul) + line)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
+        where = data.count(b"\n", 0, err.start) + line
         raise DataFormatError(
-            source, f"invalid UTF-8 (byte 0x{data[err.start]:02x}); re-save the file as UTF-8", line
+            source, f"invalid UTF-8 (byte 0x{data[err.start]:02x}); re-save the file as UTF-8", where
         ) from err
 
 
@@ -108,9 +134,13 @@ def _read_bytes(path: Path) -> bytes:
     try:
         return gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as err:
-        raise DataFormatError(
-            str(path), f"is not a valid gzip file ({err}); compress it again with gzip or drop the .gz suffix"
-        ) from err
+        raise _gzip_error(path, err) from err
+
+
+def _gzip_error(path: Path, err: Exception) -> DataFormatError:
+    return DataFormatError(
+        str(path), f"is not a valid gzip file ({err}); compress it again with gzip or drop the .gz suffix"
+    )
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
-from attn.data.tokenizers import minimum_vocab_size
+from attn.data.tokenizers import TRAINED_KINDS, minimum_vocab_size
 from attn.errors import ConfigError
 from attn.shipped import locate
 from attn.training.precision import Precision
@@ -85,23 +85,22 @@ class DataConfig:
 class TokenizerConfig:
     """The tokenizer to train on the training data (or to load from `path`)."""
 
-    kind: str = "bpe"  # bpe | byte-bpe | wordpiece | chars
+    kind: str = "bpe"  # bpe | byte-bpe | wordpiece | unigram | chars
     vocab_size: int = 8000
-    path: str = ""  # a directory written by Tokenizer.save; when set nothing is trained
+    # When set, nothing is trained: a directory written by `attn tokenizer train` (Tokenizer.save), a
+    # Hugging Face tokenizer.json (or its directory) or a SentencePiece .model file (Tokenizer.load).
+    path: str = ""
     lowercase: bool = True  # wordpiece only
 
     def __post_init__(self) -> None:
         coerce_fields(self)
-        if self.kind not in TRAINED_TOKENIZERS:
-            raise ConfigError("kind", f"unknown kind {self.kind!r}; choose one of {', '.join(TRAINED_TOKENIZERS)}")
+        if self.kind not in TRAINED_KINDS:
+            raise ConfigError("kind", f"unknown kind {self.kind!r}; choose one of {', '.join(TRAINED_KINDS)}")
         # Checked here, before any data is read; a loaded tokenizer (path) or chars has its own size.
         smallest = 1 if self.path or self.kind == "chars" else minimum_vocab_size(self.kind)
         if self.vocab_size < smallest:
             raise ConfigError("vocab_size", f"is {self.vocab_size}, but a {self.kind} tokenizer needs at least "
                                             f"{smallest} (its special tokens and more); raise it")
-
-
-TRAINED_TOKENIZERS = ("bpe", "byte-bpe", "wordpiece", "chars")
 
 
 @dataclasses.dataclass(frozen=True)

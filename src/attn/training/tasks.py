@@ -38,7 +38,7 @@ from attn.data.corpora import (
     read_text,
     translation_collate,
 )
-from attn.data.tokenizers import Tokenizer
+from attn.data.tokenizers import ROLE_TOKENS, Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
 
@@ -89,7 +89,7 @@ def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskCont
     """Source -> target translation with a joint source-target tokenizer (section 5.1)."""
     corpus = load_parallel(_required(config.data.train, "data.train"), source=config.data.source)
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.sources + corpus.targets)
-    pad, bos, eos = special_ids(tokenizer, "pad", "bos", "eos")
+    pad, bos, eos = special_ids(tokenizer, "pad", "bos", "eos", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
     limit = length_limit(config, model_config)
     pairs, _ = filter_long(_encode_pairs(tokenizer, corpus.sources, corpus.targets), limit, "drop")
@@ -160,7 +160,7 @@ def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskC
         only = corpus.label_names[0]
         raise DataFormatError(corpus.path, f"every row has the label {only!r}; a classifier needs at least two classes")
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts)
-    (pad,) = special_ids(tokenizer, "pad")
+    (pad,) = special_ids(tokenizer, "pad", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size, num_labels=len(corpus.label_names))
     limit = length_limit(config, model_config)
 
@@ -224,7 +224,7 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
     """
     texts = _texts(_required(config.data.train, "data.train"))
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, texts)
-    pad, mask_id = special_ids(tokenizer, "pad", "mask")
+    pad, mask_id = special_ids(tokenizer, "pad", "mask", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
     limit = length_limit(config, model_config)
     roles = ("pad", "unk", "bos", "eos", "cls", "sep", "mask")
@@ -262,26 +262,30 @@ def make_tokenizer(config: TokenizerConfig, texts: Sequence[str]) -> Tokenizer:
     """Loads `config.path`, or trains a tokenizer of `config.kind` on `texts`."""
     if config.path:
         return Tokenizer.load(config.path)
-    if config.kind == "chars":
-        return Tokenizer.train_chars(texts)
-    if config.kind == "wordpiece":
-        return Tokenizer.train_wordpiece(texts, config.vocab_size, config.lowercase)
-    return Tokenizer.train_bpe(texts, config.vocab_size, byte_level=config.kind == "byte-bpe")
+    return Tokenizer.train(config.kind, texts, config.vocab_size, config.lowercase)
 
 
-def special_ids(tokenizer: Tokenizer, *roles: str) -> tuple[int, ...]:
+def special_ids(tokenizer: Tokenizer, *roles: str, source: str = "") -> tuple[int, ...]:
     """The ids of special-token roles ("pad", "bos", ...), which the task cannot do without.
 
+    Args:
+        tokenizer: the task's tokenizer.
+        roles: the roles the task needs.
+        source: where the tokenizer came from (`tokenizer.path`), for the message.
+
     Raises:
-        ConfigError: the tokenizer has no token for one of the roles.
+        ConfigError: the tokenizer has no token for some of the roles; names them all.
     """
-    ids = tuple(getattr(tokenizer, f"{role}_id") for role in roles)
-    for role, token_id in zip(roles, ids):
-        if token_id is None:
-            raise ConfigError(
-                "tokenizer.path", f"the tokenizer has no {role} token, which this task needs; train one instead"
-            )
-    return ids
+    ids = {role: getattr(tokenizer, f"{role}_id") for role in roles}
+    missing = [role for role, token_id in ids.items() if token_id is None]
+    if missing:
+        names = "; ".join(f"{role}: {' or '.join(ROLE_TOKENS[role])}" for role in missing)
+        raise ConfigError(
+            "tokenizer.path", f"{source or 'the tokenizer'} has no {', '.join(missing)} token, which this task needs "
+            f"(it needs {', '.join(roles)}); add them to its special tokens under these names ({names}), or train "
+            "one with attn tokenizer train"
+        )
+    return tuple(ids.values())
 
 
 def length_limit(config: RunConfig, model_config: ModelConfig) -> int:
