@@ -22,11 +22,10 @@ from attn.data.corpora import (
     collate_classification,
     collate_translation,
     filter_long,
-    load_labelled,
-    load_parallel,
     read_text,
     translation_collate,
 )
+from attn.data.readers import Fields, load_labelled, load_parallel, read_table
 from attn.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -43,14 +42,15 @@ def test_bible_splits_have_the_documented_rows() -> None:
         assert len(corpus) == len(corpus.sources) == len(corpus.targets) == stats["counts"][split]
         assert corpus.skipped_blank == 0
     valid = load_parallel(DATA / "bible-en-es" / "valid.tsv")
-    john = valid.refs.index("John 3:16")
+    john = read_table(DATA / "bible-en-es" / "valid.tsv", {"ref": "ref"}).values["ref"].index("John 3:16")
     assert valid.sources[john].startswith("For God so loved the world, that he gave his only born Son")
     assert valid.targets[john].startswith("Porque de tal manera amó Dios al mundo")
 
 
 def test_king_james_source_is_joined_by_ref() -> None:
-    valid = load_parallel(DATA / "bible-en-es" / "valid.tsv", source="en_kjv")
-    john = valid.refs.index("John 3:16")
+    king_james = Fields(source_field="en_kjv", join="data/bible-en-es/kjv.tsv.gz", join_key="ref")
+    valid = load_parallel(DATA / "bible-en-es" / "valid.tsv", king_james)
+    john = read_table(DATA / "bible-en-es" / "valid.tsv", {"ref": "ref"}).values["ref"].index("John 3:16")
     assert valid.sources[john].startswith("For God so loved the world, that he gave his only begotten Son")
     assert valid.targets[john].startswith("Porque de tal manera amó Dios al mundo")
     assert len(valid) == 983
@@ -80,11 +80,17 @@ def _write_kjv(folder: Path) -> None:
     (folder / "kjv.tsv").write_bytes(b"ref\ten_kjv\nGen 1:1\tIn the beginning\n")
 
 
-MALFORMED: dict[str, tuple[bytes, Callable[[Path], Any], int, str]] = {
-    "wrong-header": (b"ref\tsrc\ttgt\nGen 1:1\ta\tb\n", load_parallel, 1, "make the first line that header"),
-    "no-header": (b"Gen 1:1\ta\tb\n", load_parallel, 1, "make the first line that header"),
+def _with_king_james(path: Path) -> Any:
+    return load_parallel(path, Fields(source_field="en_kjv", join=str(path.with_name("kjv.tsv")), join_key="ref"))
+
+
+MALFORMED: dict[str, tuple[bytes, Callable[[Path], Any], int | None, str]] = {
+    "wrong-header": (b"ref\tsrc\ttgt\nGen 1:1\ta\tb\n", load_parallel, 1,
+                     "no field 'en' (source_field); the fields here are: ref, src, tgt; set source_field to one"),
+    "no-header": (b"Gen 1:1\ta\tb\n", load_parallel, 1,
+                  "no field 'en' (source_field); the fields here are: Gen 1:1, a"),
     "empty-file": (b"", load_parallel, 1, "it must start with the header"),
-    "header-only": (b"label\ttext\n", load_labelled, 1, "add rows"),
+    "header-only": (b"label\ttext\n", load_labelled, None, "add rows"),
     "missing-field": (b"ref\ten\tes\nGen 1:1\ta\tb\nGen 1:2\ta\n", load_parallel, 3, "fill in missing"),
     "stray-tab": (b"label\ttext\nart\tsome\ttext\n", load_labelled, 2, "replace stray tabs by spaces"),
     "empty-field": (b"label\ttext\nart\t  \n", load_labelled, 2, "fill it in or delete the line"),
@@ -105,9 +111,9 @@ MALFORMED: dict[str, tuple[bytes, Callable[[Path], Any], int, str]] = {
     ),
     "missing-kjv-ref": (
         b"ref\ten\tes\nGen 1:1\ta\tb\nGen 1:2\tc\td\n",
-        lambda path: load_parallel(path, source="en_kjv", kjv_path=path.with_name("kjv.tsv")),
+        _with_king_james,
         3,
-        "use source='en'",
+        "ref='Gen 1:2' has no row in the join table",
     ),
 }
 
@@ -121,7 +127,7 @@ def test_malformed_file_names_file_line_and_fix(tmp_path: Path, case: str) -> No
     with pytest.raises(DataFormatError) as caught:
         load(path)
     message = str(caught.value)
-    assert f"{case}.tsv:{line}: " in message
+    assert f"{case}.tsv{'' if line is None else f':{line}'}: " in message
     assert fix in message
     assert caught.value.line == line
 
@@ -129,8 +135,8 @@ def test_malformed_file_names_file_line_and_fix(tmp_path: Path, case: str) -> No
 def test_duplicate_kjv_ref_is_reported(tmp_path: Path) -> None:
     (tmp_path / "pairs.tsv").write_bytes(b"ref\ten\tes\nGen 1:1\ta\tb\n")
     (tmp_path / "kjv.tsv").write_bytes(b"ref\ten_kjv\nGen 1:1\tx\nGen 1:1\ty\n")
-    with pytest.raises(DataFormatError, match=r"kjv.tsv:3: ref 'Gen 1:1' occurs twice"):
-        load_parallel(tmp_path / "pairs.tsv", source="en_kjv", kjv_path=tmp_path / "kjv.tsv")
+    with pytest.raises(DataFormatError, match=r"kjv.tsv:3: key ref='Gen 1:1' occurs twice"):
+        _with_king_james(tmp_path / "pairs.tsv")
 
 
 def test_broken_gzip_and_missing_file_are_data_format_errors(tmp_path: Path) -> None:
@@ -141,9 +147,6 @@ def test_broken_gzip_and_missing_file_are_data_format_errors(tmp_path: Path) -> 
         read_text(tmp_path / "absent.tsv")
 
 
-def test_unknown_source_column_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="source"):
-        load_parallel(DATA / "bible-en-es" / "valid.tsv", source="de")  # type: ignore[arg-type]
 
 
 def test_blank_lines_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -158,13 +161,14 @@ def test_windows_line_ends_are_read(tmp_path: Path) -> None:
     path = tmp_path / "crlf.tsv"
     path.write_bytes(b"ref\ten\tes\r\nGen 1:1\ta b\tc d\r\n")
     corpus = load_parallel(path)
-    assert (corpus.refs, corpus.sources, corpus.targets) == (["Gen 1:1"], ["a b"], ["c d"])
+    assert (corpus.lines, corpus.sources, corpus.targets) == ([2], ["a b"], ["c d"])
 
 
 def test_given_labels_fix_the_class_indices(tmp_path: Path) -> None:
     path = tmp_path / "eval.tsv"
     path.write_bytes(b"label\ttext\nlaw\ta\nart\tb\n")
     corpus = load_labelled(path, labels=["law", "art", "food"])
+    assert corpus.pairs is None
     assert (corpus.labels, corpus.label_names) == ([0, 1], ["law", "art", "food"])
 
 

@@ -5,6 +5,9 @@
 - language model: nats per token and per character, perplexity and bits per character over the
   whole file in non-overlapping windows;
 - classification: accuracy, macro-F1 and the confusion matrix.
+
+A test file is read with the fields the model was trained on (`data_fields`): a model trained
+Spanish -> English is scored on the `es` -> `en` direction of the same kind of file.
 """
 
 from __future__ import annotations
@@ -26,18 +29,28 @@ from attn.app.metrics import (
     stream_nll,
 )
 from attn.artifacts import Bundle
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import Fields, load_labelled, load_parallel
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, ConfigError
 
 
+def data_fields(loaded: Bundle) -> Fields:
+    """How the model's training files were read (the `[data]` section of the run config stored with it);
+    the defaults for a model without one (imported from Hugging Face)."""
+    return Fields.from_mapping((loaded.run_config or {}).get("data"))
+
+
 def evaluate_translation(
     loaded: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None,
-    source: str = "en",
+    fields: Fields | None = None,
 ) -> dict[str, Any]:
-    """BLEU and chrF of the model's translations of a `ref en es` file against its `es` column."""
+    """BLEU and chrF of the model's translations of a file's source field against its target field.
+
+    `fields` (default: `data_fields(loaded)`) says which fields those are and how to read the file.
+    """
     _check_positive("limit", limit)
-    corpus = load_parallel(path, source=source)
+    corpus = load_parallel(path, fields or data_fields(loaded))
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
     started = time.perf_counter()
     hypotheses = translate(loaded, sources, config)
@@ -76,11 +89,12 @@ def _check_positive(name: str, value: int | None) -> None:
         raise ConfigError(name, f"is {value}, must be at least 1; leave it out to use the default")
 
 
-def evaluate_classifier(loaded: Bundle, path: str | Path) -> dict[str, Any]:
-    """Accuracy, macro-F1 and the confusion matrix on a `label text` file."""
+def evaluate_classifier(loaded: Bundle, path: str | Path, fields: Fields | None = None) -> dict[str, Any]:
+    """Accuracy, macro-F1 and the confusion matrix on a labelled file, read with `fields` (default:
+    `data_fields(loaded)`)."""
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names)")
-    corpus = load_labelled(path, labels=loaded.label_names)
+    corpus = load_labelled(path, fields or data_fields(loaded), loaded.label_names)
     predictions = class_probabilities(loaded, corpus.texts).argmax(-1).tolist()
     n = len(loaded.label_names)
     return {

@@ -26,7 +26,8 @@ from attn.app.baselines import NaiveBayes, unigram_nll
 from attn.app.inference import translate
 from attn.app.metrics import accuracy, bleu, macro_f1
 from attn.artifacts import Bundle, load_model
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import Fields, load_labelled, load_parallel
 from attn.decoding import GenerationConfig
 from attn.training import RunResult
 from attn.training.runconfig import RunConfig
@@ -153,15 +154,15 @@ def likely_causes(updates: int, warmup_steps: int, precision: str, device_type: 
 
 
 def check_trained(loaded: Bundle, task: str, train_path: str | Path, valid_path: str | Path,
-                  metrics: dict[str, float], source: str = "en") -> BaselineCheck | None:
+                  metrics: dict[str, float], fields: Fields = Fields()) -> BaselineCheck | None:
     """The validation check of a finished `attn train` run (None for a task without a baseline).
 
     Translation decodes the first `VALID_TRANSLATIONS` validation sources greedily; the language
     model compares `val_loss` (nats per token) and the classifier `val_accuracy`, both as the trainer
-    measured them, against baselines on the whole validation file.
+    measured them, against baselines on the whole validation file. `fields` says how to read the files.
     """
     if task == "translation":
-        corpus = load_parallel(valid_path, source=source)
+        corpus = load_parallel(valid_path, fields)
         sources, references = corpus.sources[:VALID_TRANSLATIONS], corpus.targets[:VALID_TRANSLATIONS]
         hypotheses = translate(loaded, sources, GenerationConfig())
         return translation_check(bleu(hypotheses, references).value, sources, references, "valid")
@@ -171,8 +172,8 @@ def check_trained(loaded: Bundle, task: str, train_path: str | Path, valid_path:
         return lm_check(metrics["val_loss"], train_ids, eval_ids, loaded.tokenizer.vocab_size, len(eval_ids) - 1,
                         "token", "valid")
     if task == "classification" and "val_accuracy" in metrics:
-        train = load_labelled(train_path)
-        valid = load_labelled(valid_path, labels=train.label_names)
+        train = load_labelled(train_path, fields)
+        valid = load_labelled(valid_path, fields, train.label_names)
         scores = naive_bayes_scores(train.texts, train.labels, valid.texts, valid.labels, len(train.label_names))
         return classification_check(100 * metrics["val_accuracy"], scores, "valid")
     return None
@@ -193,7 +194,7 @@ def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str]
         return None
     loaded = load_model(result.run_dir, config.train.device)
     check = check_trained(loaded, config.task.value, config.data.train, config.data.valid, result.metrics,
-                          config.data.source)
+                          config.data.fields())
     if check is None:
         return None
     return check, verdict(check, config, result)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,11 +36,10 @@ from attn.data.corpora import (
     TranslationBatch,
     collate_classification,
     filter_long,
-    load_labelled,
-    load_parallel,
     read_text,
     translation_collate,
 )
+from attn.data.readers import Fields, load_labelled, load_parallel, read_table, resolve_format
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
@@ -121,7 +119,7 @@ def build_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -
 
 def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
     """Source -> target translation with a joint source-target tokenizer (section 5.1)."""
-    corpus = load_parallel(_required(config.data.train, "data.train"), source=config.data.source)
+    corpus = load_parallel(_required(config.data.train, "data.train"), config.data.fields())
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.sources + corpus.targets)
     pad, bos, eos = special_ids(tokenizer, "pad", "bos", "eos")
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
@@ -140,7 +138,7 @@ def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskCont
     train = IndexedBatches(sampler, batches_of(pairs), ctx.rank, ctx.world_size)
     valid = None
     if config.data.valid:
-        held_out = load_parallel(config.data.valid, source=config.data.source)
+        held_out = load_parallel(config.data.valid, config.data.fields())
         valid_pairs, _ = filter_long(_encode_pairs(tokenizer, held_out.sources, held_out.targets), limit, "truncate")
         valid = _fixed_batches(
             [len(s) for s, _ in valid_pairs], [len(t) + 1 for _, t in valid_pairs], batch, batches_of(valid_pairs)
@@ -189,7 +187,7 @@ def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskC
     Raises:
         DataFormatError: a malformed training file, or one whose rows all have the same label.
     """
-    corpus = load_labelled(_required(config.data.train, "data.train"))
+    corpus = load_labelled(_required(config.data.train, "data.train"), config.data.fields())
     if len(corpus.label_names) < 2:
         only = corpus.label_names[0]
         raise DataFormatError(corpus.path, f"every row has the label {only!r}; a classifier needs at least two classes")
@@ -207,7 +205,7 @@ def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskC
 
         return ids, make
 
-    held_out = load_labelled(config.data.valid, labels=corpus.label_names) if config.data.valid else None
+    held_out = load_labelled(config.data.valid, config.data.fields(), corpus.label_names) if config.data.valid else None
     train, valid = _text_batches(
         config, ctx, limit, batches_of(corpus.texts, corpus.labels),
         batches_of(held_out.texts, held_out.labels) if held_out else None,
@@ -256,7 +254,7 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
     Training texts get fresh masks every epoch; validation texts always the same ones.
     """
-    texts = _texts(_required(config.data.train, "data.train"))
+    texts = _texts(_required(config.data.train, "data.train"), config.data.fields())
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, texts)
     pad, mask_id = special_ids(tokenizer, "pad", "mask")
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
@@ -277,15 +275,15 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
         return ids, make
 
-    held_out = batches_of(_texts(config.data.valid), _VALID_STREAM) if config.data.valid else None
+    held_out = batches_of(_texts(config.data.valid, config.data.fields()), _VALID_STREAM) if config.data.valid else None
     train, valid = _text_batches(config, ctx, limit, batches_of(texts, _TRAIN_STREAM), held_out)
     return TaskData(model_config, "mlm_logits", pad, train, valid, tokenizer=tokenizer, info={"task": "mlm"})
 
 
-def _texts(path: str) -> list[str]:
-    """The text column of a `label<TAB>text` file, or the non-blank lines of a text file."""
-    if Path(path).name.removesuffix(".gz").endswith(".tsv"):
-        return load_labelled(path).texts
+def _texts(path: str, fields: Fields) -> list[str]:
+    """The `text_field` of a table (TSV, CSV, JSON Lines), or the non-blank lines of a text file."""
+    if resolve_format(path, fields.format) != "text":
+        return read_table(path, {"text_field": fields.text_field}, fields).values["text_field"]
     return [line for line in read_text(path).splitlines() if line.strip()]
 
 
