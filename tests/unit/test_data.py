@@ -14,6 +14,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, processors
 
 from attn.data.corpora import (
     BatchLoader,
@@ -22,6 +24,7 @@ from attn.data.corpora import (
     collate_classification,
     collate_translation,
     filter_long,
+    frame_pairs,
     read_text,
     translation_collate,
 )
@@ -409,3 +412,38 @@ def test_loader_with_workers_counts_only_delivered_batches() -> None:
     rest = list(loader)
     expected = [[pairs[i][0] for i in batch] for batch in sampler.epoch_batches(0)[3:]]
     assert [_unpad(b.src, b.src_mask) for b in rest] == expected
+
+
+# -- sentence pairs -----------------------------------------------------------------------------
+
+
+def test_pairs_are_framed_as_bert_reads_them() -> None:
+    cls, sep = 101, 102
+    ids, segments = frame_pairs([[7, 8, 9]], [[20, 21]], cls, sep, max_length=512)
+    assert ids == [[101, 7, 8, 9, 102, 20, 21, 102]]
+    assert segments == [[0, 0, 0, 0, 0, 1, 1, 1]]  # [CLS] a a a [SEP] are segment 0; b b [SEP] segment 1
+
+
+def _hf_pair_tokenizer(max_length: int) -> HFTokenizer:
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, **{str(i): 10 + i for i in range(100)}}
+    hf = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    hf.enable_truncation(max_length, strategy="longest_first")
+    return hf
+
+
+@pytest.mark.parametrize("max_length", [5, 8, 9, 16])
+def test_long_pairs_are_cut_as_hugging_face_cuts_them(max_length: int) -> None:
+    hf = _hf_pair_tokenizer(max_length)
+    rng = random.Random(max_length)
+    lengths = [(a, b) for a in range(1, 13) for b in range(1, 13)] + [(rng.randint(1, 40), rng.randint(1, 40))
+                                                                      for _ in range(50)]
+    firsts = [list(range(10, 10 + a)) for a, _ in lengths]
+    seconds = [list(range(50, 50 + b)) for _, b in lengths]
+    ids, segments = frame_pairs(firsts, seconds, 1, 2, max_length)
+    for first, second, got, got_segments in zip(firsts, seconds, ids, segments, strict=True):
+        expected = hf.encode(" ".join(str(i - 10) for i in first), " ".join(str(i - 10) for i in second))
+        assert (got, got_segments) == (expected.ids, expected.type_ids), (len(first), len(second))

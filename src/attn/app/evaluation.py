@@ -6,8 +6,9 @@
   whole file in non-overlapping windows;
 - classification: accuracy, macro-F1 and the confusion matrix.
 
-A test file is read with the fields the model was trained on (`data_fields`): a model trained
-Spanish -> English is scored on the `es` -> `en` direction of the same kind of file.
+A test file is read with the fields the model was trained on (`Bundle.fields`, from its task.json
+or run config): a model trained Spanish -> English is scored on the `es` -> `en` direction, a
+sentence-pair classifier on the pairs.
 """
 
 from __future__ import annotations
@@ -35,22 +36,17 @@ from attn.decoding import GenerationConfig
 from attn.errors import AttnError, ConfigError
 
 
-def data_fields(loaded: Bundle) -> Fields:
-    """How the model's training files were read (the `[data]` section of the run config stored with it);
-    the defaults for a model without one (imported from Hugging Face)."""
-    return Fields.from_mapping((loaded.run_config or {}).get("data"))
-
-
 def evaluate_translation(
     loaded: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None,
     fields: Fields | None = None,
 ) -> dict[str, Any]:
     """BLEU and chrF of the model's translations of a file's source field against its target field.
 
-    `fields` (default: `data_fields(loaded)`) says which fields those are and how to read the file.
+    `fields` (default: `loaded.fields`, those the model was trained on) says which fields those are
+    and how to read the file.
     """
     _check_positive("limit", limit)
-    corpus = load_parallel(path, fields or data_fields(loaded))
+    corpus = load_parallel(path, fields or loaded.fields)
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
     started = time.perf_counter()
     hypotheses = translate(loaded, sources, config)
@@ -90,12 +86,12 @@ def _check_positive(name: str, value: int | None) -> None:
 
 
 def evaluate_classifier(loaded: Bundle, path: str | Path, fields: Fields | None = None) -> dict[str, Any]:
-    """Accuracy, macro-F1 and the confusion matrix on a labelled file, read with `fields` (default:
-    `data_fields(loaded)`)."""
+    """Accuracy, macro-F1 and the confusion matrix on a labelled file (or labelled pairs), read with
+    `fields` (default: `loaded.fields`, those the model was trained on)."""
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names)")
-    corpus = load_labelled(path, fields or data_fields(loaded), loaded.label_names)
-    predictions = class_probabilities(loaded, corpus.texts).argmax(-1).tolist()
+    corpus = load_labelled(path, fields or loaded.fields, loaded.label_names)
+    predictions = class_probabilities(loaded, corpus.texts, pairs=corpus.pairs).argmax(-1).tolist()
     n = len(loaded.label_names)
     return {
         "task": "classification", "file": str(path), "examples": len(corpus.texts),

@@ -27,7 +27,7 @@ from attn.app.inference import translate
 from attn.app.metrics import accuracy, bleu, macro_f1
 from attn.artifacts import Bundle, load_model
 from attn.data.corpora import read_text
-from attn.data.readers import Fields, load_labelled, load_parallel
+from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel
 from attn.decoding import GenerationConfig
 from attn.training import RunResult
 from attn.training.runconfig import RunConfig
@@ -174,9 +174,16 @@ def check_trained(loaded: Bundle, task: str, train_path: str | Path, valid_path:
     if task == "classification" and "val_accuracy" in metrics:
         train = load_labelled(train_path, fields)
         valid = load_labelled(valid_path, fields, train.label_names)
-        scores = naive_bayes_scores(train.texts, train.labels, valid.texts, valid.labels, len(train.label_names))
+        scores = naive_bayes_scores(_words(train), train.labels, _words(valid), valid.labels, len(train.label_names))
         return classification_check(100 * metrics["val_accuracy"], scores, "valid")
     return None
+
+
+def _words(corpus: LabelledCorpus) -> list[str]:
+    """What naive Bayes counts the words of: each text, with its pair's words for sentence pairs."""
+    if corpus.pairs is None:
+        return corpus.texts
+    return [f"{text} {pair}" for text, pair in zip(corpus.texts, corpus.pairs, strict=True)]
 
 
 def verdict(check: BaselineCheck, config: RunConfig, result: RunResult) -> str:

@@ -34,12 +34,14 @@ from attn.data.corpora import (
     Pair,
     TokenBudgetSampler,
     TranslationBatch,
+    classifier_inputs,
     collate_classification,
     filter_long,
+    pad_batch,
     read_text,
     translation_collate,
 )
-from attn.data.readers import Fields, load_labelled, load_parallel, read_table, resolve_format
+from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel, read_table, resolve_format
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
@@ -143,7 +145,8 @@ def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskCont
         valid = _fixed_batches(
             [len(s) for s, _ in valid_pairs], [len(t) + 1 for _, t in valid_pairs], batch, batches_of(valid_pairs)
         )
-    return TaskData(model_config, "forward", pad, train, valid, tokenizer=tokenizer, info={"task": "translation"})
+    info = {"task": "translation", "fields": config.data.fields().to_dict()}
+    return TaskData(model_config, "forward", pad, train, valid, tokenizer=tokenizer, info=info)
 
 
 def translation_batch(batch: TranslationBatch) -> Batch:
@@ -182,35 +185,44 @@ def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> T
 
 
 def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """One label per text, from the encoder's first-token summary.
+    """One label per text (or per text pair), from the encoder's first-token summary.
+
+    With `data.text_pair_field` set, each example is `[CLS] text [SEP] pair [SEP]` with BERT's
+    segment ids (0 up to the first [SEP], 1 after it), which `classify` adds as segment embeddings.
 
     Raises:
         DataFormatError: a malformed training file, or one whose rows all have the same label.
+        ConfigError: sentence pairs for a model without segment embeddings.
     """
-    corpus = load_labelled(_required(config.data.train, "data.train"), config.data.fields())
+    fields = config.data.fields()
+    corpus = load_labelled(_required(config.data.train, "data.train"), fields)
     if len(corpus.label_names) < 2:
         only = corpus.label_names[0]
         raise DataFormatError(corpus.path, f"every row has the label {only!r}; a classifier needs at least two classes")
-    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts)
+    if fields.text_pair_field and model_config.type_vocab_size < 2:
+        raise ConfigError("model.type_vocab_size", f"is {model_config.type_vocab_size}, but sentence pairs "
+                          "(data.text_pair_field) need two segment embeddings; set it to 2 or use a bert preset")
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts + (corpus.pairs or []))
     (pad,) = special_ids(tokenizer, "pad")
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size, num_labels=len(corpus.label_names))
     limit = length_limit(config, model_config)
 
-    def batches_of(texts: Sequence[str], labels: Sequence[int]) -> TextBatches:
-        ids = [seq[:limit] for seq in tokenizer.encode_batch(texts, add_special=True)]
+    def batches_of(split: LabelledCorpus) -> TextBatches:
+        ids, segments = classifier_inputs(tokenizer, split.texts, split.pairs, limit)
 
         def make(indices: Sequence[int], epoch: int = 0) -> Batch:
-            tokens, mask, targets = collate_classification([ids[i] for i in indices], [labels[i] for i in indices], pad)
-            return Batch((tokens, mask), targets, len(indices), int(mask.sum()))
+            labels = [split.labels[i] for i in indices]
+            tokens, mask, targets = collate_classification([ids[i] for i in indices], labels, pad)
+            inputs: tuple[torch.Tensor, ...] = (tokens, mask)
+            if segments is not None:  # padding positions are masked, so their segment id does not matter
+                inputs += (pad_batch([segments[i] for i in indices], 0)[0],)
+            return Batch(inputs, targets, len(indices), int(mask.sum()))
 
         return ids, make
 
-    held_out = load_labelled(config.data.valid, config.data.fields(), corpus.label_names) if config.data.valid else None
-    train, valid = _text_batches(
-        config, ctx, limit, batches_of(corpus.texts, corpus.labels),
-        batches_of(held_out.texts, held_out.labels) if held_out else None,
-    )
-    info = {"task": "classification", "label_names": corpus.label_names}
+    held_out = load_labelled(config.data.valid, fields, corpus.label_names) if config.data.valid else None
+    train, valid = _text_batches(config, ctx, limit, batches_of(corpus), batches_of(held_out) if held_out else None)
+    info = {"task": "classification", "label_names": corpus.label_names, "fields": fields.to_dict()}
     return TaskData(model_config, "classify", None, train, valid, "val_accuracy", tokenizer, info)
 
 
