@@ -300,6 +300,6 @@ def test_run_config_data_section_gives_the_fields() -> None:
     config = RunConfig().override("data.source_field=es", "data.target_field=en", "data.format=jsonl")
     assert config.data.fields() == Fields(format="jsonl", source_field="es", target_field="en")
     assert Fields.from_mapping(config.to_dict()["data"]) == config.data.fields()
-    assert Fields.from_mapping(None) == Fields()
+    assert Fields.from_mapping(None) == Fields() == RunConfig().data.fields()  # the same defaults in both
     with pytest.raises(ConfigError, match="data.source: unknown key"):
         RunConfig.from_dict({"data": {"source": "en_kjv"}})

@@ -10,10 +10,11 @@ Formats (chosen from the file name, `.gz` stripped, unless `Fields.format` names
 | `text` | anything else | a path prefix: field `de` of `corpus/train` is the file `corpus/train.de` (as in fairseq) |
 
 Every file may be gzipped (`x.tsv.gz`, `train.de.gz`) and is read whole through
-`attn.data.corpora.read_text`, so byte-order marks, Windows line ends, UTF-8 errors and
-`max_line_chars` are handled as there. Blank lines (blank in every file, for `text`) are skipped
-and counted. Any field can be the source or the target: the same file read with source `es` and
-target `en` gives the other direction. `Fields.join` adds the fields of a second table, matched
+`attn.data.corpora.read_text` (which drops a byte-order mark and names the line of a UTF-8
+error); a `\\r` before a line end is dropped, and a line over `max_line_chars` is an error.
+Blank lines (blank in every file, for `text`) are skipped and counted. Any field can be the
+source or the target: the same file read with source `es` and target `en` gives the other
+direction. `Fields.join` adds the fields of a second table, matched
 on `Fields.join_key` (a Bible corpus and a table of another translation of the same verses).
 
 Every defect is a `DataFormatError` naming the file, the 1-based line and the fix, raised before
@@ -159,8 +160,9 @@ def load_parallel(
 
     Example:
         >>> from attn.data.readers import Fields, load_parallel
-        >>> spanish_english = load_parallel("data/bible-en-es/valid.tsv", Fields(source_field="es", target_field="en"))
-        >>> spanish_english.sources[0][:19], spanish_english.targets[0][:17]
+        >>> spanish_english = Fields(source_field="es", target_field="en")
+        >>> corpus = load_parallel("data/bible-en-es/valid.tsv", spanish_english)
+        >>> corpus.sources[0][:19], corpus.targets[0][:17]
         ('En el principio era', 'In the beginning ')
     """
     wanted = {"source_field": fields.source_field, "target_field": fields.target_field}
