@@ -10,6 +10,10 @@ each of a translator, a language model and a classifier).
 `docs/bad-inputs.md` lists the same cases with the messages users see;
 `test_docs_table_lists_exactly_the_cases` keeps the two in step. Running this file as a script
 (`python tests/integration/test_bad_inputs.py`) runs every case and rewrites that table.
+
+The HTTP server's bad requests (`attn serve`: malformed JSON, wrong types, empty inputs, prompts
+beyond the positions, oversized bodies, unknown models, routes a model cannot serve, a full queue,
+internal errors) are catalogued in `test_serve_bad_inputs.py`.
 """
 
 from __future__ import annotations
@@ -566,7 +570,8 @@ traceback and leaves no partial file. `tiny/` holds one-step configs and their d
 runs they trained, `.` the folder the command runs in. No command takes token ids, so ids outside
 the vocabulary are tested through the Python API (`generate` names the first bad id); from the
 command line they can only come from a tokenizer that does not belong to its model
-(`tokenizer-of-another-model`). Regenerate the table with
+(`tokenizer-of-another-model`). The HTTP server's bad requests (`attn serve`) have their own
+catalogue, `tests/integration/test_serve_bad_inputs.py`. Regenerate the table with
 `python tests/integration/test_bad_inputs.py`.
 
 | case | input | command | exit | message |

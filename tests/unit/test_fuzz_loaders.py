@@ -30,7 +30,8 @@ from attn.data.readers import Fields, load_labelled, load_parallel
 from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError, ConfigError, DataFormatError
 from attn.models import build_model
-from attn.training.runconfig import RunConfig, load_run_config
+from attn.app.runs import load_run_config
+from attn.training.runconfig import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

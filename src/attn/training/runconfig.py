@@ -2,7 +2,7 @@
 
 A `RunConfig` is a frozen dataclass of sections, read from TOML:
 
-    task = "translation"            # translation | lm | classification | mlm
+    task = "translation"            # a task of the registry (attn.app.tasks): translation | lm | classification | mlm
     run_dir = "runs/translation"
     [data]      train, valid, format, source_field, target_field, text_field, label_field, text_pair_field,
                 join, join_key, max_length, mask_probability
@@ -34,13 +34,6 @@ from attn.data.tokenizers import minimum_vocab_size
 from attn.errors import ConfigError
 from attn.shipped import locate
 from attn.training.precision import Precision
-
-
-class Task(str, enum.Enum):
-    TRANSLATION = "translation"  # encoder-decoder, teacher-forced next-token loss on the target
-    LM = "lm"  # decoder-only, next-token loss on a text stream
-    CLASSIFICATION = "classification"  # encoder-only, one label per text
-    MLM = "mlm"  # encoder-only, masked-token loss
 
 
 class Optimizer(str, enum.Enum):
@@ -259,30 +252,6 @@ class TrainConfig:
             raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
 
 
-# What a run config that leaves a field out gets, by task (the architecture follows from the task).
-# The dataclass defaults are the translation recipe's: the paper's, section 5.3-5.4.
-TASK_DEFAULTS: dict[Task, dict[str, dict[str, Any]]] = {
-    Task.TRANSLATION: {},
-    # GPT-2 as nanoGPT trains it: AdamW (0.9, 0.95), weight decay 0.1, clipping at 1, cosine from a 6e-4 peak.
-    Task.LM: {
-        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 6e-4, "beta2": 0.95, "eps": 1e-8,
-                  "weight_decay": 0.1, "warmup_steps": 200, "clip": 1.0},
-        "train": {"label_smoothing": 0.0},
-    },
-    # BERT fine-tuning (Devlin et al., appendix A.3): AdamW (0.9, 0.999), weight decay 0.01, a small peak.
-    Task.CLASSIFICATION: {
-        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 5e-5, "beta2": 0.999, "eps": 1e-8,
-                  "weight_decay": 0.01, "warmup_steps": 100},
-        "train": {"label_smoothing": 0.0},
-    },
-    # BERT pre-training: AdamW (0.9, 0.999), eps 1e-6, weight decay 0.01, peak 1e-4.
-    Task.MLM: {
-        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 1e-4, "beta2": 0.999, "eps": 1e-6,
-                  "weight_decay": 0.01, "warmup_steps": 200},
-        "train": {"label_smoothing": 0.0},
-    },
-}
-
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "tokenizer": TokenizerConfig,
@@ -300,11 +269,11 @@ class RunConfig:
     Example:
         >>> from attn import RunConfig
         >>> config = RunConfig().override("task=lm", "optim.lr=3e-4", "train.max_minutes=5")
-        >>> config.task.value, config.optim.lr, config.train.max_minutes
+        >>> config.task, config.optim.lr, config.train.max_minutes
         ('lm', 0.0003, 5.0)
     """
 
-    task: Task = Task.TRANSLATION
+    task: str = "translation"  # a name of the task registry, checked there (`attn.app.tasks.get_task`)
     run_dir: str = "runs/run"
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
@@ -314,7 +283,8 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "task", _coerce_task(self.task))
+        if not isinstance(self.task, str) or not self.task:
+            raise ConfigError("task", f"expected a task name, got {self.task!r}")
         if not isinstance(self.run_dir, str) or not self.run_dir:
             raise ConfigError("run_dir", f"expected a directory path, got {self.run_dir!r}")
         for name, kind in SECTIONS.items():
@@ -323,17 +293,20 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON- and TOML-ready nested dict (enums as their values)."""
-        out: dict[str, Any] = {"task": self.task.value, "run_dir": self.run_dir}
+        out: dict[str, Any] = {"task": self.task, "run_dir": self.run_dir}
         for name in SECTIONS:
             section = getattr(self, name)
             out[name] = section.to_dict() if isinstance(section, ModelSection) else _section_dict(section)
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+    def from_dict(cls, data: Mapping[str, Any], defaults: Mapping[str, Mapping[str, Any]] | None = None) -> RunConfig:
         """Builds a config from nested tables; errors name the key as `section.key`.
 
-        A field the tables leave out takes its task's default (`TASK_DEFAULTS`), else the dataclass's.
+        Args:
+            data: the tables, e.g. a TOML file's.
+            defaults: tables of values for the fields `data` leaves out (a task's recipe,
+                `attn.app.tasks.TaskSpec.defaults`); a field in neither takes the dataclass's default.
         """
         if not isinstance(data, Mapping):
             raise ConfigError("RunConfig", f"expected a table of fields, got {type(data).__name__}")
@@ -342,7 +315,7 @@ class RunConfig:
         if unknown:
             raise ConfigError(unknown[0], f"unknown key; valid top-level keys and sections: {', '.join(sorted(top))}")
         fields = {key: data[key] for key in ("task", "run_dir") if key in data}
-        defaults = TASK_DEFAULTS[_coerce_task(data.get("task", Task.TRANSLATION))]
+        defaults = defaults or {}
         for name, kind in SECTIONS.items():
             if name in data or name in defaults:
                 table = data.get(name, {})
@@ -359,8 +332,10 @@ class RunConfig:
         return self.model.build()
 
 
-def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Reads a TOML run configuration and applies command-line overrides.
+def read_run_tables(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Reads a TOML run configuration's tables and applies command-line overrides.
+
+    `attn.load_run_config` makes a `RunConfig` of them with the task's defaults.
 
     Args:
         path: the TOML file; a `configs/...` path that the working directory lacks names the
@@ -368,13 +343,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
         overrides: `key=value` or `section.key=value` strings, applied in order.
 
     Raises:
-        ConfigError: the file is missing or not TOML, or a key or value is invalid.
-
-    Example:
-        >>> from attn import load_run_config
-        >>> config = load_run_config("configs/shakespeare-char-quick.toml", ["optim.lr=1e-3"])
-        >>> config.task.value, config.optim.lr
-        ('lm', 0.001)
+        ConfigError: the file is missing or not TOML, or an override is malformed.
     """
     path = locate(path)
     try:
@@ -388,7 +357,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError("config", f"{path} is not valid TOML: {err}") from err
-    return RunConfig.from_dict(apply_overrides(data, overrides))
+    return apply_overrides(data, overrides)
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -429,14 +398,6 @@ def _build_section(name: str, kind: type, data: Any) -> Any:
 
 def _message(err: ConfigError) -> str:
     return str(err).removeprefix(f"{err.field}: ")
-
-
-def _coerce_task(value: Any) -> Task:
-    try:
-        return Task(value)
-    except ValueError:
-        choices = ", ".join(repr(t.value) for t in Task)
-        raise ConfigError("task", f"unknown task {value!r}; choose one of {choices}") from None
 
 
 def _section_dict(section: Any) -> dict[str, Any]:

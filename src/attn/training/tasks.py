@@ -1,15 +1,11 @@
 """Task adapters: how each task turns its files into `Batch`es for one training engine.
 
-| task | architecture | model method | targets | ignored id | default metric |
-| --- | --- | --- | --- | --- | --- |
-| translation | encoder-decoder | `forward(src, tgt_in, src_mask, tgt_mask)` | next target token | pad | val_loss |
-| lm | decoder-only | `forward(x)` | next token | none | val_loss |
-| classification | encoder-only | `classify(tokens, mask)` | the label | none | val_accuracy |
-| mlm | encoder-only | `mlm_logits(tokens, mask)` | the masked tokens | pad (every other position) | val_loss |
-
-Each adapter trains the tokenizer on the training split (or reuses the one of the checkpoint
-being resumed, or loads `tokenizer.path`), sets the model's vocabulary size (and number of
-labels) from it, and returns a `TaskData`.
+A task's adapter (a `TaskBuilder`) trains the tokenizer on the training split (or reuses the one
+of the checkpoint being resumed, or loads `tokenizer.path`), sets the model's vocabulary size (and
+number of labels) from it, and returns a `TaskData`: the batches, the model method that gives the
+logits and the target id not scored. Which adapter, architecture and validation metric a task
+has is declared by its entry in the task registry (`attn.app.tasks`); this module holds the
+adapters of the registered tasks and the machinery they share.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attn.config import Architecture, ModelConfig
+from attn.config import ModelConfig
 from attn.data.batches import (
     Batch,
     BatchSource,
@@ -44,7 +40,7 @@ from attn.data.corpora import (
 from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel, read_table, resolve_format
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
-from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
+from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
 
 
 @dataclass
@@ -57,7 +53,8 @@ class TaskData:
         ignore_id: the target id that is not scored (the padding id), or None.
         train: this rank's training batches.
         valid: returns the validation batches (every rank sees all of them), or None.
-        metric: the validation metric for early stopping and the best checkpoint.
+        metric: the validation metric for early stopping and the best checkpoint (the registry's
+            `TaskSpec.build` sets the task's).
         tokenizer: saved in every checkpoint, when there is one.
         info: JSON-ready facts inference needs (`task.json`), e.g. the label names.
     """
@@ -83,37 +80,6 @@ class TaskContext:
 
 TaskBuilder = Callable[[RunConfig, ModelConfig, TaskContext], TaskData]
 TextBatches = tuple[list[list[int]], Callable[..., Batch]]  # encoded texts, (indices, epoch) -> Batch
-
-
-_ARCHITECTURES = {
-    Task.TRANSLATION: Architecture.ENCODER_DECODER,
-    Task.LM: Architecture.DECODER_ONLY,
-    Task.CLASSIFICATION: Architecture.ENCODER_ONLY,
-    Task.MLM: Architecture.ENCODER_ONLY,
-}
-
-
-def build_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """The adapter of `config.task`, built from the files in `config.data`.
-
-    Raises:
-        ConfigError: the model's architecture is not the one the task trains (see the module table).
-    """
-    needed = _ARCHITECTURES[config.task]
-    if model_config.architecture != needed:
-        source = config.model.init_from or f"preset {config.model.preset!r}"
-        raise ConfigError(
-            "model", f"task {config.task.value!r} trains {needed.value} models, but {source} is "
-            f"{model_config.architecture.value}; choose a preset of that architecture (attn presets lists them) "
-            "or another model.init_from"
-        )
-    builders: dict[Task, TaskBuilder] = {
-        Task.TRANSLATION: translation_task,
-        Task.LM: lm_task,
-        Task.CLASSIFICATION: classification_task,
-        Task.MLM: mlm_task,
-    }
-    return builders[config.task](config, model_config, ctx)
 
 
 # -- translation ------------------------------------------------------------------------------
@@ -223,7 +189,7 @@ def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskC
     held_out = load_labelled(config.data.valid, fields, corpus.label_names) if config.data.valid else None
     train, valid = _text_batches(config, ctx, limit, batches_of(corpus), batches_of(held_out) if held_out else None)
     info = {"task": "classification", "label_names": corpus.label_names, "fields": fields.to_dict()}
-    return TaskData(model_config, "classify", None, train, valid, "val_accuracy", tokenizer, info)
+    return TaskData(model_config, "classify", None, train, valid, tokenizer=tokenizer, info=info)
 
 
 # -- masked language modelling ----------------------------------------------------------------

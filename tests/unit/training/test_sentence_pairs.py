@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from attn.app.cli import main
-from attn.app.evaluation import evaluate
 from attn.app.inference import classify
+from attn.app.runs import run_config, train
+from attn.app.tasks import get_task
+from attn.app.tasks.registry import evaluate
+from attn.app.tasks.spec import EvalOptions
 from attn.artifacts import load_model
 from attn.config import preset
 from attn.errors import AttnError, ConfigError
-from attn.training import train
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskContext, build_task
+from attn.training.tasks import TaskContext
 
 # Does the hypothesis follow from the premise? Commas and quotes exercise the CSV reader.
 PAIRS = [
@@ -44,7 +46,7 @@ def _write_csv(path: Path, rows: list[tuple[str, str, str]]) -> Path:
 def _pair_config(tmp_path: Path, *overrides: str) -> RunConfig:
     train_file = _write_csv(tmp_path / "train.csv", PAIRS * 2)
     valid_file = _write_csv(tmp_path / "valid.csv", [("ab", "c", "entailment")])
-    return RunConfig.from_dict({"task": "classification"}).override(
+    return run_config({"task": "classification"}).override(
         f"run_dir={tmp_path / 'run'}", f"data.train={train_file}", f"data.valid={valid_file}",
         "data.text_field=premise", "data.text_pair_field=hypothesis", "data.label_field=gold",
         "tokenizer.kind=chars", "model.preset=bert-base-tiny", "batch.batch_size=4", "optim.warmup_steps=0", *overrides,
@@ -53,7 +55,7 @@ def _pair_config(tmp_path: Path, *overrides: str) -> RunConfig:
 
 def test_pair_inputs_have_bert_segment_ids(tmp_path: Path) -> None:
     config = _pair_config(tmp_path)
-    task = build_task(config, preset("bert-base-tiny"), TaskContext())
+    task = get_task("classification").build(config, preset("bert-base-tiny"), TaskContext())
     (batch,) = task.valid()
     tokens, mask, segments = batch.inputs
     tok = task.tokenizer
@@ -92,21 +94,21 @@ def test_pair_classifier_trains_from_csv_and_classifies_pairs(tmp_path: Path, ca
 def test_pairs_need_segment_embeddings(tmp_path: Path) -> None:
     config = _pair_config(tmp_path)
     with pytest.raises(ConfigError, match="model.type_vocab_size: is 0, but sentence pairs"):
-        build_task(config, preset("bert-base-tiny").replace(type_vocab_size=0), TaskContext())
+        get_task("classification").build(config, preset("bert-base-tiny").replace(type_vocab_size=0), TaskContext())
 
 
 def test_translator_trained_spanish_to_english_is_evaluated_that_way(tmp_path: Path) -> None:
     pairs = tmp_path / "pairs.jsonl"
     rows = [{"en": "In the beginning.", "es": "En el principio."}, {"en": "Let there be light.", "es": "Sea la luz."}]
     pairs.write_text("".join(json.dumps(row) + "\n" for row in rows * 4), encoding="utf-8")
-    config = RunConfig().override(
-        "task=translation", f"run_dir={tmp_path / 'run'}", f"data.train={pairs}", "data.source_field=es",
+    config = run_config({"task": "translation"}).override(
+        f"run_dir={tmp_path / 'run'}", f"data.train={pairs}", "data.source_field=es",
         "data.target_field=en", "tokenizer.kind=chars", "model.preset=paper-base-tiny", "batch.max_tokens=512",
         *ONE_STEP,
     )
     result = train(config)
     bundle = load_model(result.run_dir, "cpu")
     assert (bundle.fields.source_field, bundle.fields.target_field) == ("es", "en")
-    scores = evaluate(bundle, pairs, limit=2)
+    scores = evaluate(bundle, pairs, EvalOptions(limit=2))
     assert [e["source"] for e in scores["examples"]] == ["En el principio.", "Sea la luz."]
     assert [e["reference"] for e in scores["examples"]] == ["In the beginning.", "Let there be light."]
