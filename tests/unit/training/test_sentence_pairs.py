@@ -1,5 +1,6 @@
 """Sentence pairs and named fields end to end: a pair classifier trained from a CSV file, used and
-evaluated on pairs; a translator trained Spanish -> English evaluated in that direction."""
+evaluated on pairs; a translator trained Spanish -> English evaluated in that direction; where a
+checkpoint's fields come from."""
 
 import csv
 import io
@@ -16,8 +17,12 @@ from attn.app.tasks import get_task
 from attn.app.tasks.registry import evaluate
 from attn.app.tasks.spec import EvalOptions
 from attn.artifacts import load_model
+from attn.artifacts.checkpoint import write_checkpoint
 from attn.config import preset
-from attn.errors import AttnError, ConfigError
+from attn.data.readers import Fields
+from attn.data.tokenizers import Tokenizer
+from attn.errors import AttnError, CheckpointError, ConfigError
+from attn.models import build_model
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskContext
 
@@ -112,3 +117,22 @@ def test_translator_trained_spanish_to_english_is_evaluated_that_way(tmp_path: P
     scores = evaluate(bundle, pairs, EvalOptions(limit=2))
     assert [e["source"] for e in scores["examples"]] == ["En el principio.", "Sea la luz."]
     assert [e["reference"] for e in scores["examples"]] == ["In the beginning.", "Let there be light."]
+
+
+def test_fields_of_a_checkpoint_come_from_task_json_else_the_run_config(tmp_path: Path) -> None:
+    tokenizer = Tokenizer.train_chars(["abc"])
+    config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size)
+    model = build_model(config)
+    tables = RunConfig().override("data.source_field=es", "data.target_field=en").to_dict()
+    write_checkpoint(tmp_path / "plain", model, config, tables, None, tokenizer, {"task": "translation"})
+    assert load_model(tmp_path / "plain", "cpu").fields == Fields(source_field="es", target_field="en")
+    recorded = {"task": "translation", "fields": Fields(source_field="de").to_dict()}
+    write_checkpoint(tmp_path / "recorded", model, config, tables, None, tokenizer, recorded)
+    bundle = load_model(tmp_path / "recorded", "cpu")
+    assert bundle.fields == Fields(source_field="de") and bundle.task_info()["fields"]["source_field"] == "de"
+    write_checkpoint(tmp_path / "bare", model, config, None, None, tokenizer, {"task": "translation"})
+    assert load_model(tmp_path / "bare", "cpu").fields == Fields()
+    broken = {"task": "translation", "fields": {"format": "xml"}}
+    write_checkpoint(tmp_path / "broken", model, config, None, None, tokenizer, broken)
+    with pytest.raises(CheckpointError, match="task.json or run_config.json has a bad data setting .*format"):
+        load_model(tmp_path / "broken", "cpu")
