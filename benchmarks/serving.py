@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "machine": device_name(torch.device("cpu")), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "load_before": uptime(),
+        "env": {name: os.environ[name] for name in ("MALLOC_ARENA_MAX", "OMP_NUM_THREADS") if name in os.environ},
         "models": {name: str(path) for name, path in models.items()},
         "settings": {"clients": args.clients, "requests": args.requests, "translate": TRANSLATE, "complete": COMPLETE},
     }
@@ -357,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def markdown(record: dict[str, Any]) -> str:
     lines = [f"# attn serve under load ({record['date']})", "", f"`{record['command']}` at {record['commit']} on "
-             f"{record['machine']}, torch {record['torch']}", "", f"load before: `{record['load_before']}`",
+             f"{record['machine']}, torch {record['torch']}, {record['threads']} thread(s), environment "
+             f"{record['env'] or 'as inherited'}", "", f"load before: `{record['load_before']}`",
              f"load after: `{record['load_after']}`", ""]
     if "soak" in record:
         soak_result = {k: v for k, v in record["soak"].items() if k != "resident_mb"}
