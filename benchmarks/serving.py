@@ -41,7 +41,8 @@ import torch
 
 from attn.app.inference import classify, continue_texts, embed, translate
 from attn.artifacts import load_model
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import load_labelled, load_parallel
 from attn.decoding import GenerationConfig
 from attn.shipped import folder
 from attn.training import train

@@ -187,13 +187,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_classify(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, args.device)
     texts = _read_inputs(args)
-    predictions = classify(loaded, texts)
+    if loaded.fields.text_pair_field:
+        firsts, seconds = _split_pairs(texts)
+        predictions = classify(loaded, firsts, pairs=seconds)
+    else:
+        predictions = classify(loaded, texts)
     if args.json:
         print(json.dumps([{"text": t, "label": p.label, "probability": round(p.probability, 4)}
                           for t, p in zip(texts, predictions)], ensure_ascii=False))
     else:
         _write_lines([f"{p.label}\t{p.probability:.3f}\t{t}" for t, p in zip(texts, predictions)], args.output)
     return 0
+
+
+def _split_pairs(lines: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The inputs of a sentence-pair classifier, one TEXT<TAB>PAIR per input, as two lists."""
+    firsts, seconds = [], []
+    for number, line in enumerate(lines, start=1):
+        first, tab, second = line.partition("\t")
+        if not tab:
+            raise AttnError(f"input {number} has no tab: this classifier takes sentence pairs, give each as "
+                            "TEXT<TAB>PAIR")
+        firsts.append(first)
+        seconds.append(second)
+    return firsts, seconds
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -439,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", help="end a continuation before this text (repeatable)")
     p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --sample)")
 
-    p = _subcommand(sub, "classify", cmd_classify, "label texts with a trained classifier",
+    p = _subcommand(sub, "classify", cmd_classify,
+                    "label texts (or TEXT<TAB>PAIR sentence pairs) with a trained classifier",
                     'attn classify --model runs/quickstart/classifier "Never trust a computer you can\'t lift."')
     _model(p, "a checkpoint or run directory")
     _inputs(p)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from attn.app.embeddings import embed_texts
 from attn.artifacts import Bundle
-from attn.data.corpora import pad_batch
+from attn.data.corpora import classifier_inputs, pad_batch
 from attn.decoding import PAPER_EXTRA_LENGTH, Decode, GenerationConfig, generate, generate_seq2seq, stream
 from attn.decoding.attention_maps import attention_maps, layer_count
 from attn.decoding.beam_search import Hypothesis, beam_search, beam_search_seq2seq
@@ -397,8 +397,13 @@ class Prediction:
     probabilities: dict[str, float]
 
 
-def classify(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> list[Prediction]:
-    """The most probable label of each text, with the class probabilities.
+def classify(
+    loaded: Bundle, texts: Sequence[str], batch_size: int = 64, pairs: Sequence[str] | None = None
+) -> list[Prediction]:
+    """The most probable label of each text (or text pair), with the class probabilities.
+
+    A sentence-pair classifier (trained with a `text_pair_field`) takes `pairs`, the second text of
+    each pair; it reads `[CLS] text [SEP] pair [SEP]` with segment ids 0 and 1 as in training.
 
     Example (an untrained classifier: the probabilities are near uniform):
         >>> import torch
@@ -415,7 +420,7 @@ def classify(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> list
     _expect(loaded, Encoder, "classification")
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names); train one with task=classification")
-    probs = class_probabilities(loaded, texts, batch_size)
+    probs = class_probabilities(loaded, texts, batch_size, pairs)
     names = loaded.label_names
     return [
         Prediction(names[int(row.argmax())], float(row.max()), {n: float(p) for n, p in zip(names, row)})
@@ -423,17 +428,37 @@ def classify(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> list
     ]
 
 
-def class_probabilities(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> Tensor:
-    """(N, num_labels) class probabilities of each text."""
-    limit = loaded.model.stack.max_positions
-    ids = [seq[:limit] for seq in _texts_to_ids(loaded, texts, add_special=True)]
+def class_probabilities(
+    loaded: Bundle, texts: Sequence[str], batch_size: int = 64, pairs: Sequence[str] | None = None
+) -> Tensor:
+    """(N, num_labels) class probabilities of each text, or of each pair (texts[i], pairs[i])."""
+    ids, segments = classifier_inputs(loaded.tokenizer, _checked(texts), _checked_pairs(loaded, texts, pairs),
+                                      loaded.model.stack.max_positions)
     device = next(loaded.model.parameters()).device
     rows = []
     with torch.inference_mode():
         for start in range(0, len(ids), batch_size):
             tokens, mask = pad_batch(ids[start : start + batch_size], loaded.pad_id)
-            rows.append(loaded.model.classify(tokens.to(device), mask.to(device)).softmax(-1).cpu())
+            inputs = [tokens, mask]
+            if segments is not None:
+                inputs.append(pad_batch(segments[start : start + batch_size], 0)[0])
+            rows.append(loaded.model.classify(*(t.to(device) for t in inputs)).softmax(-1).cpu())
     return torch.cat(rows)
+
+
+def _checked_pairs(loaded: Bundle, texts: Sequence[str], pairs: Sequence[str] | None) -> list[str] | None:
+    """The second texts, checked against what the model was trained on."""
+    pair_field, text_field = loaded.fields.text_pair_field, loaded.fields.text_field
+    if pairs is None and pair_field:
+        raise AttnError(f"{loaded.path} classifies sentence pairs ({text_field}, {pair_field}); give the second "
+                        "text of each pair too (pairs=, or TEXT<TAB>PAIR lines on the command line)")
+    if pairs is None:
+        return None
+    if not pair_field and loaded.imported is None:  # an imported model may have been trained on pairs
+        raise AttnError(f"{loaded.path} classifies single texts ({text_field}); give no second texts")
+    if len(pairs) != len(texts):
+        raise AttnError(f"{len(texts)} texts but {len(pairs)} second texts; give one second text per text")
+    return _checked(pairs)
 
 
 def embed(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> Tensor:

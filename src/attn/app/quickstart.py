@@ -43,7 +43,8 @@ from attn.app.report import write_report
 from attn.app.runs import load_run_config, train
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import load_labelled, load_parallel
 from attn.decoding import GenerationConfig
 from attn.training import RunResult
 from attn.training.runconfig import RunConfig
@@ -120,7 +121,7 @@ def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
           f"{result['sentences']} verses of Judges and Romans)\n  {result['bleu_signature']}")
     samples = [f"EN  {e['source']}\nES  {e['hypothesis']}\nREF {e['reference']}" for e in result["examples"][:3]]
     print("\n".join(samples))
-    test = load_parallel(TRANSLATION_TEST)
+    test = load_parallel(TRANSLATION_TEST, trained.config.data.fields())
     check = translation_check(result["bleu"], test.sources[:limit], test.targets[:limit], "test")
     return _report("translation", trained, result, samples, check)
 
@@ -148,8 +149,9 @@ def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     trained = _train("classification", run_dir, smoke, quiet)
     loaded = load_model(run_dir)
     result = evaluate_classifier(loaded, CLASSIFICATION_TEST)
-    train_set = load_labelled(trained.config.data.train)
-    test = load_labelled(CLASSIFICATION_TEST, labels=train_set.label_names)
+    fields = trained.config.data.fields()
+    train_set = load_labelled(trained.config.data.train, fields)
+    test = load_labelled(CLASSIFICATION_TEST, fields, train_set.label_names)
     result["naive_bayes"] = naive_bayes_scores(train_set.texts, train_set.labels, test.texts, test.labels,
                                                len(train_set.label_names))
     print(f"test accuracy {result['accuracy']:.1f}%  macro-F1 {result['macro_f1']:.1f}   "

@@ -4,7 +4,8 @@ A `RunConfig` is a frozen dataclass of sections, read from TOML:
 
     task = "translation"            # a task of the registry (attn.app.tasks): translation | lm | classification | mlm
     run_dir = "runs/translation"
-    [data]      train, valid, source, max_length, mask_probability
+    [data]      train, valid, format, source_field, target_field, text_field, label_field, text_pair_field,
+                join, join_key, max_length, mask_probability
     [tokenizer] kind, vocab_size, path, lowercase
     [model]     preset = "paper-base", then any ModelConfig field as an override
     [optim]     optimizer, lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, warmup_fraction,
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
+from attn.data.readers import Fields
 from attn.data.tokenizers import TRAINED_KINDS, minimum_vocab_size
 from attn.errors import ConfigError
 from attn.shipped import locate
@@ -57,28 +59,40 @@ class Strategy(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the data is. Paths are relative to the working directory; one under `data/` that is
-    not there names the corpus file shipped with attn (`attn.shipped.locate`).
+    """Where the data is and how to read it. Paths are relative to the working directory; one under
+    `data/` that is not there names the corpus file shipped with attn (`attn.shipped.locate`).
 
-    `source` picks the English column of the parallel corpus ("en" or "en_kjv"); `max_length`
-    bounds training examples in tokens (0 = the model's max_positions); `mask_probability` is
-    the share of tokens the masked-LM task predicts.
+    `format` and the `*_field` settings say which fields of the files hold what, for the training,
+    validation and (`attn evaluate`) test files alike (`attn.data.readers.Fields`): translation reads
+    `source_field` -> `target_field`, classification `text_field` (and `text_pair_field` for
+    sentence pairs) and `label_field`. `join` names a table whose fields are added to every row,
+    matched on `join_key`. `max_length` bounds training examples in tokens (0 = the model's
+    max_positions); `mask_probability` is the share of tokens the masked-LM task predicts.
     """
 
     train: str = ""
     valid: str = ""
-    source: str = "en"
+    format: str = "auto"  # auto | tsv | csv | jsonl | text
+    source_field: str = "en"
+    target_field: str = "es"
+    text_field: str = "text"
+    label_field: str = "label"
+    text_pair_field: str = ""
+    join: str = ""
+    join_key: str = ""
     max_length: int = 0
     mask_probability: float = 0.15
 
     def __post_init__(self) -> None:
         coerce_fields(self)
         _check_at_least(self, {"max_length": 0})
-        if self.source not in ("en", "en_kjv"):
-            message = f"is {self.source!r}; use 'en' (the WEB English column) or 'en_kjv' (King James)"
-            raise ConfigError("source", message)
+        self.fields()
         if not 0.0 < self.mask_probability < 1.0:
             raise ConfigError("mask_probability", f"must be in (0, 1), got {self.mask_probability}")
+
+    def fields(self) -> Fields:
+        """How to read the data files: the format, the fields and the join."""
+        return Fields.from_mapping(_section_dict(self))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,13 +30,14 @@ from attn.data.corpora import (
     Pair,
     TokenBudgetSampler,
     TranslationBatch,
+    classifier_inputs,
     collate_classification,
     filter_long,
-    load_labelled,
-    load_parallel,
+    pad_batch,
     read_text,
     translation_collate,
 )
+from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel, read_table, resolve_format
 from attn.data.tokenizers import ROLE_TOKENS, Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
@@ -87,7 +87,7 @@ TextBatches = tuple[list[list[int]], Callable[..., Batch]]  # encoded texts, (in
 
 def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
     """Source -> target translation with a joint source-target tokenizer (section 5.1)."""
-    corpus = load_parallel(_required(config.data.train, "data.train"), source=config.data.source)
+    corpus = load_parallel(_required(config.data.train, "data.train"), config.data.fields())
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.sources + corpus.targets)
     pad, bos, eos = special_ids(tokenizer, "pad", "bos", "eos", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
@@ -106,12 +106,13 @@ def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskCont
     train = IndexedBatches(sampler, batches_of(pairs), ctx.rank, ctx.world_size)
     valid = None
     if config.data.valid:
-        held_out = load_parallel(config.data.valid, source=config.data.source)
+        held_out = load_parallel(config.data.valid, config.data.fields())
         valid_pairs, _ = filter_long(_encode_pairs(tokenizer, held_out.sources, held_out.targets), limit, "truncate")
         valid = _fixed_batches(
             [len(s) for s, _ in valid_pairs], [len(t) + 1 for _, t in valid_pairs], batch, batches_of(valid_pairs)
         )
-    return TaskData(model_config, "forward", pad, train, valid, tokenizer=tokenizer, info={"task": "translation"})
+    info = {"task": "translation", "fields": config.data.fields().to_dict()}
+    return TaskData(model_config, "forward", pad, train, valid, tokenizer=tokenizer, info=info)
 
 
 def translation_batch(batch: TranslationBatch) -> Batch:
@@ -150,35 +151,44 @@ def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> T
 
 
 def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """One label per text, from the encoder's first-token summary.
+    """One label per text (or per text pair), from the encoder's first-token summary.
+
+    With `data.text_pair_field` set, each example is `[CLS] text [SEP] pair [SEP]` with BERT's
+    segment ids (0 up to the first [SEP], 1 after it), which `classify` adds as segment embeddings.
 
     Raises:
         DataFormatError: a malformed training file, or one whose rows all have the same label.
+        ConfigError: sentence pairs for a model without segment embeddings.
     """
-    corpus = load_labelled(_required(config.data.train, "data.train"))
+    fields = config.data.fields()
+    corpus = load_labelled(_required(config.data.train, "data.train"), fields)
     if len(corpus.label_names) < 2:
         only = corpus.label_names[0]
         raise DataFormatError(corpus.path, f"every row has the label {only!r}; a classifier needs at least two classes")
-    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts)
+    if fields.text_pair_field and model_config.type_vocab_size < 2:
+        raise ConfigError("model.type_vocab_size", f"is {model_config.type_vocab_size}, but sentence pairs "
+                          "(data.text_pair_field) need two segment embeddings; set it to 2 or use a bert preset")
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts + (corpus.pairs or []))
     (pad,) = special_ids(tokenizer, "pad", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size, num_labels=len(corpus.label_names))
     limit = length_limit(config, model_config)
 
-    def batches_of(texts: Sequence[str], labels: Sequence[int]) -> TextBatches:
-        ids = [seq[:limit] for seq in tokenizer.encode_batch(texts, add_special=True)]
+    def batches_of(split: LabelledCorpus) -> TextBatches:
+        ids, segments = classifier_inputs(tokenizer, split.texts, split.pairs, limit)
 
         def make(indices: Sequence[int], epoch: int = 0) -> Batch:
-            tokens, mask, targets = collate_classification([ids[i] for i in indices], [labels[i] for i in indices], pad)
-            return Batch((tokens, mask), targets, len(indices), int(mask.sum()))
+            labels = [split.labels[i] for i in indices]
+            tokens, mask, targets = collate_classification([ids[i] for i in indices], labels, pad)
+            inputs: tuple[torch.Tensor, ...] = (tokens, mask)
+            if segments is not None:  # padding positions are masked, so their segment id does not matter
+                inputs += (pad_batch([segments[i] for i in indices], 0)[0],)
+            return Batch(inputs, targets, len(indices), int(mask.sum()))
 
         return ids, make
 
-    held_out = load_labelled(config.data.valid, labels=corpus.label_names) if config.data.valid else None
-    train, valid = _text_batches(
-        config, ctx, limit, batches_of(corpus.texts, corpus.labels),
-        batches_of(held_out.texts, held_out.labels) if held_out else None,
-    )
-    info = {"task": "classification", "label_names": corpus.label_names}
+    held_out = load_labelled(config.data.valid, fields, corpus.label_names) if config.data.valid else None
+    train, valid = _text_batches(config, ctx, limit, batches_of(corpus), batches_of(held_out) if held_out else None)
+    info = {"task": "classification", "label_names": corpus.label_names, "fields": fields.to_dict()}
     return TaskData(model_config, "classify", None, train, valid, tokenizer=tokenizer, info=info)
 
 
@@ -222,7 +232,7 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
     Training texts get fresh masks every epoch; validation texts always the same ones.
     """
-    texts = _texts(_required(config.data.train, "data.train"))
+    texts = _texts(_required(config.data.train, "data.train"), config.data.fields())
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, texts)
     pad, mask_id = special_ids(tokenizer, "pad", "mask", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
@@ -243,15 +253,15 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
         return ids, make
 
-    held_out = batches_of(_texts(config.data.valid), _VALID_STREAM) if config.data.valid else None
+    held_out = batches_of(_texts(config.data.valid, config.data.fields()), _VALID_STREAM) if config.data.valid else None
     train, valid = _text_batches(config, ctx, limit, batches_of(texts, _TRAIN_STREAM), held_out)
     return TaskData(model_config, "mlm_logits", pad, train, valid, tokenizer=tokenizer, info={"task": "mlm"})
 
 
-def _texts(path: str) -> list[str]:
-    """The text column of a `label<TAB>text` file, or the non-blank lines of a text file."""
-    if Path(path).name.removesuffix(".gz").endswith(".tsv"):
-        return load_labelled(path).texts
+def _texts(path: str, fields: Fields) -> list[str]:
+    """The `text_field` of a table (TSV, CSV, JSON Lines), or the non-blank lines of a text file."""
+    if resolve_format(path, fields.format) != "text":
+        return read_table(path, {"text_field": fields.text_field}, fields).values["text_field"]
     return [line for line in read_text(path).splitlines() if line.strip()]
 
 

@@ -8,7 +8,7 @@ from training_helpers import quick_config, reversal_builder
 
 from attn.app.tasks import get_task
 from attn.artifacts.checkpoint import load_checkpoint
-from attn.data.corpora import load_labelled
+from attn.data.readers import load_labelled
 from attn.data.tokenizers import Tokenizer
 from attn.training import train
 from attn.training.logs import read_metrics

@@ -1,9 +1,10 @@
 """Classification: one label per text with an encoder-only model (BERT's fine-tuning).
 
-Trains on `label<TAB>text` files from the encoder's first-token summary
-(`attn.training.tasks.classification_task`), chooses checkpoints by validation accuracy; scored
-with accuracy, macro-F1 and the confusion matrix; a run must beat naive Bayes on word counts by
-2 accuracy points on its validation file.
+Trains on the `data.text_field` (and, for sentence pairs, `data.text_pair_field`) and
+`data.label_field` of any table `attn.data.readers` reads (TSV, CSV, JSON Lines), from the
+encoder's first-token summary (`attn.training.tasks.classification_task`); chooses checkpoints by
+validation accuracy; scored with accuracy, macro-F1 and the confusion matrix; a run must beat
+naive Bayes on word counts (of both texts of a pair) by 2 accuracy points on its validation file.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from attn.app.inference import classify
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture
-from attn.data.corpora import load_labelled
+from attn.data.readers import LabelledCorpus, load_labelled
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import classification_task
 
@@ -31,10 +32,18 @@ def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -
     """`val_accuracy` (as the trainer measured it) against naive Bayes trained on the training file."""
     if "val_accuracy" not in metrics:
         return None
-    train = load_labelled(config.data.train)
-    valid = load_labelled(config.data.valid, labels=train.label_names)
-    scores = naive_bayes_scores(train.texts, train.labels, valid.texts, valid.labels, len(train.label_names))
+    fields = config.data.fields()
+    train = load_labelled(config.data.train, fields)
+    valid = load_labelled(config.data.valid, fields, train.label_names)
+    scores = naive_bayes_scores(_words(train), train.labels, _words(valid), valid.labels, len(train.label_names))
     return classification_check(100 * metrics["val_accuracy"], scores, "valid")
+
+
+def _words(corpus: LabelledCorpus) -> list[str]:
+    """What naive Bayes counts the words of: each text, with its pair's words for sentence pairs."""
+    if corpus.pairs is None:
+        return corpus.texts
+    return [f"{text} {pair}" for text, pair in zip(corpus.texts, corpus.pairs, strict=True)]
 
 
 def _infer(loaded: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:

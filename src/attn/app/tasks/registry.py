@@ -3,10 +3,10 @@ in `TASKS` below.
 
 | task | architecture | trained on | validation metric | `attn evaluate` | baseline after a run |
 | --- | --- | --- | --- | --- | --- |
-| translation | encoder-decoder | `ref en es` TSV | val_loss | BLEU, chrF | copying the source |
+| translation | encoder-decoder | source/target fields: TSV, CSV, JSON Lines, text files | val_loss | BLEU, chrF | copying the source |
 | lm | decoder-only | text | val_loss | nats per token/char | unigram model |
-| classification | encoder-only | `label text` TSV | val_accuracy | accuracy, macro-F1 | naive Bayes |
-| mlm | encoder-only | text or TSV | val_loss | - | - |
+| classification | encoder-only | text (+ pair) and label fields: TSV, CSV, JSON Lines | val_accuracy | accuracy, macro-F1 | naive Bayes |
+| mlm | encoder-only | text, or a table's text field | val_loss | - | - |
 | embedding | encoder-only (loaded) | - | - | - | - |
 """
 

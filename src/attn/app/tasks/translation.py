@@ -1,6 +1,8 @@
 """Translation: source -> target sentences with the encoder-decoder (the paper's task).
 
-Trains on `ref<TAB>en<TAB>es` files with a joint tokenizer (`attn.training.tasks.translation_task`);
+Trains on the `data.source_field` -> `data.target_field` pairs of any file `attn.data.readers` reads
+(TSV, CSV, JSON Lines, line-aligned text files) with a joint tokenizer
+(`attn.training.tasks.translation_task`);
 scored with sacreBLEU and chrF of beam-searched translations; a run must beat copying the source
 by 2 BLEU on its validation sentences (decoded greedily).
 """
@@ -18,7 +20,7 @@ from attn.app.metrics import bleu
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture
-from attn.data.corpora import load_parallel
+from attn.data.readers import load_parallel
 from attn.decoding import GenerationConfig
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import translation_task
@@ -30,7 +32,7 @@ def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[st
 
 def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck:
     """BLEU of the first `VALID_TRANSLATIONS` validation sources, decoded greedily, against copying them."""
-    corpus = load_parallel(config.data.valid, source=config.data.source)
+    corpus = load_parallel(config.data.valid, config.data.fields())
     sources, references = corpus.sources[:VALID_TRANSLATIONS], corpus.targets[:VALID_TRANSLATIONS]
     hypotheses = translate(loaded, sources, GenerationConfig())
     return translation_check(bleu(hypotheses, references).value, sources, references, "valid")
