@@ -15,7 +15,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from attn.app.cli import main
 from attn.artifacts import load_model
-from attn.data.corpora import load_parallel
+from attn.data.readers import load_parallel
 from attn.data.tokenizers import Tokenizer
 from attn.faults import FAULT_ENV
 

@@ -16,7 +16,7 @@ import sentencepiece
 import tokenizers as hf
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from attn.data.corpora import load_parallel
+from attn.data.readers import load_parallel
 from attn.data.files import input_files
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
