@@ -57,7 +57,7 @@ def test_train_then_encode(corpus: Path, tmp_path: Path) -> None:
                      str(corpus / "texts" / "*.txt"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "trained a unigram tokenizer on 120 lines of 2 file(s)",
+        "trained a unigram tokenizer on 120 texts of 2 file(s)",
         "vocabulary size: 200",
         "special tokens: pad=<pad> (0), unk=<unk> (1), bos=<s> (2), eos=</s> (3), cls=<cls> (4), sep=<sep> (5), "
         "mask=<mask> (6)",

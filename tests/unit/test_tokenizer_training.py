@@ -16,8 +16,8 @@ import sentencepiece
 import tokenizers as hf
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from attn.data.readers import load_parallel
 from attn.data.files import input_files
+from attn.data.readers import load_parallel
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
 from attn.errors import CheckpointError, ConfigError, DataFormatError
@@ -116,6 +116,23 @@ def test_inputs_are_files_directories_globs_and_gzip(tmp_path: Path) -> None:
     assert trained.lines == 4
     alphabet = {trained.tokenizer.id_to_token(i) for i in range(7, trained.tokenizer.vocab_size)}
     assert alphabet == set("alphabetgammadelta\n")  # the \r of a Windows line end is dropped
+
+
+def test_fields_of_tables_are_the_texts(tmp_path: Path) -> None:
+    """--field reads named fields of CSV and JSON Lines files: the alphabet is that of those fields only."""
+    (tmp_path / "a.csv").write_text('de,en,note\n"Haus, groß",house,xq\nBaum,tree,xq\n', encoding="utf-8")
+    rows = [{"de": "Zug", "en": "train", "note": "zz"}]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    inputs = [str(tmp_path / "a.csv"), str(tmp_path / "b.jsonl")]
+    trained = train_tokenizer_files("chars", inputs, 0, tmp_path / "tok", fields=["de", "en"])
+    assert trained.lines == 6
+    alphabet = {trained.tokenizer.id_to_token(i) for i in range(7, trained.tokenizer.vocab_size)}
+    assert alphabet == set("Haus, großhouseBaumtreeZugtrain")
+    with pytest.raises(DataFormatError, match="no field 'fr' \\(--field fr\\); the fields here are: de, en, note"):
+        train_tokenizer_files("chars", inputs, 0, tmp_path / "tok2", fields=["fr"])
+    (tmp_path / "c.txt").write_text("plain\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="is not a table"):
+        train_tokenizer_files("chars", [str(tmp_path / "c.txt")], 0, tmp_path / "tok3", fields=["de"])
 
 
 def test_inputs_are_streamed_line_by_line(tmp_path: Path) -> None:

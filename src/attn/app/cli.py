@@ -348,11 +348,11 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     try:
         trained = train_tokenizer_files(args.kind, args.inputs, args.vocab_size, args.output, args.force,
-                                        args.lowercase)
+                                        args.lowercase, args.fields)
     except ConfigError as error:
         raise _flag_error(error, {"inputs": "inputs", "texts": "inputs"}) from None
     tokenizer = trained.tokenizer
-    print(f"trained a {tokenizer.kind} tokenizer on {trained.lines} lines of {len(trained.files)} file(s)")
+    print(f"trained a {tokenizer.kind} tokenizer on {trained.lines} texts of {len(trained.files)} file(s)")
     print(f"vocabulary size: {tokenizer.vocab_size}")
     specials = [f"{role}={tokenizer.id_to_token(i)} ({i})" for role, i in tokenizer.roles.items() if i is not None]
     print(f"special tokens: {', '.join(specials)}")
@@ -536,6 +536,8 @@ def _tokenizer_parsers(sub) -> None:
                    help="vocabulary size, special tokens included (chars: ignored, one token per character)")
     p.add_argument("--output", "-o", required=True, help="the directory to write")
     p.add_argument("--force", action="store_true", help="replace the output directory when it holds a tokenizer")
+    p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME",
+                   help="read this field of TSV/CSV/JSON Lines inputs (repeat it: a source and a target field)")
     p.add_argument("--cased", dest="lowercase", action="store_false",
                    help="wordpiece: keep case and accents (default: lower-case them, as uncased BERT)")
     p = _subcommand(verbs, "encode", cmd_tokenizer_encode, "print the tokens and ids of texts",

@@ -2,7 +2,9 @@
 
 The inputs are text files, one text per line (gzipped when the name ends in `.gz`), directories
 (every file below them) and glob patterns (`attn.data.files.input_files`). They are read line by
-line as the trainer asks for them, never whole. A line keeps its line end, so a tokenizer trained
+line as the trainer asks for them, never whole. With `fields`, every input is a table instead (TSV,
+CSV or JSON Lines, `attn.data.readers`) and the texts are the values of those fields, one table in
+memory at a time (a joint source-target vocabulary: the source and the target field). A line keeps its line end, so a tokenizer trained
 on a text file also has a token for its line breaks (what a language model trained on the same
 file needs). The directory is written atomically: an interrupted run leaves no directory, or the
 one that was there before.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from attn.data.corpora import iter_lines
 from attn.data.files import input_files, write_directory
+from attn.data.readers import read_table, resolve_format
 from attn.data.tokenizers import META_FILE, Tokenizer
 from attn.errors import ConfigError
 
@@ -42,19 +45,32 @@ class TrainedTokenizer:
 class _Lines:
     """The lines of some files, one at a time, counted as they are read."""
 
-    def __init__(self, files: Sequence[Path]) -> None:
+    def __init__(self, files: Sequence[Path], fields: Sequence[str] = ()) -> None:
         self.files = tuple(files)
+        self.fields = tuple(fields)
         self.count = 0
 
     def __iter__(self) -> Iterator[str]:
         for path in self.files:
-            for line in iter_lines(path):
+            for line in self._texts(path):
                 self.count += 1
                 yield line
 
+    def _texts(self, path: Path) -> Iterator[str]:
+        if not self.fields:
+            yield from iter_lines(path)
+            return
+        if resolve_format(path) == "text":
+            raise ConfigError("field", f"{path} is not a table (.tsv, .csv, .jsonl, optionally .gz); --field "
+                                       "reads the named fields of tables: leave it out for text files")
+        table = read_table(path, {f"--field {name}": name for name in self.fields})
+        for values in table.values.values():
+            yield from values
+
 
 def train_tokenizer_files(
-    kind: str, inputs: Sequence[str], vocab_size: int, output: str | Path, force: bool = False, lowercase: bool = True
+    kind: str, inputs: Sequence[str], vocab_size: int, output: str | Path, force: bool = False, lowercase: bool = True,
+    fields: Sequence[str] = (),
 ) -> TrainedTokenizer:
     """Trains a tokenizer of `kind` on the lines of `inputs` and writes it to `output` (`Tokenizer.save`).
 
@@ -65,6 +81,7 @@ def train_tokenizer_files(
         output: the directory to write; `Tokenizer.load` and a run config's `tokenizer.path` read it.
         force: replace `output` when it is a tokenizer directory already.
         lowercase: `wordpiece` only: lower-case and strip accents.
+        fields: read these fields of table inputs (TSV, CSV, JSON Lines) instead of lines of text files.
 
     Returns:
         The tokenizer, where it went and what it was trained on.
@@ -76,7 +93,7 @@ def train_tokenizer_files(
     """
     folder = Path(output)
     _check_output(folder, force)  # before anything is read
-    lines = _Lines(input_files(inputs))
+    lines = _Lines(input_files(inputs), fields)
     tokenizer = Tokenizer.train(kind, lines, vocab_size, lowercase)
     write_directory(folder, tokenizer.save, FAULT_POINT)
     return TrainedTokenizer(tokenizer, folder, lines.files, lines.count)
