@@ -1,4 +1,5 @@
-"""Tiny random models for the server tests: a translator, a language model, a classifier and an encoder."""
+"""Tiny random models for the server tests: a translator, a language model, a classifier, an encoder and a
+sentence-pair classifier."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import torch
 
 from attn.artifacts import Bundle
 from attn.config import preset
+from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "En el principio creó Dios los cielos y la tierra.",
          "And God said, Let there be light: and there was light.", "Y dijo Dios: Sea la luz; y fue la luz."]
 LABELS = ["art", "law", "food"]
+PAIR_LABELS = ["entailment", "contradiction"]
+PAIR_FIELDS = Fields(text_field="premise", text_pair_field="hypothesis")
 
 
 def tiny_bundles(max_positions: int = 64) -> dict[str, Bundle]:
-    """name -> bundle: "translator", "lm", "classifier", "encoder" (seeded, dropout off, character tokenizers)."""
+    """name -> bundle: "translator", "lm", "classifier", "encoder", "pairs" (seeded, dropout off, character
+    tokenizers; "pairs" classifies (premise, hypothesis) pairs)."""
     tokenizer = Tokenizer.train_chars(TEXTS)
     vocab = tokenizer.vocab_size
     ids = {"start_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id or 0}
@@ -26,12 +31,13 @@ def tiny_bundles(max_positions: int = 64) -> dict[str, Bundle]:
         "lm": ("char-gpt-tiny", "lm", ids, {}),
         "classifier": ("bert-base-tiny", "classification", {"pad_id": ids["pad_id"]}, {"num_labels": len(LABELS)}),
         "encoder": ("bert-base-tiny", "embedding", {"pad_id": ids["pad_id"]}, {}),
+        "pairs": ("bert-base-tiny", "classification", {"pad_id": ids["pad_id"], "label_names": PAIR_LABELS,
+                                                       "fields": PAIR_FIELDS}, {"num_labels": len(PAIR_LABELS)}),
     }
     bundles = {}
     for seed, (name, (preset_name, task, special, extra)) in enumerate(specs.items()):
         torch.manual_seed(seed)
         config = preset(preset_name).replace(vocab_size=vocab, dropout=0.0, max_positions=max_positions, **extra)
-        labels = LABELS if task == "classification" else []
-        bundles[name] = Bundle(build_model(config).eval(), tokenizer, task, config, Path(name), label_names=labels,
-                               **special)
+        special = {"label_names": LABELS if task == "classification" else [], **special}
+        bundles[name] = Bundle(build_model(config).eval(), tokenizer, task, config, Path(name), **special)
     return bundles

@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from serve_models import TEXTS, tiny_bundles
+from serve_models import PAIR_LABELS, TEXTS, tiny_bundles
 
 from attn.app.inference import attention_of, classify, continue_texts, embed, prompt_ids, translate
 from attn.app.serve import ServedModel, create_app
 from attn.app.serve.routes import PAGE
+from attn.app.serve.work import classify_task
 from attn.artifacts import Bundle
 from attn.decoding import GenerationConfig
 
@@ -38,14 +39,16 @@ def events(response) -> list[dict | str]:
 
 def test_models_lists_every_model_with_its_shape(client: TestClient, bundles: dict[str, Bundle]) -> None:
     cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
-    assert list(cards) == ["translator", "lm", "classifier", "encoder"]
+    assert list(cards) == ["translator", "lm", "classifier", "encoder", "pairs"]
     translator = bundles["translator"].model_config
     assert cards["translator"] == {"id": "translator", "object": "model", "owned_by": "attn", "task": "translation",
                                    "architecture": "encoder-decoder", "max_positions": 64,
                                    "layers": translator.encoder_layers, "decoder_layers": translator.decoder_layers,
-                                   "heads": translator.heads, "labels": []}
+                                   "heads": translator.heads, "labels": [], "pairs": False}
     assert cards["lm"]["architecture"] == "decoder-only" and cards["lm"]["decoder_layers"] is None
     assert cards["classifier"]["labels"] == ["art", "law", "food"]
+    assert [name for name, card in cards.items() if card["pairs"]] == ["pairs"]
+    assert cards["pairs"]["labels"] == PAIR_LABELS
 
 
 def test_translate_gives_what_the_library_translates(client: TestClient, bundles: dict[str, Bundle]) -> None:
@@ -198,6 +201,39 @@ def test_classify_gives_the_librarys_labels_and_probabilities(client: TestClient
         assert all(abs(found["probabilities"][k] - v) < ATOL for k, v in expected.probabilities.items())
 
 
+def assert_predictions(results: list[dict], expected: list) -> None:
+    assert len(results) == len(expected)
+    for found, prediction in zip(results, expected):
+        assert found["label"] == prediction.label and abs(found["score"] - prediction.probability) < ATOL
+        assert list(found["probabilities"]) == list(prediction.probabilities)
+        assert all(abs(found["probabilities"][k] - v) < ATOL for k, v in prediction.probabilities.items())
+
+
+def test_a_pair_classifier_classifies_each_input_with_its_second_text(client: TestClient,
+                                                                      bundles: dict[str, Bundle]) -> None:
+    texts, pairs = TEXTS[:3], [TEXTS[1], TEXTS[3], TEXTS[0]]
+    results = client.post("/v1/classify", json={"model": "pairs", "inputs": texts, "pairs": pairs}).json()["results"]
+    assert_predictions(results, classify(bundles["pairs"], texts, pairs=pairs))
+    swapped = client.post("/v1/classify", json={"model": "pairs", "inputs": pairs, "pairs": texts}).json()["results"]
+    assert [r["probabilities"] for r in swapped] != [r["probabilities"] for r in results]  # the order of a pair counts
+    one = client.post("/v1/classify", json={"model": "pairs", "input": texts[2], "pair": pairs[2]}).json()["results"]
+    assert_predictions(one, classify(bundles["pairs"], texts[2:], pairs=pairs[2:]))
+
+
+def test_pair_requests_batched_together_each_get_their_own_answers(bundles: dict[str, Bundle]) -> None:
+    served = ServedModel("pairs", bundles["pairs"])
+    texts, pairs = ["In the", "And God said", "Sea la luz"], ["beginning", "Let there be", "y fue"]
+    first = classify_task(served, texts[:2], pairs[:2])
+    second = classify_task(served, texts[2:], pairs[2:])
+    assert first.group == second.group != classify_task(ServedModel("c", bundles["classifier"]), texts).group
+    assert list(first.sizes) == [6 + 9 + 3, 12 + 12 + 3]  # [CLS] text [SEP] pair [SEP], a token per character
+    mine, theirs = first.run([first, second])
+    as_json = [[{"label": p.label, "score": p.probability, "probabilities": p.probabilities} for p in found]
+               for found in (mine, theirs)]
+    assert_predictions(as_json[0], classify(bundles["pairs"], texts[:2], pairs=pairs[:2]))
+    assert_predictions(as_json[1], classify(bundles["pairs"], texts[2:], pairs=pairs[2:]))
+
+
 def test_attention_of_every_layer_and_head_or_one(client: TestClient, bundles: dict[str, Bundle]) -> None:
     text = "In the beginning"
     every = client.post("/v1/attention", json={"model": "lm", "text": text, "kind": "self"}).json()
@@ -244,7 +280,8 @@ def test_the_model_may_be_left_out_when_only_one_is_served(bundles: dict[str, Bu
 
 
 def test_health_and_metrics(client: TestClient) -> None:
-    assert client.get("/health").json() == {"status": "ok", "models": ["translator", "lm", "classifier", "encoder"]}
+    assert client.get("/health").json() == {"status": "ok", "models": ["translator", "lm", "classifier", "encoder",
+                                                                       "pairs"]}
     client.post("/v1/embeddings", json={"model": "encoder", "input": "Light"})
     client.post("/v1/completions", json={"model": "lm", "prompt": "In", "max_tokens": 2, "stream": True})
     text = client.get("/metrics").text

@@ -1,6 +1,6 @@
 """The bad-request catalogue of `attn serve` (the server's part of tests/integration/test_bad_inputs.py).
 
-Each case sends one broken request to a server of four tiny models and checks what the client
+Each case sends one broken request to a server of five tiny models and checks what the client
 gets: the case's status, the contract's JSON error (`{"error": {message, type, param, code}}`,
 never a traceback, never FastAPI's `{"detail": ...}`), the field at fault in `param`, and a
 message that names the problem.
@@ -77,7 +77,7 @@ CASES = [
                                                         "attention": {"layer": 9}}, 422, "attention.layer",
          "layer 9 does not exist"),
     Case("unknown-model", "/v1/completions", {"model": "gpt-5", "prompt": "x"}, 404, "model",
-         "'gpt-5' is not served here; the served models are: translator, lm, classifier, encoder"),
+         "'gpt-5' is not served here; the served models are: translator, lm, classifier, encoder, pairs"),
     Case("model-left-out-of-several", "/v1/completions", {"prompt": "x"}, 422, "model", "serves several models"),
     Case("completions-of-a-translator", "/v1/completions", {**TR, "prompt": "x"}, 400, "model",
          "'translator' (task translation, encoder-decoder) cannot serve /v1/completions"),
@@ -86,8 +86,22 @@ CASES = [
          "needs an encoder-only model"),
     Case("classify-with-an-untrained-encoder", "/v1/classify", {"model": "encoder", "input": "x"}, 400, "model",
          "needs a trained classifier"),
-    Case("classify-pairs", "/v1/classify", {"model": "classifier", "inputs": ["a"], "pairs": ["b"]}, 400, "pairs",
-         "classifies single texts"),
+    Case("classify-pairs-with-a-single-text-classifier", "/v1/classify",
+         {"model": "classifier", "inputs": ["a"], "pairs": ["b"]}, 400, "pairs",
+         "model 'classifier' classifies single texts (text); leave out pairs and pair"),
+    Case("classify-pair-with-a-single-text-classifier", "/v1/classify", {"model": "classifier", "input": "a",
+                                                                         "pair": "b"}, 400, "pairs",
+         "choose a sentence-pair classifier"),
+    Case("pair-classifier-without-pairs", "/v1/classify", {"model": "pairs", "inputs": ["a"]}, 400, "pairs",
+         "model 'pairs' classifies sentence pairs (premise, hypothesis); send pairs: the second text of each input"),
+    Case("pairs-fewer-than-inputs", "/v1/classify", {"model": "pairs", "inputs": ["a", "b"], "pairs": ["c"]}, 422,
+         "pairs", "2 inputs but 1 second texts; give one second text per input"),
+    Case("pair-with-several-inputs", "/v1/classify", {"model": "pairs", "inputs": ["a", "b"], "pair": "c"}, 422,
+         "pair", "2 inputs but 1 second texts"),
+    Case("pairs-blank", "/v1/classify", {"model": "pairs", "inputs": ["a"], "pairs": [" "]}, 422, "pairs",
+         "every second text must hold a non-blank character"),
+    Case("pairs-wrong-type", "/v1/classify", {"model": "pairs", "inputs": ["a"], "pairs": "b"}, 422, "pairs",
+         "pairs: Input should be a valid list"),
     Case("translate-inputs-empty", "/v1/translate", {**TR, "inputs": []}, 422, "inputs", "non-empty list of texts"),
     Case("translate-input-blank", "/v1/translate", {**TR, "inputs": ["ok", "  "]}, 422, "inputs", "non-blank"),
     Case("translate-no-input", "/v1/translate", TR, 422, "inputs", "give a non-empty list"),

@@ -31,6 +31,11 @@ class ServedModel:
         model = self.bundle.model
         return model.stack.max_positions if isinstance(model, Encoder) else model.max_positions
 
+    @property
+    def takes_pairs(self) -> bool:
+        """Whether the model classifies sentence pairs (it was trained with a `text_pair_field`)."""
+        return bool(self.bundle.fields.text_pair_field) and self.can("classify") is None
+
     def can(self, route: str) -> str | None:
         """None when the model serves `route` (every model serves "attention"), else what the route needs."""
         if route not in ROUTE_MODELS:
@@ -50,7 +55,7 @@ class ServedModel:
             "layers": config.encoder_layers if two_stacks or isinstance(self.bundle.model, Encoder)
             else config.decoder_layers,
             "decoder_layers": config.decoder_layers if two_stacks else None, "heads": config.heads,
-            "labels": list(self.bundle.label_names),
+            "labels": list(self.bundle.label_names), "pairs": self.takes_pairs,
         }
 
 

@@ -280,12 +280,24 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
              summary="Label texts with a trained classifier")
 async def classify(body: ClassifyRequest, request: Request) -> Any:
     served = _served(request, body.model, "classify")
-    if body.pairs is not None:
-        raise ApiError(400, f"model {served.name!r} (task {served.bundle.task}) classifies single texts; attn "
-                       "trains no sentence-pair classifier: leave out pairs", "pairs")
-    found: list[Prediction] = await _run(request, served, classify_task(served, body.texts()), "inputs")
+    pairs = _pairs(served, body)
+    task = _checked(lambda: classify_task(served, body.texts(), pairs), "pairs")
+    found: list[Prediction] = await _run(request, served, task, "inputs")
     return {"model": served.name, "results": [{"label": p.label, "score": p.probability,
                                                "probabilities": p.probabilities} for p in found]}
+
+
+def _pairs(served: ServedModel, body: ClassifyRequest) -> list[str] | None:
+    """The request's second texts, which a sentence-pair classifier needs and any other refuses (400)."""
+    pairs, fields = body.second_texts(), served.bundle.fields
+    if served.takes_pairs and pairs is None:
+        raise ApiError(400, f"model {served.name!r} classifies sentence pairs ({fields.text_field}, "
+                       f"{fields.text_pair_field}); send pairs: the second text of each input (or pair with input)",
+                       "pairs")
+    if not served.takes_pairs and pairs is not None:
+        raise ApiError(400, f"model {served.name!r} classifies single texts ({fields.text_field}); leave out pairs "
+                       "and pair, or choose a sentence-pair classifier (\"pairs\": true in GET /v1/models)", "pairs")
+    return pairs
 
 
 # -- attention ----------------------------------------------------------------------------------

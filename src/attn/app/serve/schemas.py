@@ -162,7 +162,24 @@ class TranslateResponse(BaseModel):
 
 
 class ClassifyRequest(TextsRequest):
-    pairs: list[str] | None = Field(None, description="second texts of sentence-pair classifiers")
+    pairs: list[str] | None = Field(None, description="a sentence-pair classifier's second text of each input")
+    pair: str | None = Field(None, description="a sentence-pair classifier's second text of `input`")
+
+    @model_validator(mode="after")
+    def _a_pair_per_text(self) -> ClassifyRequest:
+        seconds, name = self.second_texts(), "pairs" if self.pairs is not None else "pair"
+        if seconds is None:
+            return self
+        if len(seconds) != len(self.texts()):
+            raise ValueError(f"{name}: {len(self.texts())} inputs but {len(seconds)} second texts; give one second "
+                             "text per input (pairs with inputs, or pair with input)")
+        if not all(t.strip() for t in seconds):
+            raise ValueError(f"{name}: every second text must hold a non-blank character")
+        return self
+
+    def second_texts(self) -> list[str] | None:
+        """The second texts (`pairs`, or `pair` alone), None when the request has none."""
+        return self.pairs if self.pairs is not None else [self.pair] if self.pair is not None else None
 
 
 class ClassifyResult(BaseModel):
@@ -205,6 +222,7 @@ class ModelCard(BaseModel):
     decoder_layers: int | None
     heads: int
     labels: list[str]
+    pairs: bool = Field(False, description="a sentence-pair classifier: /v1/classify needs a second text per input")
 
 
 class ModelList(BaseModel):

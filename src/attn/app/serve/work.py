@@ -30,14 +30,17 @@ from attn.app.inference import (
 )
 from attn.app.serve.engine import Batch, Rows
 from attn.app.serve.registry import ServedModel
+from attn.data.corpora import classifier_inputs
 from attn.decoding import GenerationConfig, RowToken
 
 
 @dataclasses.dataclass(eq=False)
 class TextBatch(Batch):
-    """A `Batch` task over a request's texts (one size per text)."""
+    """A `Batch` task over a request's texts (one size per text), and their second texts for a
+    sentence-pair classifier."""
 
     texts: list[str]
+    pairs: list[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,15 +81,18 @@ def _together(compute: Callable[[list[str]], Sequence[Any]]) -> Callable[[list[B
     """A `Batch.run` that computes the texts of all its tasks in one call; each task gets its slice."""
 
     def run(tasks: list[Batch]) -> list[Any]:
-        texts = [text for task in tasks for text in task.texts]
-        results = compute(texts)
-        shares, start = [], 0
-        for task in tasks:
-            shares.append(results[start : start + len(task.texts)])
-            start += len(task.texts)
-        return shares
+        return _shares(tasks, compute([text for task in tasks for text in task.texts]))
 
     return run
+
+
+def _shares(tasks: list[Batch], results: Sequence[Any]) -> list[Any]:
+    """The results of the texts of all `tasks`, in order, cut into one slice per task."""
+    shares, start = [], 0
+    for task in tasks:
+        shares.append(results[start : start + len(task.texts)])
+        start += len(task.texts)
+    return shares
 
 
 def _sizes(served: ServedModel, texts: list[str], special: bool) -> list[int]:
@@ -99,10 +105,21 @@ def embed_task(served: ServedModel, texts: list[str]) -> TextBatch:
                      _together(lambda all_texts: embed(served.bundle, all_texts)), texts)
 
 
-def classify_task(served: ServedModel, texts: list[str]) -> TextBatch:
-    """Result: one `Prediction` per text, as `inference.classify`."""
-    return TextBatch("classify", ("classify",), _sizes(served, texts, True),
-                     _together(lambda all_texts: classify(served.bundle, all_texts)), texts)
+def classify_task(served: ServedModel, texts: list[str], pairs: list[str] | None = None) -> TextBatch:
+    """Result: one `Prediction` per text (or pair texts[i], pairs[i]), as `inference.classify`.
+
+    Raises:
+        AttnError: pairs for a tokenizer without [CLS] and [SEP] tokens.
+    """
+    bundle = served.bundle
+    ids, _ = classifier_inputs(bundle.tokenizer, texts, pairs, served.max_positions)
+
+    def run(tasks: list[Batch]) -> list[Any]:
+        all_texts = [text for task in tasks for text in task.texts]
+        all_pairs = None if pairs is None else [pair for task in tasks for pair in task.pairs]
+        return _shares(tasks, classify(bundle, all_texts, pairs=all_pairs))
+
+    return TextBatch("classify", ("classify", pairs is not None), [len(row) for row in ids], run, texts, pairs)
 
 
 def translate_task(served: ServedModel, texts: list[str], config: GenerationConfig, aligned: bool) -> TextBatch:
