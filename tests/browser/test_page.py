@@ -1,7 +1,7 @@
 """The page at `/` of `attn serve`, driven in a real browser (headless Chromium through Playwright).
 
-A real `attn serve` runs as a subprocess on 127.0.0.1 with four tiny random models that this module
-builds (a translator, a character LM, a classifier, an embedder). Every control of the page is
+A real `attn serve` runs as a subprocess on 127.0.0.1 with five tiny random models that this module
+builds (a translator, a character LM, a classifier, a sentence-pair classifier, an embedder). Every control of the page is
 used, and what the page shows is checked against the server's own JSON answers, asked for here
 with httpx: the page must show what the API says, not what it computes itself. The page exposes
 what each canvas draws through `window.attnPage.views[canvasId]` and `data-` attributes.
@@ -29,6 +29,7 @@ import torch
 
 from attn.artifacts.checkpoint import write_checkpoint
 from attn.config import preset
+from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
 
@@ -60,7 +61,7 @@ TEXT = ("In the beginning God created the heaven and the earth. ROMEO. But soft,
 LONG_PROMPT = ("the quick brown fox jumps over the lazy dog " * 14)[:600]  # 600 characters, 600+ tokens
 
 
-def _tiny(tmp: Path, name: str, preset_name: str, task: str, **changes) -> Path:
+def _tiny(tmp: Path, name: str, preset_name: str, task: str, fields: Fields | None = None, **changes) -> Path:
     tokenizer = Tokenizer.train_chars([TEXT])
     config = preset(preset_name).replace(vocab_size=tokenizer.vocab_size, dropout=0.0, **changes)
     torch.manual_seed(0)
@@ -68,7 +69,8 @@ def _tiny(tmp: Path, name: str, preset_name: str, task: str, **changes) -> Path:
     if task == "lm":  # no EOS from the random LM, so a stream runs as long as it is asked to
         with torch.no_grad():
             model.lm_head.bias[tokenizer.eos_id] = -1e4
-    info = {"task": task, **({"label_names": ["law", "science", "humour"]} if task == "classification" else {})}
+    info = {"task": task, **({"label_names": ["law", "science", "humour"]} if task == "classification" else {}),
+            **({"fields": fields.to_dict()} if fields else {})}
     return write_checkpoint(tmp / name, model, config, tokenizer=tokenizer, task_info=info)
 
 
@@ -79,6 +81,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mt": _tiny(tmp, "mt", "paper-base-tiny", "translation"),
         "lm": _tiny(tmp, "lm", "char-gpt-tiny", "lm", max_positions=1024, output_bias=True),
         "cls": _tiny(tmp, "cls", "bert-base-tiny", "classification"),
+        "nli": _tiny(tmp, "nli", "bert-base-tiny", "classification", Fields(text_pair_field="hypothesis")),
         "emb": _tiny(tmp, "emb", "minilm-l6-tiny", "embedding", num_labels=0),
     }
 
@@ -91,7 +94,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base URL of a running `attn serve` with the four tiny models."""
+    """The base URL of a running `attn serve` with the five tiny models."""
     port = _free_port()
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     models = [arg for name, path in checkpoints.items() for arg in ("--model", f"{name}={path}")]
@@ -196,7 +199,8 @@ def test_the_model_list_comes_from_the_api_and_the_tabs_follow_each_models_task(
     models = api.get("/v1/models").json()["data"]
     assert page.eval_on_selector_all("#model option", "os => os.map(o => o.value)") == [m["id"] for m in models]
     expected = {"mt": {"translate", "attention"}, "lm": {"generate", "attention"},
-                "cls": {"classify", "embed", "attention"}, "emb": {"embed", "attention"}}
+                "cls": {"classify", "embed", "attention"}, "nli": {"classify", "embed", "attention"},
+                "emb": {"embed", "attention"}}
     for model in models:
         page.select_option("#model", model["id"])
         tabs = page.eval_on_selector_all("[role=tab]:not([hidden])", "ts => ts.map(t => t.dataset.mode)")
@@ -308,8 +312,14 @@ def test_classification_bars_show_the_apis_probabilities(page: Page, api: httpx.
     page.fill("#classify-input", "\n".join(texts))
     run_and_wait(page, "classify")
     answer = api.post("/v1/classify", json={"model": "cls", "inputs": texts}).json()
+    check_classification_cards(page, answer)
+    assert page.locator("#classify-output .second-text").count() == 0
+
+
+def check_classification_cards(page: Page, answer: dict) -> None:
+    """The page's cards show the API's probabilities: bars, values and the top label."""
     cards = page.locator("#classify-output .classification")
-    assert cards.count() == 2
+    assert cards.count() == len(answer["results"])
     for k, result in enumerate(answer["results"]):
         rows = cards.nth(k).locator(".bar-row")
         shown = {rows.nth(n).get_attribute("data-label"): float(rows.nth(n).get_attribute("data-probability"))
@@ -320,6 +330,31 @@ def test_classification_bars_show_the_apis_probabilities(page: Page, api: httpx.
                   for n in range(rows.count())]
         assert widths == pytest.approx([100 * p for p in sorted(result["probabilities"].values(), reverse=True)],
                                        abs=0.01)
+
+
+def test_a_pair_classifier_gets_a_second_text_field_and_shows_the_apis_pair_results(page: Page,
+                                                                                    api: httpx.Client) -> None:
+    choose(page, "cls", "classify")
+    second = page.get_by_label("Second text")
+    expect(second).to_be_hidden()
+    choose(page, "nli", "classify")
+    expect(second).to_be_visible()
+    assert "sentence pairs" in page.inner_text("#model-info")
+    cards = {card["id"]: card for card in api.get("/v1/models").json()["data"]}
+    assert cards["nli"]["pairs"] and not cards["cls"]["pairs"]
+    texts, pairs = ["Never trust a computer.", "In the beginning"], ["A window breaks.", "God created the earth."]
+    page.get_by_label("First text").fill("\n".join(texts))
+    second.fill("\n".join(pairs))
+    run_and_wait(page, "classify")
+    answer = api.post("/v1/classify", json={"model": "nli", "inputs": texts, "pairs": pairs}).json()
+    check_classification_cards(page, answer)
+    assert page.locator("#classify-output .second-text").all_inner_texts() == pairs
+
+    second.fill(pairs[0])  # one second text for two inputs: the server's 422, shown as it is
+    page.click("#classify-run")
+    expect(page.locator("#classify-output")).to_have_attribute("data-state", "error")
+    error = api.post("/v1/classify", json={"model": "nli", "inputs": texts, "pairs": pairs[:1]}).json()["error"]
+    assert page.inner_text("#error-message") == error["message"] and error["param"] == "pairs"
 
 
 def test_embeddings_show_dimension_norms_first_values_and_cosine(page: Page, api: httpx.Client) -> None:
