@@ -1,10 +1,11 @@
 """The page at `/` of `attn serve`, driven in a real browser (headless Chromium through Playwright).
 
 A real `attn serve` runs as a subprocess on 127.0.0.1 with five tiny random models that this module
-builds (a translator, a character LM, a classifier, a sentence-pair classifier, an embedder). Every control of the page is
-used, and what the page shows is checked against the server's own JSON answers, asked for here
-with httpx: the page must show what the API says, not what it computes itself. The page exposes
-what each canvas draws through `window.attnPage.views[canvasId]` and `data-` attributes.
+builds (a translator, a character LM, a classifier, a sentence-pair classifier, an embedder). Every
+control of the page is used, and what the page shows is checked against the server's own JSON
+answers, asked for here with httpx: the page must show what the API says, not what it computes
+itself. The page exposes what each canvas draws through `window.attnPage.views[canvasId]` and
+`data-` attributes.
 
 Without /usr/bin/chromium or the `playwright` package the module is skipped, except in CI
 (`CI=true`), where a missing browser is a failure.
