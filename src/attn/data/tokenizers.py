@@ -44,8 +44,11 @@ A tokenizer never pads or truncates: batching pads (`attn.data.corpora.collate_*
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -137,7 +140,9 @@ class Tokenizer:
         """Train a BPE tokenizer; for translation, train on the texts of both languages.
 
         Args:
-            texts: training texts, e.g. one sentence each.
+            texts: training texts, e.g. one sentence each; any iterable, read once and lazily, so
+                a generator of chunks (`attn.data.text_files.text_chunks`) trains on a corpus
+                larger than memory.
             vocab_size: target vocabulary size, special tokens included.
             byte_level: split UTF-8 bytes (kind `byte-bpe`, never unknown) instead of
                 NFC characters (kind `bpe`).
@@ -194,7 +199,7 @@ class Tokenizer:
         here encodes to unk.
 
         Args:
-            texts: training texts.
+            texts: training texts; any iterable, read once and lazily.
 
         Returns:
             The tokenizer (kind `chars`), with the special ids of the module table.
@@ -337,6 +342,19 @@ class Tokenizer:
             return cls.from_marian_files(directory)
         return cls(_load_json(Path(directory) / TOKENIZER_FILE), kind)
 
+    def digest(self) -> str:
+        """SHA-256 of the files `save` writes: two tokenizers with one digest give the same ids.
+
+        Returns:
+            64 hex digits.
+        """
+        sha = hashlib.sha256()
+        with tempfile.TemporaryDirectory() as folder:
+            self.save(folder)
+            for path in sorted(Path(folder).iterdir()):
+                sha.update(path.name.encode("utf-8") + b"\0" + path.read_bytes())
+        return sha.hexdigest()
+
     # -- use --------------------------------------------------------------------------------
 
     @property
@@ -430,11 +448,14 @@ def _set_bert_pipeline(backend: hf.Tokenizer, lowercase: bool) -> None:
     backend.decoder = decoders.WordPiece()
 
 
-def _non_empty(texts: Iterable[str]) -> list[str]:
-    listed = list(texts)
-    if not any(listed):
+def _non_empty(texts: Iterable[str]) -> Iterator[str]:
+    """The texts, read lazily (a corpus larger than memory streams through), after checking that
+    one of them is not empty."""
+    stream = iter(texts)
+    first = next((text for text in stream if text), None)
+    if first is None:
         raise ConfigError("texts", "the training texts are empty; pass at least one non-empty text")
-    return listed
+    return itertools.chain([first], stream)
 
 
 def minimum_vocab_size(kind: str) -> int:
