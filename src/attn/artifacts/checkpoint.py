@@ -42,6 +42,7 @@ from torch import nn
 
 from attn.artifacts.torch_files import load_torch_file
 from attn.config import ModelConfig
+from attn.data.files import fsync
 from attn.data.tokenizers import META_FILE, Tokenizer
 from attn.errors import AttnError, CheckpointError
 from attn.faults import fault_point
@@ -192,14 +193,6 @@ def check_finite(model: nn.Module, where: str | Path = "the checkpoint") -> None
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-def fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _move_into_place(staging: Path, path: Path) -> None:

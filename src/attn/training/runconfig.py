@@ -67,19 +67,25 @@ class DataConfig:
     """Where the data is. Paths are relative to the working directory; one under `data/` that is
     not there names the corpus file shipped with attn (`attn.shipped.locate`).
 
+    A language model's `train` and `valid` may name several files, directories and globs, in a
+    list or separated by commas (`attn.data.text_files.corpus_files`); the other tasks read one file.
     `source` picks the English column of the parallel corpus ("en" or "en_kjv"); `max_length`
     bounds training examples in tokens (0 = the model's max_positions); `mask_probability` is
     the share of tokens the masked-LM task predicts.
     """
 
-    train: str = ""
-    valid: str = ""
+    train: str | tuple[str, ...] = ""
+    valid: str | tuple[str, ...] = ""
     source: str = "en"
     max_length: int = 0
     mask_probability: float = 0.15
 
     def __post_init__(self) -> None:
         coerce_fields(self)
+        for name in ("train", "valid"):
+            paths = getattr(self, name)
+            if isinstance(paths, tuple) and not all(isinstance(path, str) for path in paths):
+                raise ConfigError(name, f"expected a path or a list of paths, got {list(paths)!r}")
         _check_at_least(self, {"max_length": 0})
         if self.source not in ("en", "en_kjv"):
             message = f"is {self.source!r}; use 'en' (the WEB English column) or 'en_kjv' (King James)"
@@ -306,6 +312,10 @@ class RunConfig:
         for name, kind in SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(name, f"expected a {kind.__name__}, got {type(getattr(self, name)).__name__}")
+        for name in ("train", "valid"):
+            if self.task != Task.LM and isinstance(getattr(self.data, name), tuple):
+                raise ConfigError(f"data.{name}", f"a list of files is read by task 'lm' only; task "
+                                                  f"{self.task.value!r} reads one file, so give one path")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON- and TOML-ready nested dict (enums as their values)."""

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from attn.config import Architecture, ModelConfig
 from attn.data.batches import (
@@ -42,6 +41,8 @@ from attn.data.corpora import (
     read_text,
     translation_collate,
 )
+from attn.data.text_files import corpus_files, text_chunks
+from attn.data.token_cache import token_ids
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
@@ -82,6 +83,7 @@ class TaskContext:
 
 
 TaskBuilder = Callable[[RunConfig, ModelConfig, TaskContext], TaskData]
+TOKEN_CACHE_FOLDER = "data"  # in the run directory: the language model's token caches (attn.data.token_cache)
 TextBatches = tuple[list[list[int]], Callable[..., Batch]]  # encoded texts, (indices, epoch) -> Batch
 
 
@@ -162,22 +164,33 @@ def _encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequenc
 
 
 def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """Next-token prediction over one text stream (the Shakespeare quickstart)."""
-    text = read_text(_required(config.data.train, "data.train"))
-    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, [text])
+    """Next-token prediction over a text stream (the Shakespeare quickstart): the files of data.train,
+    tokenized once into a token cache in RUN_DIR/data and read through a memory map."""
+    files = corpus_files(config.data.train, "data.train")
+    valid_files = corpus_files(config.data.valid, "data.valid") if config.data.valid else None
+    bar = _progress_bars(config, ctx)
+    chunks = text_chunks(files, config.tokenizer.kind == "chars", progress=bar("training the tokenizer"))
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, chunks)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
     block = config.batch.block_size
     if block > model_config.max_positions:
         limit = model_config.max_positions
         raise ConfigError("batch.block_size", f"is {block}, more than the model's max_positions={limit}; lower it")
-    stream = LMStream(torch.tensor(tokenizer.encode(text)), block, seed=config.train.seed)
-    train = WindowBatches(stream, config.batch.batch_size, ctx.rank, ctx.world_size)
+    cache = Path(config.run_dir) / TOKEN_CACHE_FOLDER
+    ids = token_ids(files, tokenizer, cache / "train", progress=bar("tokenizing data.train"))
+    train = WindowBatches(LMStream(ids, block, seed=config.train.seed), config.batch.batch_size, ctx.rank, ctx.world_size)
     valid = None
-    if config.data.valid:
-        held_out = LMStream(torch.tensor(tokenizer.encode(read_text(config.data.valid))), block)
-        blocks = [lm_batch(x, y) for x, y in held_out.eval_blocks(config.batch.eval_batch_size)]
-        valid = lambda: blocks
+    if valid_files:
+        held_out = LMStream(token_ids(valid_files, tokenizer, cache / "valid", bar("tokenizing data.valid")), block)
+        valid = lambda: (lm_batch(x, y) for x, y in held_out.eval_blocks(config.batch.eval_batch_size))
     return TaskData(model_config, "forward", None, train, valid, tokenizer=tokenizer, info={"task": "lm"})
+
+
+def _progress_bars(config: RunConfig, ctx: TaskContext) -> Callable[[str], str]:
+    """The description of a progress bar over reading the data: rank 0 of a run that is not quiet
+    shows it; otherwise it is "" (no bar)."""
+    shown = not config.train.quiet and ctx.rank == 0
+    return lambda what: what if shown else ""
 
 
 # -- classification ---------------------------------------------------------------------------
@@ -292,8 +305,8 @@ def _texts(path: str) -> list[str]:
 # -- shared helpers ---------------------------------------------------------------------------
 
 
-def make_tokenizer(config: TokenizerConfig, texts: Sequence[str]) -> Tokenizer:
-    """Loads `config.path`, or trains a tokenizer of `config.kind` on `texts`."""
+def make_tokenizer(config: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
+    """Loads `config.path`, or trains a tokenizer of `config.kind` on `texts` (read once, lazily)."""
     if config.path:
         return Tokenizer.load(config.path)
     if config.kind == "chars":
