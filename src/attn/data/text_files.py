@@ -36,7 +36,6 @@ from attn.errors import ConfigError, DataFormatError
 from attn.shipped import locate
 
 CHUNK_CHARS = 1 << 18  # characters per piece: small enough that tokenizer training's buffer of pieces stays small
-READ_BYTES = 1 << 16  # bytes of whole lines read from a file at a time
 GLOB_CHARACTERS = "*?["
 
 
@@ -125,7 +124,7 @@ def text_chunks(
     size, given = 0, False
     total = sum(path.stat().st_size for path in files)
     with tqdm(total=total, unit="B", unit_scale=True, desc=progress, disable=not progress, leave=False) as bar:
-        for text in _texts(files, bar):
+        for text in _texts(files, chunk_chars, bar):
             pending.append(text)
             size += len(text)
             if size < chunk_chars:
@@ -144,17 +143,18 @@ def text_chunks(
                                              "give files with text")
 
 
-def _texts(files: Sequence[Path], bar: tqdm) -> Iterator[str]:
-    """The text of every file in pieces of whole lines, a line end added after a file that lacks one."""
+def _texts(files: Sequence[Path], size: int, bar: tqdm) -> Iterator[str]:
+    """The text of every file in pieces of whole lines (about `size` bytes), a line end added after
+    a file that lacks one."""
     for number, path in enumerate(files):
         last = ""
-        for last in _file_texts(path, bar):
+        for last in _file_texts(path, size, bar):
             yield last
         if last and not last.endswith("\n") and number < len(files) - 1:
             yield "\n"
 
 
-def _file_texts(path: Path, bar: tqdm) -> Iterator[str]:
+def _file_texts(path: Path, size: int, bar: tqdm) -> Iterator[str]:
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed below, with the gzip reader over it
     except OSError as err:
@@ -165,7 +165,7 @@ def _file_texts(path: Path, bar: tqdm) -> Iterator[str]:
         line, done = 1, 0
         while True:
             try:
-                lines = stream.readlines(READ_BYTES)
+                lines = stream.readlines(size)
             except errors as err:
                 raise (not_gzip(path, err) if zipped else unreadable(path, err)) from err
             if not lines:
