@@ -26,10 +26,12 @@ from attn.app.baselines import NaiveBayes, unigram_nll
 from attn.app.inference import translate
 from attn.app.metrics import accuracy, bleu, macro_f1
 from attn.artifacts import Bundle, load_model
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import load_labelled, load_parallel
+from attn.data.token_cache import open_token_cache
 from attn.decoding import GenerationConfig
 from attn.training import RunResult
-from attn.training.runconfig import RunConfig
+from attn.training.runconfig import RunConfig, Task
+from attn.training.tasks import TOKEN_CACHE_FOLDER
 
 BLEU_MARGIN = 2.0  # BLEU points above copying the source
 NATS_RATIO = 0.9  # at most this share of the unigram model's nats
@@ -152,25 +154,27 @@ def likely_causes(updates: int, warmup_steps: int, precision: str, device_type: 
     return causes or ["the model may be too small, or the budget too short, for this data"]
 
 
-def check_trained(loaded: Bundle, task: str, train_path: str | Path, valid_path: str | Path,
-                  metrics: dict[str, float], source: str = "en") -> BaselineCheck | None:
+def check_trained(loaded: Bundle, config: RunConfig, metrics: dict[str, float]) -> BaselineCheck | None:
     """The validation check of a finished `attn train` run (None for a task without a baseline).
 
     Translation decodes the first `VALID_TRANSLATIONS` validation sources greedily; the language
     model compares `val_loss` (nats per token) and the classifier `val_accuracy`, both as the trainer
-    measured them, against baselines on the whole validation file.
+    measured them, against baselines on the whole validation file (the language model's on the
+    run's token caches of its training and validation corpora).
     """
-    if task == "translation":
-        corpus = load_parallel(valid_path, source=source)
+    task, train_path, valid_path = config.task, config.data.train, config.data.valid
+    if task == Task.TRANSLATION:
+        corpus = load_parallel(valid_path, source=config.data.source)
         sources, references = corpus.sources[:VALID_TRANSLATIONS], corpus.targets[:VALID_TRANSLATIONS]
         hypotheses = translate(loaded, sources, GenerationConfig())
         return translation_check(bleu(hypotheses, references).value, sources, references, "valid")
-    if task == "lm" and "val_loss" in metrics:
-        eval_ids = loaded.tokenizer.encode(read_text(valid_path))
-        train_ids = loaded.tokenizer.encode(read_text(train_path))
+    if task == Task.LM and "val_loss" in metrics:
+        caches = Path(config.run_dir) / TOKEN_CACHE_FOLDER
+        eval_ids = open_token_cache(caches / "valid", loaded.tokenizer)
+        train_ids = open_token_cache(caches / "train", loaded.tokenizer)
         return lm_check(metrics["val_loss"], train_ids, eval_ids, loaded.tokenizer.vocab_size, len(eval_ids) - 1,
                         "token", "valid")
-    if task == "classification" and "val_accuracy" in metrics:
+    if task == Task.CLASSIFICATION and "val_accuracy" in metrics:
         train = load_labelled(train_path)
         valid = load_labelled(valid_path, labels=train.label_names)
         scores = naive_bayes_scores(train.texts, train.labels, valid.texts, valid.labels, len(train.label_names))
@@ -192,8 +196,7 @@ def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str]
     if not config.data.valid or result.checkpoint is None:
         return None
     loaded = load_model(result.run_dir, config.train.device)
-    check = check_trained(loaded, config.task.value, config.data.train, config.data.valid, result.metrics,
-                          config.data.source)
+    check = check_trained(loaded, config, result.metrics)
     if check is None:
         return None
     return check, verdict(check, config, result)
