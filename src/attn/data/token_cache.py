@@ -45,7 +45,7 @@ from attn.faults import fault_point
 
 FORMAT = 1
 ID_TYPES = ("uint8", "uint16", "uint32")
-ENCODE_PIECES = 8  # text pieces tokenized per call, in parallel
+ENCODE_PIECES = 4  # text pieces tokenized per call, in parallel
 TOKENS_SUFFIX, MANIFEST_SUFFIX = ".tokens", ".json"
 
 T = TypeVar("T")
