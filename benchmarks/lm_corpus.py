@@ -93,7 +93,8 @@ def timed_train(run_dir: Path, spec: str, steps: int) -> dict[str, Any]:
     """Steps 2 and 3: `attn train` under /usr/bin/time -v; its peak resident set and wall time."""
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "attn.app.cli", "train", "--config",
                "configs/quickstart-lm.toml", f"run_dir={run_dir}", f"data.train={spec}", "data.valid=",
-               f"train.max_steps={steps}", "train.max_minutes=0", "train.checkpoint_interval=0", "--quiet"]
+               f"train.max_steps={steps}", "optim.warmup_steps=5", "train.max_minutes=0", "train.checkpoint_interval=0",
+               "--quiet"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])

@@ -81,6 +81,26 @@ def test_naming_nothing_readable_is_a_clear_error(tmp_path: Path) -> None:
         list(text_chunks(empty))
 
 
+def test_reading_errors_name_the_file_and_line_however_far_in(tmp_path: Path) -> None:
+    lines = "".join(f"line {i} of the text\n" for i in range(1, 1500)).encode()
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(lines + b"caf\xe9\n")
+    with pytest.raises(DataFormatError, match=r"bad.txt:1500: invalid UTF-8 \(byte 0xe9\)"):
+        list(text_chunks([bad], chunk_chars=1000))
+    binary = write(tmp_path / "binary.txt", "fine\n" * 3000 + "\x00\n")
+    with pytest.raises(DataFormatError, match="binary.txt:3001: contains a NUL byte"):
+        list(text_chunks([binary], chunk_chars=1000))
+    broken = tmp_path / "broken.txt.gz"
+    broken.write_bytes(gzip.compress(lines)[:200])
+    with pytest.raises(DataFormatError, match="broken.txt.gz: is not a valid gzip file"):
+        list(text_chunks([broken]))
+
+
+def test_a_byte_order_mark_is_dropped_at_the_start_of_each_file_only(tmp_path: Path) -> None:
+    first, second = write(tmp_path / "a.txt", "\ufeffone\n"), write(tmp_path / "b.txt.gz", "\ufefftwo \ufeff2")
+    assert "".join(text_chunks([first, second])) == "one\ntwo \ufeff2"
+
+
 def test_only_the_language_model_reads_a_list_of_files() -> None:
     assert RunConfig().override("task=lm", 'data.train=["a.txt", "b"]').data.train == ("a.txt", "b")
     assert RunConfig().override("task=lm", "data.train=a.txt,b").data.train == "a.txt,b"

@@ -156,7 +156,7 @@ def _texts(files: Sequence[Path], size: int, bar: tqdm) -> Iterator[str]:
 
 def _file_texts(path: Path, size: int, bar: tqdm) -> Iterator[str]:
     try:
-        raw = open(path, "rb")  # noqa: SIM115 - closed below, with the gzip reader over it
+        raw = open(path, "rb")  # closed by the with below, together with the gzip reader over it
     except OSError as err:
         raise unreadable(path, err) from err
     zipped = path.suffix == ".gz"
