@@ -20,7 +20,7 @@ from torch import Tensor
 
 from attn.app.embeddings import embed_texts
 from attn.artifacts.pretrained import load_pretrained
-from attn.data.corpora import load_labelled
+from attn.data.readers import load_labelled
 from benchmarks.harness import CaseResult, Contender, Settings, compare, rows_for
 from benchmarks.peers import quiet_transformers
 

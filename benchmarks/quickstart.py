@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn.app.runs import load_run_config
+from attn.app.tasks import get_task
 from attn.artifacts.checkpoint import Checkpoint
 from attn.artifacts.loading import packaged_model_dir
 from attn.config import ModelConfig, NormPlacement
@@ -44,8 +46,8 @@ from attn.data.batches import Batch
 from attn.models import build_model
 from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.run import seed_everything
-from attn.training.runconfig import RunConfig, Task, load_run_config
-from attn.training.tasks import TaskContext, TaskData, build_task
+from attn.training.runconfig import RunConfig
+from attn.training.tasks import TaskContext, TaskData
 from attn.training.trainer import Trainer, make_optimizer
 from benchmarks.harness import CaseResult, Contender, Settings, compare, rows_for
 from benchmarks.peak import run as peak_run
@@ -125,7 +127,8 @@ def recipe_task(recipe: Recipe, run_dir: Path) -> tuple[RunConfig, TaskData, Che
     if initial is not None:
         model_config = config.model.build(initial.model_config)
     seed_everything(config.train.seed)
-    return config, build_task(config, model_config, TaskContext(0, 1, initial and initial.tokenizer)), initial
+    ctx = TaskContext(0, 1, initial and initial.tokenizer)
+    return config, get_task(config.task).build(config, model_config, ctx), initial
 
 
 def build_trainer(recipe: Recipe, run_dir: Path) -> Trainer:
@@ -150,7 +153,7 @@ def recipe_pad_share(recipe: Recipe, run_dir: Path, batches: int) -> float:
     return 1.0 - sum(int(m.sum()) for m in masks) / sum(m.numel() for m in masks)
 
 
-def full_batch(task: Task, shape: tuple[int, int, int], model_config: ModelConfig) -> Batch:
+def full_batch(task: str, shape: tuple[int, int, int], model_config: ModelConfig) -> Batch:
     """A random batch of the task's inputs at `shape` (rows, source, target), nothing padded."""
     rows, source, target = shape
     generator = torch.Generator().manual_seed(0)
@@ -159,11 +162,11 @@ def full_batch(task: Task, shape: tuple[int, int, int], model_config: ModelConfi
         return torch.randint(4, high, (rows, length), generator=generator)
 
     vocab = model_config.vocab_size
-    if task == Task.TRANSLATION:
+    if task == "translation":
         src, tgt, out = ids(source, vocab), ids(target, vocab), ids(target, vocab)
         masks = torch.ones_like(src, dtype=torch.bool), torch.ones_like(tgt, dtype=torch.bool)
         return Batch((src, tgt, *masks), out, rows * target, rows * (source + target))
-    if task == Task.LM:
+    if task == "lm":
         return Batch((ids(source, vocab),), ids(source, vocab), rows * source, rows * source)
     tokens = ids(source, vocab)
     labels = torch.randint(0, model_config.num_labels, (rows,), generator=generator)

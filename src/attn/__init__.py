@@ -21,12 +21,13 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0"
 
 from attn.app.inference import classify, embed, translate
+from attn.app.runs import load_run_config, train
 from attn.artifacts import Bundle, load_model, save_model
 from attn.config import ModelConfig, preset
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig, generate
 from attn.models import build_model
-from attn.training import RunConfig, load_run_config, train
+from attn.training import RunConfig
 
 __all__ = [
     "Bundle", "GenerationConfig", "ModelConfig", "RunConfig", "Tokenizer", "build_model", "classify", "embed",

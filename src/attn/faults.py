@@ -7,6 +7,7 @@ killer would. The points are
     step              mid-update: gradients computed, optimizer step not yet taken
     checkpoint-write  every checkpoint file written to the temporary directory, not yet renamed
     eval              one validation batch scored, the evaluation not finished
+    tokenizer-write   every file of a trained tokenizer written to the temporary directory, not yet renamed
     token-cache-write a token cache file written and flushed to its temporary name, not yet renamed
 
 Unset (always, outside the tests) it costs one dictionary lookup per call.

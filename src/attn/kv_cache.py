@@ -3,7 +3,9 @@
 Lifecycle: a model's `new_cache(batch, max_length)` allocates it (and, for the encoder-decoder,
 computes every layer's cross-attention keys and values once per source); each `decode_step`
 appends the new tokens' keys and values; `reorder` follows beam search; `reset` empties it for
-reuse with the same shapes.
+reuse with the same shapes. Continuous batching changes the rows of a running cache: `stack_rows`
+joins two caches (their tokens end-aligned, the shorter rows left-padded), `reorder` drops rows,
+and `trim_padding` then frees the leading columns that only padding holds.
 """
 
 from __future__ import annotations
@@ -134,7 +136,60 @@ class KVCache:
         torch.index_select(x[:, :, :, : self.length], 1, index, out=out[:, :, :, : self.length])
         return out
 
+    def trim_padding(self) -> None:
+        """Drops the leading columns that hold padding in every row (left when the longest rows left)."""
+        filled = self.mask[:, : self.length].any(0)
+        drop = int(filled.long().argmax()) if bool(filled.any()) else self.length
+        if drop == 0:
+            return
+        kept = self.length - drop
+        for x in (self.keys, self.values):
+            x[:, :, :, :kept] = x[:, :, :, drop : self.length].clone()
+        self.positions[:, :kept] = self.positions[:, drop : self.length].clone()
+        self.mask[:, :kept] = self.mask[:, drop : self.length].clone()
+        self.start = self.length = kept
+
     def reset(self) -> None:
         """Forgets every token (keeps the allocation and the memory)."""
         self.start = self.length = 0
         self.mask.zero_()
+
+
+def stack_rows(first: KVCache, second: KVCache, max_length: int) -> KVCache:
+    """A new cache with the rows of `first` then those of `second`, for a batch that new rows join.
+
+    Each cache's tokens are placed to end at the same column, max(first.length, second.length);
+    the columns before a row's own tokens are padding (mask False), which attention skips and
+    positions do not count, so every row decodes on as it would alone.
+
+    Args:
+        first: a cache of B1 rows (the running batch), nothing pending (`start == length`).
+        second: a cache of B2 rows (the new ones), of the same model.
+        max_length: the new cache's capacity, at least the longer of the two lengths.
+
+    Returns:
+        A cache of B1 + B2 rows holding every token of both, with `first`'s output projection.
+
+    Raises:
+        GenerationError: a cache with cross-attention memory (an encoder-decoder's), or max_length too small.
+    """
+    if first.memory or second.memory:
+        raise GenerationError("only decoder-only caches can be stacked: an encoder-decoder's rows carry "
+                              "their own cross-attention memory")
+    length = max(first.length, second.length)
+    if max_length < length:
+        raise GenerationError(f"a stacked cache needs room for {length} tokens, max_length={max_length}")
+    layers, _, heads, _, head_dim = first.keys.shape
+    out = KVCache(layers, first.batch + second.batch, heads, max_length, head_dim, first.keys.dtype,
+                  first.keys.device)
+    rows = 0
+    for part in (first, second):
+        block, begin = slice(rows, rows + part.batch), length - part.length
+        out.keys[:, block, :, begin:length] = part.keys[:, :, :, : part.length]
+        out.values[:, block, :, begin:length] = part.values[:, :, :, : part.length]
+        out.positions[block, begin:length] = part.positions[:, : part.length]
+        out.mask[block, begin:length] = part.mask[:, : part.length]
+        rows += part.batch
+    out.vocab, out.vocab_t, out.vocab_bias = first.vocab, first.vocab_t, first.vocab_bias
+    out.start = out.length = length
+    return out

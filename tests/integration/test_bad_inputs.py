@@ -10,6 +10,10 @@ each of a translator, a language model and a classifier).
 `docs/bad-inputs.md` lists the same cases with the messages users see;
 `test_docs_table_lists_exactly_the_cases` keeps the two in step. Running this file as a script
 (`python tests/integration/test_bad_inputs.py`) runs every case and rewrites that table.
+
+The HTTP server's bad requests (`attn serve`: malformed JSON, wrong types, empty inputs, prompts
+beyond the positions, oversized bodies, unknown models, routes a model cannot serve, a full queue,
+internal errors) are catalogued in `test_serve_bad_inputs.py`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+import tokenizers
 import torch
 from cli_helpers import ROOT, run_cli
 
@@ -181,6 +186,13 @@ def marian_directory(change: Callable[[Path], None]) -> Prepare:
     return prepare
 
 
+def tokenizer_json_without_specials(folder: Path, names: Mapping[str, str]) -> None:
+    """A Hugging Face tokenizer.json (a word-level model of three words) that has no special token."""
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"in": 0, "the": 1, "beginning": 2}))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.save(str(folder / "tokenizer.json"))
+
+
 def gzipped(data: bytes) -> bytes:
     return gzip.compress(data, mtime=0)
 
@@ -237,6 +249,12 @@ def broken_translator(change: Callable[[Path], None]) -> Prepare:
 
 TRAIN_PAIRS = "data.train={case}/pairs.tsv"
 
+
+def train_tokenizer(*args: str) -> tuple[str, ...]:
+    """`attn tokenizer train` into `tok` in the case folder."""
+    return ("tokenizer", "train", "--output", "tok", *args)
+
+
 CASES = [
     # usage: argparse answers before anything is loaded
     Case("unknown-command", "a command that does not exist", ("frobnicate",), 2, "invalid choice: 'frobnicate'"),
@@ -274,8 +292,8 @@ CASES = [
     Case("unknown-device", "a device torch does not know", translate("--device", "gpu0", "x"), 2,
          "--device: unknown device 'gpu0'; use auto, cpu, cuda or cuda:N"),
     # data files
-    Case("tsv-wrong-header", "a translation TSV whose header is not `ref en es`", train("translation", TRAIN_PAIRS), 1,
-         "pairs.tsv:1: header is 'src\\ttgt', expected 'ref\\ten\\tes'; make the first line that header",
+    Case("tsv-wrong-header", "a translation TSV without the source field `en`", train("translation", TRAIN_PAIRS), 1,
+         "pairs.tsv:1: no field 'en' (source_field); the fields here are: src, tgt; set source_field to one of them",
          files({"pairs.tsv": "src\ttgt\nIn the beginning.\tEn el principio.\n"})),
     Case("tsv-wrong-column-count", "a row with a missing field", train("translation", TRAIN_PAIRS), 1,
          "pairs.tsv:3: expected 3 tab-separated fields (ref, en, es), got 2",
@@ -295,18 +313,53 @@ CASES = [
     Case("data-file-missing", "a data path that does not exist", train("translation", "data.train={case}/nowhere.tsv"),
          1, "nowhere.tsv: cannot be read (No such file or directory); check the path"),
     Case("data-path-is-a-directory", "a folder where a file goes", train("translation", "data.train={case}"), 1,
-         "cannot be read (Is a directory); check the path"),
+         "is a directory, not a data file or the path prefix of line-aligned files"),
+    Case("csv-missing-field", "a CSV file without the target field asked for",
+         train("translation", "data.train={case}/pairs.csv", "data.source_field=de", "data.target_field=en"), 1,
+         "pairs.csv:1: no field 'en' (target_field); the fields here are: de, fr; set target_field to one of them",
+         files({"pairs.csv": "de,fr\nIm Anfang.,Au commencement.\n"})),
+    Case("csv-ragged-row", "a CSV row with a field too many (an unquoted comma)",
+         train("translation", "data.train={case}/pairs.csv"), 1,
+         "pairs.csv:3: expected 2 comma-separated fields (en, es), got 3; quote a field that holds a comma",
+         files({"pairs.csv": "en,es\nIn the beginning.,En el principio.\nLight, at last.,Luz.\n"})),
+    Case("csv-unclosed-quote", "a CSV field whose quote is never closed", train("translation", "data.train={case}/p.csv"),
+         1, "p.csv:3: not valid CSV (unexpected end of data); quote fields that hold commas, quotes or line breaks",
+         files({"p.csv": 'en,es\nIn the beginning.,En el principio.\n"Light.,Luz.\n'})),
+    Case("csv-empty-value", "a CSV row whose source is empty", train("translation", "data.train={case}/pairs.csv"), 1,
+         "pairs.csv:2: field 'en' (source_field) is empty; fill it in or delete the line",
+         files({"pairs.csv": 'en,es\n"",En el principio.\n'})),
+    Case("csv-no-rows", "a CSV file with a header and nothing else", train("translation", "data.train={case}/pairs.csv"),
+         1, "pairs.csv: has no rows; add rows or use another file", files({"pairs.csv": "en,es\n"})),
+    Case("jsonl-not-an-object", "a JSON Lines line that is a list", train("translation", "data.train={case}/p.jsonl"),
+         1, "p.jsonl:2: the line is a JSON list, not an object; a JSON Lines file holds one object per line",
+         files({"p.jsonl": '{"en": "In the beginning.", "es": "En el principio."}\n["Light.", "Luz."]\n'})),
+    Case("jsonl-field-not-a-string", "a JSON Lines label that is a number",
+         train("classifier", "data.train={case}/l.jsonl"), 1,
+         "l.jsonl:1: field 'label' (label_field) is 1, a JSON int, not a string; write it in quotes",
+         files({"l.jsonl": '{"text": "A yawn.", "label": 1}\n{"text": "The court.", "label": 2}\n'})),
+    Case("text-files-different-lengths", "line-aligned `train.en` and `train.es` of different lengths",
+         train("translation", "data.train={case}/train"), 1,
+         "train.es: has 1 lines but train.en has 2; line-aligned files need one line per example in each",
+         files({"train.en": "In the beginning.\nLight.\n", "train.es": "En el principio.\n"})),
+    Case("text-file-missing", "a path prefix with the source file but not the target file",
+         train("translation", "data.train={case}/train"), 1,
+         "train.es: no such file (nor train.es.gz) for field 'es'; the fields (file suffixes) there are: en",
+         files({"train.en": "In the beginning.\n"})),
+    Case("join-key-unmatched", "a row whose key the join table lacks",
+         train("translation", TRAIN_PAIRS, "data.source_field=en_kjv", "data.join={case}/kjv.tsv", "data.join_key=ref"),
+         1, "pairs.tsv:3: ref='Gen 1:3' has no row in the join table kjv.tsv; add one there or drop this line",
+         files({"pairs.tsv": PAIRS, "kjv.tsv": "ref\ten_kjv\nGen 1:1\tIn the beginning God created.\n"})),
     Case("lm-glob-matches-nothing", "a language model's corpus glob that matches no file",
          train("lm", "data.train={case}/texts/*.txt"), 2, "data.train: the pattern 'texts/*.txt' matches no file"),
     Case("lm-directory-without-files", "a language model's corpus folder with no files in it",
-         train("lm", "data.train={case}/texts"), 2, "data.train: the directory texts holds no files",
+         train("lm", "data.train={case}/texts"), 2, "data.train: the directory 'texts' holds no file",
          files({"texts/.keep": ""})),
     Case("lm-corpus-empty", "a language model's corpus files that hold no text",
          train("lm", "data.train={case}/a.txt,{case}/b.txt.gz"), 1,
          "a.txt: the corpus (2 files: this one and 1 more) holds no text", files({"a.txt": "", "b.txt.gz": gzipped(b"")})),
     Case("file-list-for-one-file-task", "a list of files for a task that reads one",
          train("translation", 'data.train=["{case}/a.tsv", "{case}/b.tsv"]'), 2,
-         "data.train: a list of files is read by task 'lm' only"),
+         "data.train: a list of files is read by the lm task only"),
     Case("token-cache-contradicts-tokenizer", "a run's token cache whose manifest names another id type",
          train("lm", "train.max_steps=2"), 1,
          "run/data/train.json: the cache has dtype 'uint16', but the tokenizer reading it needs 'uint8'",
@@ -331,6 +384,11 @@ CASES = [
     Case("toml-without-data", "a config without its [data] section", ("train", "--config", "{case}/run.toml",
          "run_dir={case}/run"), 2, "data.train: is not set; give the path of the file",
          files({"run.toml": 'task = "lm"\n[model]\npreset = "char-gpt-tiny"\n' + ONE_STEP})),
+    Case("data-format-unknown", "a data format attn does not read", train("translation", "data.format=xml"), 2,
+         "data.format: unknown format 'xml'; choose one of auto, tsv, csv, jsonl, text"),
+    Case("join-without-key", "a join table without the key to match on",
+         train("translation", "data.join=data/bible-en-es/kjv.tsv.gz"), 2,
+         "data.join_key: join and join_key go together: set both (the table and its key field) or neither"),
     Case("unknown-preset", "a preset name that does not exist", train("lm", "model.preset=paper-huge"), 2,
          "model.preset: unknown preset 'paper-huge'; valid presets: paper-base,"),
     Case("heads-not-dividing-d-model", "d_model=30 with 4 heads", train("lm", "model.d_model=30"), 2,
@@ -364,6 +422,33 @@ CASES = [
     Case("init-from-other-architecture", "fine-tuning a translator from a language model",
          train("translation", "model.init_from={lm}"), 2,
          "model: task 'translation' trains encoder-decoder models, but runs/lm is decoder-only"),
+    # tokenizers
+    Case("tokenizer-unknown-kind", "`attn tokenizer train --kind` outside its choices",
+         train_tokenizer("--kind", "sentencepiece", "{tiny}/text.txt"), 2,
+         "invalid choice: 'sentencepiece' (choose from 'bpe', 'byte-bpe', 'wordpiece', 'unigram', 'chars')"),
+    Case("tokenizer-glob-matches-nothing", "a training-file pattern that matches no file",
+         train_tokenizer("--kind", "bpe", "corpus/*.txt"), 2, "inputs: the pattern 'corpus/*.txt' matches no file"),
+    Case("tokenizer-input-missing", "a training file that does not exist",
+         train_tokenizer("--kind", "bpe", "nowhere.txt"), 2, "inputs: nowhere.txt: no such file or directory"),
+    Case("tokenizer-input-invalid-utf8", "a Latin-1 training file", train_tokenizer("--kind", "bpe", "latin1.txt"), 1,
+         "latin1.txt:2: invalid UTF-8 (byte 0xe9); re-save the file as UTF-8",
+         files({"latin1.txt": b"In the beginning.\ncaf\xe9\n"})),
+    Case("tokenizer-vocab-below-minimum", "a byte-level BPE vocabulary smaller than its 256 bytes",
+         train_tokenizer("--kind", "byte-bpe", "--vocab-size", "100", "{tiny}/text.txt"), 2,
+         "--vocab-size: is 100, must be at least 264"),
+    Case("tokenizer-unigram-vocab-below-alphabet", "a unigram vocabulary too small for the characters of its texts",
+         train_tokenizer("--kind", "unigram", "--vocab-size", "20", "{tiny}/text.txt"), 2,
+         "a unigram vocabulary holds every one of the"),
+    Case("tokenizer-output-not-empty", "an output directory that already holds a tokenizer",
+         train_tokenizer("--kind", "chars", "{tiny}/text.txt"), 2,
+         "--output: tok already holds a tokenizer; give a new directory, or replace it with --force",
+         files({"tok/attn_tokenizer.json": '{"kind": "chars"}\n', "tok/tokenizer.json": "{}"})),
+    Case("tokenizer-path-without-tokenizer", "tokenizer.path names a folder without a tokenizer",
+         train("translation", "tokenizer.path={case}/tok"), 1,
+         "tok: no tokenizer there; give a directory written by `attn tokenizer train`", files({"tok/notes.txt": ""})),
+    Case("tokenizer-path-lacks-roles", "tokenizer.path names a tokenizer.json without a translator's special tokens",
+         train("translation", "tokenizer.path={case}/tokenizer.json"), 2,
+         "tokenizer.json has no pad, bos, eos token, which this task needs", tokenizer_json_without_specials),
     # checkpoints and model folders
     Case("model-path-missing", "--model names nothing", translate_with("nowhere"), 1,
          "nowhere: no such checkpoint or model directory; give an attn checkpoint, a run directory"),
@@ -541,7 +626,8 @@ traceback and leaves no partial file. `tiny/` holds one-step configs and their d
 runs they trained, `.` the folder the command runs in. No command takes token ids, so ids outside
 the vocabulary are tested through the Python API (`generate` names the first bad id); from the
 command line they can only come from a tokenizer that does not belong to its model
-(`tokenizer-of-another-model`). Regenerate the table with
+(`tokenizer-of-another-model`). The HTTP server's bad requests (`attn serve`) have their own
+catalogue, `tests/integration/test_serve_bad_inputs.py`. Regenerate the table with
 `python tests/integration/test_bad_inputs.py`.
 
 | case | input | command | exit | message |

@@ -74,3 +74,10 @@ def test_the_quickstart_runs_from_the_wheel(venv, tmp_path):
     _run(venv / "attn", "quickstart", "--budget", "smoke", "--quiet", cwd=tmp_path)
     written = {path.name for path in (tmp_path / "runs" / "quickstart").iterdir()}
     assert {"results.json", "index.html", "translation", "shakespeare", "classifier"} <= written
+
+
+def test_the_wheel_carries_the_page_that_attn_serve_shows(venv, tmp_path):
+    found = _run(venv / "python", "-c", "from attn.app.serve.routes import PAGE; print(PAGE, PAGE.stat().st_size)",
+                 cwd=tmp_path).stdout.split()
+    assert Path(found[0]).name == "index.html" and ROOT not in Path(found[0]).parents
+    assert int(found[1]) == (ROOT / "src/attn/app/serve/static/index.html").stat().st_size

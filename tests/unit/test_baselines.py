@@ -6,7 +6,7 @@ import pytest
 
 from attn.app.baselines import NaiveBayes, unigram_nll
 from attn.app.metrics import accuracy, macro_f1
-from attn.data.corpora import load_labelled
+from attn.data.readers import load_labelled
 
 
 def test_hand_computed_posterior_decides():

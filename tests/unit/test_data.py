@@ -14,6 +14,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, processors
 
 from attn.data.corpora import (
     BatchLoader,
@@ -22,11 +24,11 @@ from attn.data.corpora import (
     collate_classification,
     collate_translation,
     filter_long,
-    load_labelled,
-    load_parallel,
+    frame_pairs,
     read_text,
     translation_collate,
 )
+from attn.data.readers import Fields, load_labelled, load_parallel, read_table
 from attn.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -43,14 +45,15 @@ def test_bible_splits_have_the_documented_rows() -> None:
         assert len(corpus) == len(corpus.sources) == len(corpus.targets) == stats["counts"][split]
         assert corpus.skipped_blank == 0
     valid = load_parallel(DATA / "bible-en-es" / "valid.tsv")
-    john = valid.refs.index("John 3:16")
+    john = read_table(DATA / "bible-en-es" / "valid.tsv", {"ref": "ref"}).values["ref"].index("John 3:16")
     assert valid.sources[john].startswith("For God so loved the world, that he gave his only born Son")
     assert valid.targets[john].startswith("Porque de tal manera amó Dios al mundo")
 
 
 def test_king_james_source_is_joined_by_ref() -> None:
-    valid = load_parallel(DATA / "bible-en-es" / "valid.tsv", source="en_kjv")
-    john = valid.refs.index("John 3:16")
+    king_james = Fields(source_field="en_kjv", join="data/bible-en-es/kjv.tsv.gz", join_key="ref")
+    valid = load_parallel(DATA / "bible-en-es" / "valid.tsv", king_james)
+    john = read_table(DATA / "bible-en-es" / "valid.tsv", {"ref": "ref"}).values["ref"].index("John 3:16")
     assert valid.sources[john].startswith("For God so loved the world, that he gave his only begotten Son")
     assert valid.targets[john].startswith("Porque de tal manera amó Dios al mundo")
     assert len(valid) == 983
@@ -80,11 +83,17 @@ def _write_kjv(folder: Path) -> None:
     (folder / "kjv.tsv").write_bytes(b"ref\ten_kjv\nGen 1:1\tIn the beginning\n")
 
 
-MALFORMED: dict[str, tuple[bytes, Callable[[Path], Any], int, str]] = {
-    "wrong-header": (b"ref\tsrc\ttgt\nGen 1:1\ta\tb\n", load_parallel, 1, "make the first line that header"),
-    "no-header": (b"Gen 1:1\ta\tb\n", load_parallel, 1, "make the first line that header"),
+def _with_king_james(path: Path) -> Any:
+    return load_parallel(path, Fields(source_field="en_kjv", join=str(path.with_name("kjv.tsv")), join_key="ref"))
+
+
+MALFORMED: dict[str, tuple[bytes, Callable[[Path], Any], int | None, str]] = {
+    "wrong-header": (b"ref\tsrc\ttgt\nGen 1:1\ta\tb\n", load_parallel, 1,
+                     "no field 'en' (source_field); the fields here are: ref, src, tgt; set source_field to one"),
+    "no-header": (b"Gen 1:1\ta\tb\n", load_parallel, 1,
+                  "no field 'en' (source_field); the fields here are: Gen 1:1, a"),
     "empty-file": (b"", load_parallel, 1, "it must start with the header"),
-    "header-only": (b"label\ttext\n", load_labelled, 1, "add rows"),
+    "header-only": (b"label\ttext\n", load_labelled, None, "add rows"),
     "missing-field": (b"ref\ten\tes\nGen 1:1\ta\tb\nGen 1:2\ta\n", load_parallel, 3, "fill in missing"),
     "stray-tab": (b"label\ttext\nart\tsome\ttext\n", load_labelled, 2, "replace stray tabs by spaces"),
     "empty-field": (b"label\ttext\nart\t  \n", load_labelled, 2, "fill it in or delete the line"),
@@ -105,9 +114,9 @@ MALFORMED: dict[str, tuple[bytes, Callable[[Path], Any], int, str]] = {
     ),
     "missing-kjv-ref": (
         b"ref\ten\tes\nGen 1:1\ta\tb\nGen 1:2\tc\td\n",
-        lambda path: load_parallel(path, source="en_kjv", kjv_path=path.with_name("kjv.tsv")),
+        _with_king_james,
         3,
-        "use source='en'",
+        "ref='Gen 1:2' has no row in the join table",
     ),
 }
 
@@ -121,7 +130,7 @@ def test_malformed_file_names_file_line_and_fix(tmp_path: Path, case: str) -> No
     with pytest.raises(DataFormatError) as caught:
         load(path)
     message = str(caught.value)
-    assert f"{case}.tsv:{line}: " in message
+    assert f"{case}.tsv{'' if line is None else f':{line}'}: " in message
     assert fix in message
     assert caught.value.line == line
 
@@ -129,8 +138,8 @@ def test_malformed_file_names_file_line_and_fix(tmp_path: Path, case: str) -> No
 def test_duplicate_kjv_ref_is_reported(tmp_path: Path) -> None:
     (tmp_path / "pairs.tsv").write_bytes(b"ref\ten\tes\nGen 1:1\ta\tb\n")
     (tmp_path / "kjv.tsv").write_bytes(b"ref\ten_kjv\nGen 1:1\tx\nGen 1:1\ty\n")
-    with pytest.raises(DataFormatError, match=r"kjv.tsv:3: ref 'Gen 1:1' occurs twice"):
-        load_parallel(tmp_path / "pairs.tsv", source="en_kjv", kjv_path=tmp_path / "kjv.tsv")
+    with pytest.raises(DataFormatError, match=r"kjv.tsv:3: key ref='Gen 1:1' occurs twice"):
+        _with_king_james(tmp_path / "pairs.tsv")
 
 
 def test_broken_gzip_and_missing_file_are_data_format_errors(tmp_path: Path) -> None:
@@ -141,9 +150,6 @@ def test_broken_gzip_and_missing_file_are_data_format_errors(tmp_path: Path) -> 
         read_text(tmp_path / "absent.tsv")
 
 
-def test_unknown_source_column_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="source"):
-        load_parallel(DATA / "bible-en-es" / "valid.tsv", source="de")  # type: ignore[arg-type]
 
 
 def test_blank_lines_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -158,13 +164,14 @@ def test_windows_line_ends_are_read(tmp_path: Path) -> None:
     path = tmp_path / "crlf.tsv"
     path.write_bytes(b"ref\ten\tes\r\nGen 1:1\ta b\tc d\r\n")
     corpus = load_parallel(path)
-    assert (corpus.refs, corpus.sources, corpus.targets) == (["Gen 1:1"], ["a b"], ["c d"])
+    assert (corpus.lines, corpus.sources, corpus.targets) == ([2], ["a b"], ["c d"])
 
 
 def test_given_labels_fix_the_class_indices(tmp_path: Path) -> None:
     path = tmp_path / "eval.tsv"
     path.write_bytes(b"label\ttext\nlaw\ta\nart\tb\n")
     corpus = load_labelled(path, labels=["law", "art", "food"])
+    assert corpus.pairs is None
     assert (corpus.labels, corpus.label_names) == ([0, 1], ["law", "art", "food"])
 
 
@@ -405,3 +412,38 @@ def test_loader_with_workers_counts_only_delivered_batches() -> None:
     rest = list(loader)
     expected = [[pairs[i][0] for i in batch] for batch in sampler.epoch_batches(0)[3:]]
     assert [_unpad(b.src, b.src_mask) for b in rest] == expected
+
+
+# -- sentence pairs -----------------------------------------------------------------------------
+
+
+def test_pairs_are_framed_as_bert_reads_them() -> None:
+    cls, sep = 101, 102
+    ids, segments = frame_pairs([[7, 8, 9]], [[20, 21]], cls, sep, max_length=512)
+    assert ids == [[101, 7, 8, 9, 102, 20, 21, 102]]
+    assert segments == [[0, 0, 0, 0, 0, 1, 1, 1]]  # [CLS] a a a [SEP] are segment 0; b b [SEP] segment 1
+
+
+def _hf_pair_tokenizer(max_length: int) -> HFTokenizer:
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, **{str(i): 10 + i for i in range(100)}}
+    hf = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    hf.enable_truncation(max_length, strategy="longest_first")
+    return hf
+
+
+@pytest.mark.parametrize("max_length", [5, 8, 9, 16])
+def test_long_pairs_are_cut_as_hugging_face_cuts_them(max_length: int) -> None:
+    hf = _hf_pair_tokenizer(max_length)
+    rng = random.Random(max_length)
+    lengths = [(a, b) for a in range(1, 13) for b in range(1, 13)] + [(rng.randint(1, 40), rng.randint(1, 40))
+                                                                      for _ in range(50)]
+    firsts = [list(range(10, 10 + a)) for a, _ in lengths]
+    seconds = [list(range(50, 50 + b)) for _, b in lengths]
+    ids, segments = frame_pairs(firsts, seconds, 1, 2, max_length)
+    for first, second, got, got_segments in zip(firsts, seconds, ids, segments, strict=True):
+        expected = hf.encode(" ".join(str(i - 10) for i in first), " ".join(str(i - 10) for i in second))
+        assert (got, got_segments) == (expected.ids, expected.type_ids), (len(first), len(second))

@@ -1,8 +1,8 @@
 """Fuzzing every file reader: random bytes and broken copies of real files.
 
 A reader given any bytes either succeeds or raises its documented error: `DataFormatError` for the
-data loaders of `attn.data.corpora`, `CheckpointError` for checkpoints, tokenizers and Hugging Face
-`config.json`, `ConfigError` for TOML run configurations. Anything else (UnicodeDecodeError,
+data loaders of `attn.data.corpora` and `attn.data.readers`, `CheckpointError` for checkpoints,
+tokenizers and Hugging Face `config.json`, `ConfigError` for TOML run configurations. Anything else (UnicodeDecodeError,
 gzip.BadGzipFile, EOFError, RecursionError, IndexError, ...) would reach the user as a traceback.
 
 Inputs are hypothesis' `binary()` and real files broken the ways files break: cut short, bytes
@@ -25,11 +25,13 @@ from attn.artifacts import load_model
 from attn.artifacts.checkpoint import write_checkpoint
 from attn.artifacts.pretrained.files import family_of, read_hf_config
 from attn.config import preset
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import Fields, load_labelled, load_parallel
 from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError, ConfigError, DataFormatError
 from attn.models import build_model
-from attn.training.runconfig import RunConfig, load_run_config
+from attn.app.runs import load_run_config
+from attn.training.runconfig import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -45,6 +47,8 @@ def _head(path: Path, lines: int) -> bytes:
 PARALLEL = _head(ROOT / "data/bible-en-es/valid.tsv", 12)
 KJV = _head(ROOT / "data/bible-en-es/kjv.tsv.gz", 12)
 LABELLED = _head(ROOT / "data/fortunes-topics/valid.tsv", 12)
+LABELLED_CSV = b'label,text\nart,"A ""quoted"", comma text"\nlaw,"two\nlines"\nfood,plain\n'
+LABELLED_JSONL = b'{"label": "art", "text": "A \\"quoted\\" text"}\n{"label": "law", "text": "b", "n": 3}\n'
 TEXT = _head(ROOT / "data/shakespeare/valid.txt", 40)
 RUN_TOML = (ROOT / "configs/quickstart-lm.toml").read_bytes()
 
@@ -131,7 +135,8 @@ def test_load_parallel(folder: Path, compress: bool, data: bytes) -> None:
 def test_load_parallel_with_king_james_source(folder: Path, data: bytes, pairs: bytes) -> None:
     kjv = _write(folder, "kjv.tsv", data, compress=True)
     path = _write(folder, "pairs-kjv.tsv", pairs, compress=False)
-    raises_only(DataFormatError, lambda: load_parallel(path, source="en_kjv", kjv_path=kjv))
+    king_james = Fields(source_field="en_kjv", join=str(kjv), join_key="ref")
+    raises_only(DataFormatError, lambda: load_parallel(path, king_james))
 
 
 @pytest.mark.parametrize("labels", [None, ["art", "computers"]], ids=["inferred", "given"])
@@ -141,6 +146,22 @@ def test_load_parallel_with_king_james_source(folder: Path, data: bytes, pairs: 
 def test_load_labelled(folder: Path, compress: bool, labels: list[str] | None, data: bytes) -> None:
     path = _write(folder, "labels.tsv", data, compress)
     raises_only(DataFormatError, lambda: load_labelled(path, labels=labels))
+
+
+@pytest.mark.parametrize(("name", "original"), [("labels.csv", LABELLED_CSV), ("labels.jsonl", LABELLED_JSONL)])
+@FUZZ
+@given(data=st.data())
+def test_load_labelled_csv_and_json_lines(folder: Path, name: str, original: bytes, data: st.DataObject) -> None:
+    path = _write(folder, name, data.draw(broken(original)), compress=False)
+    raises_only(DataFormatError, lambda: load_labelled(path))
+
+
+@FUZZ
+@given(source=broken(TEXT), target=broken(TEXT))
+def test_load_parallel_text_files(folder: Path, source: bytes, target: bytes) -> None:
+    _write(folder, "pairs.de", source, compress=False)
+    _write(folder, "pairs.en", target, compress=True)
+    raises_only(DataFormatError, lambda: load_parallel(folder / "pairs", Fields(source_field="de", target_field="en")))
 
 
 @pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip-of-it"])

@@ -1,5 +1,6 @@
 """The KV cache: cached decoding equals the uncached forward pass for every positional scheme and
-norm placement, left padding, the reset lifecycle, overflow and reordering."""
+norm placement, left padding, the reset lifecycle, overflow, reordering, and the rows of a
+continuous batch (stacking caches, trimming padding)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch.testing import assert_close
 
 from attn.config import ModelConfig, NormPlacement, Positional, preset
 from attn.errors import GenerationError
+from attn.kv_cache import KVCache, stack_rows
 from attn.models import Decoder, EncoderDecoder, build_model
 
 VARIANTS = [(p, n) for p in Positional for n in NormPlacement]
@@ -142,3 +144,39 @@ def test_reorder_within_sources_keeps_the_memory_in_place():
         expected = model.decode_step(second, fresh)
     assert cache.memory is memory
     assert_close(reordered, expected, atol=1e-5, rtol=0)
+
+
+def _filled(batch: int, length: int, first: float) -> KVCache:
+    """A 1-layer, 1-head cache of `length` tokens per row, key value = first + token index, positions 0.."""
+    cache = KVCache(1, batch, 1, 8, 1)
+    cache.extend(torch.arange(length).expand(batch, length), torch.ones(batch, length, dtype=torch.bool))
+    values = first + torch.arange(length, dtype=torch.float32).expand(1, batch, 1, length)[..., None]
+    cache.slots[0].update(values, -values)
+    return cache
+
+
+def test_stacked_rows_end_aligned_and_left_padded():
+    stacked = stack_rows(_filled(1, 3, 10.0), _filled(2, 1, 20.0), max_length=6)
+    assert (stacked.batch, stacked.length, stacked.max_length) == (3, 3, 6)
+    assert stacked.keys[0, :, 0, :3, 0].tolist() == [[10, 11, 12], [0, 0, 20], [0, 0, 20]]
+    assert stacked.values[0, 0, 0, :3, 0].tolist() == [-10, -11, -12]
+    assert stacked.mask[:, :3].tolist() == [[True] * 3, [False, False, True], [False, False, True]]
+    assert stacked.next_positions().squeeze(1).tolist() == [3, 1, 1]  # positions count real tokens only
+
+
+def test_stacking_refuses_cross_attention_caches_and_too_little_room():
+    with pytest.raises(GenerationError, match="room for 3"):
+        stack_rows(_filled(1, 3, 0.0), _filled(1, 1, 0.0), max_length=2)
+    memory = _filled(1, 1, 0.0)
+    memory.memory = [(torch.zeros(1), torch.zeros(1))]
+    with pytest.raises(GenerationError, match="decoder-only"):
+        stack_rows(_filled(1, 1, 0.0), memory, max_length=4)
+
+
+def test_trim_padding_frees_the_columns_only_padding_holds():
+    stacked = stack_rows(_filled(1, 4, 10.0), _filled(1, 2, 20.0), max_length=6)
+    stacked.reorder(torch.tensor([1]))
+    stacked.trim_padding()
+    assert (stacked.length, stacked.start) == (2, 2)
+    assert stacked.keys[0, 0, 0, :2, 0].tolist() == [20, 21]
+    assert stacked.positions[0, :2].tolist() == [0, 1] and stacked.mask[0, :2].all()

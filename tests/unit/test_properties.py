@@ -6,8 +6,8 @@ Round trips, kind by kind (tokenizers trained once on the shipped Bible and Shak
   `t` holds, as they encode to the special ids.
 - `chars` keeps every character it was trained on and drops every other one (each encodes to
   `<unk>`, which decoding skips), in order.
-- `bpe` gives back the NFC form of a text over its training alphabet, less one leading space (the
-  word marker `▁` of the first word is dropped).
+- `bpe` and `unigram` give back the NFC form of a text over their training alphabet, less one leading
+  space (the word marker `▁` of the first word is dropped).
 - `wordpiece` gives back BERT's normal form of the text (lower case, accents and control
   characters removed) up to whitespace, whenever no `[UNK]` is produced.
 The last three hold for texts without special-token texts and without the marker `▁` itself.
@@ -32,7 +32,8 @@ from attn.attention import (
     scaled_dot_product_attention,
 )
 from attn.blocks import self_attention_inputs
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import load_labelled, load_parallel
 from attn.data.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
 from attn.masks import (
     CAUSAL,
@@ -64,6 +65,7 @@ def tokenizers() -> dict[str, Tokenizer]:
     texts = bible.sources + bible.targets + read_text(DATA / "shakespeare" / "valid.txt")[:100_000].splitlines(True)
     return {
         "bpe": Tokenizer.train_bpe(texts, 1000),
+        "unigram": Tokenizer.train_unigram(texts, 1000),
         "byte-bpe": Tokenizer.train_bpe(texts, 600, byte_level=True),
         "chars": Tokenizer.train_chars(texts),
         "wordpiece": Tokenizer.train_wordpiece(load_labelled(DATA / "fortunes-topics" / "valid.tsv").texts, 800),
@@ -118,12 +120,13 @@ def test_chars_keeps_seen_characters_and_drops_the_others(
     assert tokenizer.decode(tokenizer.encode(text)) == "".join(c for c in text if c in seen)
 
 
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
 @PROPERTY
 @given(data=st.data())
-def test_bpe_gives_back_the_nfc_text_less_one_leading_space(
-    tokenizers: dict[str, Tokenizer], data: st.DataObject
+def test_metaspace_kinds_give_back_the_nfc_text_less_one_leading_space(
+    tokenizers: dict[str, Tokenizer], data: st.DataObject, kind: str
 ) -> None:
-    tokenizer = tokenizers["bpe"]
+    tokenizer = tokenizers[kind]
     text, ids = draw_known_text(data, tokenizer, SPECIALS)
     assert tokenizer.decode(ids) == unicodedata.normalize("NFC", text).removeprefix(" ")
 

@@ -21,8 +21,9 @@ from attn.data.token_cache import id_dtype, open_token_cache, token_ids
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.faults import FAULT_ENV
-from attn.training.runconfig import RunConfig, load_run_config
-from attn.training.tasks import TaskContext, build_task
+from attn.app.runs import load_run_config
+from attn.training.runconfig import RunConfig
+from attn.training.tasks import TaskContext, lm_task, translation_task
 
 ROOT = Path(__file__).parents[2]
 SHAKESPEARE = ROOT / "data" / "shakespeare"
@@ -55,24 +56,24 @@ TOKENIZERS = {
 
 
 def test_a_corpus_is_named_by_files_directories_globs_lists_and_commas(tmp_path: Path) -> None:
-    a, b = write(tmp_path / "t" / "b.txt", "b\n"), write(tmp_path / "t" / "a.txt.gz", "a\n")
+    first, second = write(tmp_path / "t" / "a.txt.gz", "a\n"), write(tmp_path / "t" / "b.txt", "b\n")
     deep = write(tmp_path / "t" / "sub" / "c.txt", "c\n")
     write(tmp_path / "t" / ".hidden", "h\n")
     folder = str(tmp_path / "t")
-    assert corpus_files(folder, "data.train") == [b, a]  # sorted by name; no subfolder, no hidden file
-    assert corpus_files(f"{folder}/**/*.txt", "data.train") == [a.parent / "b.txt", deep]
-    assert corpus_files([str(deep), folder], "data.train") == [deep, b, a]
-    assert corpus_files(f"{deep}, {a}", "data.train") == [deep, a]
-    assert corpus_files(f"{a},{a}", "data.train") == [a]  # a file named twice is read once
+    assert corpus_files(folder, "data.train") == [first, second, deep]  # every file below, by path; no hidden one
+    assert corpus_files(f"{folder}/**/*.txt", "data.train") == [second, deep]
+    assert corpus_files([str(deep), folder], "data.train") == [deep, first, second]
+    assert corpus_files(f"{deep}, {first}", "data.train") == [deep, first]
+    assert corpus_files(f"{first},{first}", "data.train") == [first]  # a file named twice is read once
 
 
 def test_naming_nothing_readable_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"data.train: the pattern '.*/\*.txt' matches no file"):
         corpus_files(str(tmp_path / "*.txt"), "data.train")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=r"data.valid: the directory .*empty holds no files"):
+    with pytest.raises(ConfigError, match=r"data.valid: the directory '.*empty' holds no file"):
         corpus_files(str(tmp_path / "empty"), "data.valid")
-    with pytest.raises(DataFormatError, match=r"nowhere.txt: no such file or directory \(named by data.train\)"):
+    with pytest.raises(ConfigError, match=r"data.train: .*nowhere.txt: no such file or directory"):
         corpus_files(str(tmp_path / "nowhere.txt"), "data.train")
     with pytest.raises(ConfigError, match="data.train: is not set"):
         corpus_files(["", " "], "data.train")
@@ -101,11 +102,12 @@ def test_a_byte_order_mark_is_dropped_at_the_start_of_each_file_only(tmp_path: P
     assert "".join(text_chunks([first, second])) == "one\ntwo \ufeff2"
 
 
-def test_only_the_language_model_reads_a_list_of_files() -> None:
+def test_only_the_language_model_reads_a_list_of_files(tmp_path: Path) -> None:
     assert RunConfig().override("task=lm", 'data.train=["a.txt", "b"]').data.train == ("a.txt", "b")
     assert RunConfig().override("task=lm", "data.train=a.txt,b").data.train == "a.txt,b"
-    with pytest.raises(ConfigError, match="data.valid: a list of files is read by task 'lm' only"):
-        RunConfig().override('data.valid=["a.tsv", "b.tsv"]')
+    config = RunConfig().override(f"run_dir={tmp_path}", 'data.train=["a.tsv", "b.tsv"]')
+    with pytest.raises(ConfigError, match="data.train: a list of files is read by the lm task only"):
+        translation_task(config, preset("paper-base-tiny"), TaskContext())
     with pytest.raises(ConfigError, match=r"data.train: expected a path or a list of paths, got \[1\]"):
         RunConfig().override("task=lm", "data.train=[1]")
 
@@ -249,7 +251,7 @@ def test_the_quickstart_draws_the_batches_it_drew_before(tmp_path: Path) -> None
     """The shipped LM's first batches, from the cache, equal windows of the whole text's ids drawn as
     LMStream drew them when it held the whole stream in memory."""
     config = load_run_config("configs/quickstart-lm.toml", [f"run_dir={tmp_path}", "data.valid=", "train.quiet=true"])
-    task = build_task(config, config.model_config(), TaskContext())
+    task = lm_task(config, config.model_config(), TaskContext())
     text = read_text(SHAKESPEARE / "train.txt.gz")
     assert task.tokenizer.digest() == Tokenizer.train_chars([text]).digest()
     ids = torch.tensor(task.tokenizer.encode(text))
@@ -267,12 +269,12 @@ def test_windows_of_a_cached_corpus_resume_exactly(corpus, tmp_path: Path) -> No
     spec = [str(files[0]), f"{files[1].parent}/[bc].*"]
     config = RunConfig().override("task=lm", f"run_dir={tmp_path / 'run'}", f"data.train={json.dumps(spec)}",
                                   "tokenizer.kind=chars", "batch.block_size=16", "batch.batch_size=4", "train.seed=3")
-    first = build_task(config, preset("char-gpt-tiny"), TaskContext()).train
+    first = lm_task(config, preset("char-gpt-tiny"), TaskContext()).train
     for _ in range(5):
         first.next_batch()
     state = first.state_dict()
     expected = [first.next_batch().inputs[0] for _ in range(3)]
-    second = build_task(config, preset("char-gpt-tiny"), TaskContext()).train
+    second = lm_task(config, preset("char-gpt-tiny"), TaskContext()).train
     assert isinstance(second, WindowBatches) and isinstance(second.stream.ids, np.memmap)
     second.load_state_dict(state)
     assert all(torch.equal(second.next_batch().inputs[0], x) for x in expected)

@@ -1,7 +1,7 @@
 """The `attn` command line: thin argument parsing over importable functions.
 
 Every subcommand parses its arguments and calls a function of the library (`attn.app.inference`,
-`attn.app.evaluation`, `attn.training`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
+`attn.app.tasks`, `attn.app.runs`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
 `AttnError`) is printed on one line; configuration and usage errors exit with status 2, other
 errors with 1; no traceback.
 """
@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from attn import __version__
-from attn.app.evaluation import evaluate
-from attn.app.guard import check_run
 from attn.app.inference import (
     attention_of,
     check_samples,
@@ -31,20 +29,19 @@ from attn.app.inference import (
 )
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
+from attn.app.runs import check_run, load_run_config, train
+from attn.app.serve import ServeOptions, load_served_models, run_server
+from attn.app.tasks import EvalOptions, evaluate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names
 from attn.data.corpora import decode_text, read_text
+from attn.data.tokenizer_training import train_tokenizer_files
+from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
-from attn.training import (
-    TrainingInterrupted,
-    last_checkpoints,
-    load_run_config,
-    train,
-    write_averaged_checkpoint,
-)
+from attn.training import TrainingInterrupted, last_checkpoints, write_averaged_checkpoint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -190,13 +187,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_classify(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, args.device)
     texts = _read_inputs(args)
-    predictions = classify(loaded, texts)
+    if loaded.fields.text_pair_field:
+        firsts, seconds = _split_pairs(texts)
+        predictions = classify(loaded, firsts, pairs=seconds)
+    else:
+        predictions = classify(loaded, texts)
     if args.json:
         print(json.dumps([{"text": t, "label": p.label, "probability": round(p.probability, 4)}
                           for t, p in zip(texts, predictions)], ensure_ascii=False))
     else:
         _write_lines([f"{p.label}\t{p.probability:.3f}\t{t}" for t, p in zip(texts, predictions)], args.output)
     return 0
+
+
+def _split_pairs(lines: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The inputs of a sentence-pair classifier, one TEXT<TAB>PAIR per input, as two lists."""
+    firsts, seconds = [], []
+    for number, line in enumerate(lines, start=1):
+        first, tab, second = line.partition("\t")
+        if not tab:
+            raise AttnError(f"input {number} has no tab: this classifier takes sentence pairs, give each as "
+                            "TEXT<TAB>PAIR")
+        firsts.append(first)
+        seconds.append(second)
+    return firsts, seconds
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -222,12 +236,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_model(args.model, args.device)
-    options: dict[str, object] = {}
-    if loaded.task == "translation":
-        options = {"config": config, "limit": args.limit}
-    elif loaded.task == "lm":
-        options = {"context": args.context}
-    result = evaluate(loaded, args.data, **options)
+    result = evaluate(loaded, args.data, EvalOptions(config, args.limit, args.context))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
@@ -245,6 +254,13 @@ def cmd_attention(args: argparse.Namespace) -> int:
     view = attention_of(load_model(args.model, args.device), " ".join(args.text), args.kind, args.layer, args.head)
     path = plot_attention(view.weights, view.queries, view.keys, view.title, args.output)
     print(f"wrote {path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
+                           args.max_batch_tokens)
+    run_server(load_served_models(args.model, args.device), options)
     return 0
 
 
@@ -323,6 +339,33 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         print("attn: quickstart failed: a model is not clearly better than its trivial baseline (see the warnings "
               "above)", file=sys.stderr)
         return 1
+    return 0
+
+
+# -- tokenizers -------------------------------------------------------------------------------
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    try:
+        trained = train_tokenizer_files(args.kind, args.inputs, args.vocab_size, args.output, args.force,
+                                        args.lowercase, args.fields)
+    except ConfigError as error:
+        raise _flag_error(error, {"inputs": "inputs", "texts": "inputs"}) from None
+    tokenizer = trained.tokenizer
+    print(f"trained a {tokenizer.kind} tokenizer on {trained.lines} texts of {len(trained.files)} file(s)")
+    print(f"vocabulary size: {tokenizer.vocab_size}")
+    specials = [f"{role}={tokenizer.id_to_token(i)} ({i})" for role, i in tokenizer.roles.items() if i is not None]
+    print(f"special tokens: {', '.join(specials)}")
+    print(f"wrote {trained.output}; load it with tokenizer.path = {json.dumps(str(trained.output))}")
+    return 0
+
+
+def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
+    tokenizer = Tokenizer.load(args.tokenizer)
+    for text in args.text:
+        ids = tokenizer.encode(text, add_special=args.add_special)
+        print(f"tokens: {json.dumps([tokenizer.id_to_token(i) for i in ids], ensure_ascii=False)}")
+        print(f"ids: {json.dumps(ids)}")
     return 0
 
 
@@ -413,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", help="end a continuation before this text (repeatable)")
     p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --sample)")
 
-    p = _subcommand(sub, "classify", cmd_classify, "label texts with a trained classifier",
+    p = _subcommand(sub, "classify", cmd_classify,
+                    "label texts (or TEXT<TAB>PAIR sentence pairs) with a trained classifier",
                     'attn classify --model runs/quickstart/classifier "Never trust a computer you can\'t lift."')
     _model(p, "a checkpoint or run directory")
     _inputs(p)
@@ -454,10 +498,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", type=int, help="one head (default: the mean over heads)")
     p.add_argument("--output", "-o", default="attention.png", help="the PNG to write")
 
+    p = _subcommand(sub, "serve", cmd_serve, "serve models over HTTP (completions, translation, embeddings, "
+                    "classification, attention; a page at /)", "attn serve --model runs/quickstart/translation "
+                    "--model lm=runs/quickstart/shakespeare --port 8000")
+    p.add_argument("--model", "-m", action="append", required=True, metavar="[NAME=]DIR",
+                   help="a model to serve, named NAME or after its folder (repeatable)")
+    p.add_argument("--device", default="auto", help="where the models run: auto, cpu, cuda or cuda:N")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=1 << 20,
+                   help="the largest request body; larger ones get 413")
+    p.add_argument("--max-queue", dest="max_queue", type=int, default=64,
+                   help="requests per model waiting or running; more get 429")
+    p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the waiting requests to one model together (--no-batching: one at a time)")
+    p.add_argument("--max-batch-tokens", dest="max_batch_tokens", type=int, default=8192,
+                   help="the token budget of one batch (padded inputs; prompts and new tokens of running completions)")
+
+    _tokenizer_parsers(sub)
+
     p = _subcommand(sub, "presets", cmd_presets, "list the model presets with their sizes and parameter counts",
                     "attn presets --json")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
+
+
+def _tokenizer_parsers(sub) -> None:
+    group = sub.add_parser("tokenizer", help="train a tokenizer on text files, or show how one encodes a text",
+                           description="train a tokenizer on text files (into a directory that a run config's "
+                           "tokenizer.path loads), or show how one encodes a text")
+    verbs = group.add_subparsers(dest="tokenizer_command", metavar="VERB", required=True)
+    p = _subcommand(verbs, "train", cmd_tokenizer_train, "train a tokenizer on text files, one text per line",
+                    "attn tokenizer train --kind unigram --vocab-size 8000 --output tok/ data/shakespeare/train.txt.gz")
+    p.add_argument("inputs", nargs="+", help="text files (one text per line, .gz too), directories, glob patterns")
+    p.add_argument("--kind", required=True, choices=TRAINED_KINDS, help="the tokenizer's algorithm")
+    p.add_argument("--vocab-size", dest="vocab_size", type=int, default=8000,
+                   help="vocabulary size, special tokens included (chars: ignored, one token per character)")
+    p.add_argument("--output", "-o", required=True, help="the directory to write")
+    p.add_argument("--force", action="store_true", help="replace the output directory when it holds a tokenizer")
+    p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME",
+                   help="read this field of TSV/CSV/JSON Lines inputs (repeat it: a source and a target field)")
+    p.add_argument("--cased", dest="lowercase", action="store_false",
+                   help="wordpiece: keep case and accents (default: lower-case them, as uncased BERT)")
+    p = _subcommand(verbs, "encode", cmd_tokenizer_encode, "print the tokens and ids of texts",
+                    'attn tokenizer encode --tokenizer tok/ "To be, or not to be"')
+    p.add_argument("--tokenizer", "-t", required=True,
+                   help="a tokenizer directory, a Hugging Face tokenizer.json or a SentencePiece .model file")
+    p.add_argument("text", nargs="+", help="the texts")
+    p.add_argument("--add-special", dest="add_special", action="store_true", help="add the tokenizer's frame")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,10 +1,15 @@
-"""The metric each task reports, on a data file: what `attn evaluate` and the quickstart run.
+"""The metric each task reports, on a data file: what `attn evaluate` (through each task's
+`evaluator`, `attn.app.tasks`) and the quickstart run.
 
 - translation: sacreBLEU and chrF of the decoded test set (beam 4, alpha 0.6 by default), with
   sacrebleu's signature strings;
 - language model: nats per token and per character, perplexity and bits per character over the
   whole file in non-overlapping windows;
 - classification: accuracy, macro-F1 and the confusion matrix.
+
+A test file is read with the fields the model was trained on (`Bundle.fields`, from its task.json
+or run config): a model trained Spanish -> English is scored on the `es` -> `en` direction, a
+sentence-pair classifier on the pairs.
 """
 
 from __future__ import annotations
@@ -26,18 +31,23 @@ from attn.app.metrics import (
     stream_nll,
 )
 from attn.artifacts import Bundle
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import Fields, load_labelled, load_parallel
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, ConfigError
 
 
 def evaluate_translation(
     loaded: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None,
-    source: str = "en",
+    fields: Fields | None = None,
 ) -> dict[str, Any]:
-    """BLEU and chrF of the model's translations of a `ref en es` file against its `es` column."""
+    """BLEU and chrF of the model's translations of a file's source field against its target field.
+
+    `fields` (default: `loaded.fields`, those the model was trained on) says which fields those are
+    and how to read the file.
+    """
     _check_positive("limit", limit)
-    corpus = load_parallel(path, source=source)
+    corpus = load_parallel(path, fields or loaded.fields)
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
     started = time.perf_counter()
     hypotheses = translate(loaded, sources, config)
@@ -76,12 +86,13 @@ def _check_positive(name: str, value: int | None) -> None:
         raise ConfigError(name, f"is {value}, must be at least 1; leave it out to use the default")
 
 
-def evaluate_classifier(loaded: Bundle, path: str | Path) -> dict[str, Any]:
-    """Accuracy, macro-F1 and the confusion matrix on a `label text` file."""
+def evaluate_classifier(loaded: Bundle, path: str | Path, fields: Fields | None = None) -> dict[str, Any]:
+    """Accuracy, macro-F1 and the confusion matrix on a labelled file (or labelled pairs), read with
+    `fields` (default: `loaded.fields`, those the model was trained on)."""
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names)")
-    corpus = load_labelled(path, labels=loaded.label_names)
-    predictions = class_probabilities(loaded, corpus.texts).argmax(-1).tolist()
+    corpus = load_labelled(path, fields or loaded.fields, loaded.label_names)
+    predictions = class_probabilities(loaded, corpus.texts, pairs=corpus.pairs).argmax(-1).tolist()
     n = len(loaded.label_names)
     return {
         "task": "classification", "file": str(path), "examples": len(corpus.texts),
@@ -90,11 +101,3 @@ def evaluate_classifier(loaded: Bundle, path: str | Path) -> dict[str, Any]:
         "labels": loaded.label_names,
         "confusion_matrix": confusion_matrix(predictions, corpus.labels, n).tolist(),
     }
-
-
-def evaluate(loaded: Bundle, path: str | Path, **options: Any) -> dict[str, Any]:
-    """Runs the metric of the model's task on a data file."""
-    runners = {"translation": evaluate_translation, "lm": evaluate_lm, "classification": evaluate_classifier}
-    if loaded.task not in runners:
-        raise AttnError(f"no evaluation for task {loaded.task!r}; evaluate translation, lm or classification models")
-    return runners[loaded.task](loaded, path, **options)

@@ -10,7 +10,8 @@ A run that made too few updates, trained in an emulated precision or diverged st
 | classification | naive Bayes on word counts | accuracy (%) | at least 2 points above |
 
 The quickstart checks each model on its test split and fails when one is not clearly better;
-`attn train` checks the validation split at the end of a run and warns.
+`attn train` checks the validation split at the end of a run and warns (each task's `baseline`
+in `attn.app.tasks` measures it; `attn.app.runs.check_run` runs it).
 """
 
 from __future__ import annotations
@@ -19,19 +20,12 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from attn.app.baselines import NaiveBayes, unigram_nll
-from attn.app.inference import translate
 from attn.app.metrics import accuracy, bleu, macro_f1
-from attn.artifacts import Bundle, load_model
-from attn.data.corpora import load_labelled, load_parallel
-from attn.data.token_cache import open_token_cache
-from attn.decoding import GenerationConfig
 from attn.training import RunResult
-from attn.training.runconfig import RunConfig, Task
-from attn.training.tasks import TOKEN_CACHE_FOLDER
+from attn.training.runconfig import RunConfig
 
 BLEU_MARGIN = 2.0  # BLEU points above copying the source
 NATS_RATIO = 0.9  # at most this share of the unigram model's nats
@@ -154,49 +148,9 @@ def likely_causes(updates: int, warmup_steps: int, precision: str, device_type: 
     return causes or ["the model may be too small, or the budget too short, for this data"]
 
 
-def check_trained(loaded: Bundle, config: RunConfig, metrics: dict[str, float]) -> BaselineCheck | None:
-    """The validation check of a finished `attn train` run (None for a task without a baseline).
-
-    Translation decodes the first `VALID_TRANSLATIONS` validation sources greedily; the language
-    model compares `val_loss` (nats per token) and the classifier `val_accuracy`, both as the trainer
-    measured them, against baselines on the whole validation file (the language model's on the
-    run's token caches of its training and validation corpora).
-    """
-    task, train_path, valid_path = config.task, config.data.train, config.data.valid
-    if task == Task.TRANSLATION:
-        corpus = load_parallel(valid_path, source=config.data.source)
-        sources, references = corpus.sources[:VALID_TRANSLATIONS], corpus.targets[:VALID_TRANSLATIONS]
-        hypotheses = translate(loaded, sources, GenerationConfig())
-        return translation_check(bleu(hypotheses, references).value, sources, references, "valid")
-    if task == Task.LM and "val_loss" in metrics:
-        caches = Path(config.run_dir) / TOKEN_CACHE_FOLDER
-        eval_ids = open_token_cache(caches / "valid", loaded.tokenizer)
-        train_ids = open_token_cache(caches / "train", loaded.tokenizer)
-        return lm_check(metrics["val_loss"], train_ids, eval_ids, loaded.tokenizer.vocab_size, len(eval_ids) - 1,
-                        "token", "valid")
-    if task == Task.CLASSIFICATION and "val_accuracy" in metrics:
-        train = load_labelled(train_path)
-        valid = load_labelled(valid_path, labels=train.label_names)
-        scores = naive_bayes_scores(train.texts, train.labels, valid.texts, valid.labels, len(train.label_names))
-        return classification_check(100 * metrics["val_accuracy"], scores, "valid")
-    return None
-
-
 def verdict(check: BaselineCheck, config: RunConfig, result: RunResult) -> str:
     """The warning for a failed check, with the causes read from what the run did; "" when it passed."""
     if check.passed:
         return ""
     causes = likely_causes(result.step, config.optim.warmup_steps, result.precision, result.device, result.losses)
     return check.warning(causes)
-
-
-def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str] | None:
-    """The baseline check of a finished run on its validation split, and the warning to show ("" when
-    it passed); None without validation data, on ranks other than 0, or for a task without a baseline."""
-    if not config.data.valid or result.checkpoint is None:
-        return None
-    loaded = load_model(result.run_dir, config.train.device)
-    check = check_trained(loaded, config, result.metrics)
-    if check is None:
-        return None
-    return check, verdict(check, config, result)

@@ -9,9 +9,9 @@
 4. writes checkpoints, metrics, loss curves, a cross-attention heat map and an `index.html`;
 5. prints the commands to use each model.
 
-Each step is a shipped run config (`configs/quickstart-*.toml`, read from `attn.shipped`, so an
-installed `attn` runs it from any directory; its `data/...` paths name the shipped corpora unless
-the working directory has its own); `budget="smoke"` runs a few steps of each on small slices,
+Each step is its task's shipped recipe (`TaskSpec.recipe`, `configs/quickstart-*.toml`, read from
+`attn.shipped`, so an installed `attn` runs it from any directory; its `data/...` paths name the
+shipped corpora unless the working directory has its own); `budget="smoke"` runs a few steps of each on small slices,
 for the integration test.
 
 Each model's test score is checked against its task's trivial baseline (`attn.app.guard`): a model
@@ -40,12 +40,14 @@ from attn.app.guard import (
 )
 from attn.app.inference import generate_stream
 from attn.app.report import write_report
+from attn.app.runs import load_run_config, train
+from attn.app.tasks import get_task
 from attn.artifacts import load_model
-from attn.data.corpora import load_labelled, load_parallel, read_text
+from attn.data.corpora import read_text
+from attn.data.readers import load_labelled, load_parallel
 from attn.decoding import GenerationConfig
-from attn.shipped import folder
-from attn.training import RunResult, train
-from attn.training.runconfig import RunConfig, load_run_config
+from attn.training import RunResult
+from attn.training.runconfig import RunConfig
 
 TRANSLATION_TEST = "data/bible-en-es/test.tsv"
 LM_TEST = "data/shakespeare/test.txt"
@@ -85,15 +87,11 @@ class _Trained:
     seconds: float
 
 
-def _config_path(name: str) -> Path:
-    return folder("configs") / f"quickstart-{name}.toml"
-
-
 def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
     overrides = [f"run_dir={json.dumps(str(run_dir))}", *(_SMOKE[name] if smoke else [])]
     if quiet:
         overrides.append("train.quiet=true")
-    config = load_run_config(_config_path(name), overrides)
+    config = load_run_config(get_task(name).recipe, overrides)
     started = time.perf_counter()
     result = train(config)
     seconds = time.perf_counter() - started
@@ -123,7 +121,7 @@ def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
           f"{result['sentences']} verses of Judges and Romans)\n  {result['bleu_signature']}")
     samples = [f"EN  {e['source']}\nES  {e['hypothesis']}\nREF {e['reference']}" for e in result["examples"][:3]]
     print("\n".join(samples))
-    test = load_parallel(TRANSLATION_TEST)
+    test = load_parallel(TRANSLATION_TEST, trained.config.data.fields())
     check = translation_check(result["bleu"], test.sources[:limit], test.targets[:limit], "test")
     return _report("translation", trained, result, samples, check)
 
@@ -151,8 +149,9 @@ def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     trained = _train("classification", run_dir, smoke, quiet)
     loaded = load_model(run_dir)
     result = evaluate_classifier(loaded, CLASSIFICATION_TEST)
-    train_set = load_labelled(trained.config.data.train)
-    test = load_labelled(CLASSIFICATION_TEST, labels=train_set.label_names)
+    fields = trained.config.data.fields()
+    train_set = load_labelled(trained.config.data.train, fields)
+    test = load_labelled(CLASSIFICATION_TEST, fields, train_set.label_names)
     result["naive_bayes"] = naive_bayes_scores(train_set.texts, train_set.labels, test.texts, test.labels,
                                                len(train_set.label_names))
     print(f"test accuracy {result['accuracy']:.1f}%  macro-F1 {result['macro_f1']:.1f}   "

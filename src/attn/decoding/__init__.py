@@ -3,7 +3,8 @@
 `config` holds the settings (`GenerationConfig`); `session` prefills a KV cache (`start_decoder`,
 `start_seq2seq`); `sampling` adjusts the scores and chooses a token; `beam_search` searches on the
 same sessions; `generation` runs greedy, sampled and streamed decodes (and beam search when
-`beam_size > 1`); `attention_maps` captures attention weights for plots and the server's viewer.
+`beam_size > 1`); `continuous` runs a batch that requests join and leave between decode steps (the
+server's continuous batching); `attention_maps` captures attention weights for plots and the server's viewer.
 Each module imports only those listed before it.
 """
 
@@ -22,6 +23,7 @@ from attn.decoding.config import (
     GenerationConfig,
     LengthNorm,
 )
+from attn.decoding.continuous import RowToken, RunningBatch
 from attn.decoding.generation import decode_rows, generate, generate_seq2seq, stream
 from attn.decoding.sampling import (
     ban_repeated_ngrams,
@@ -33,7 +35,8 @@ from attn.decoding.sampling import (
 from attn.decoding.session import Session, start_decoder, start_seq2seq
 
 __all__ = [
-    "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "Session",
+    "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
+    "Session",
     "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention",
     "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_top_k", "keep_top_p",
     "length_penalty", "penalize_repeats", "start_decoder", "start_seq2seq", "stream",

@@ -33,6 +33,7 @@ class AttentionKind(str, enum.Enum):
     ENCODER = "encoder"  # self-attention of an encoder stack (Encoder, EncoderDecoder)
     DECODER = "decoder"  # causal self-attention of a decoder stack (Decoder, EncoderDecoder)
     CROSS = "cross"  # decoder queries over the encoder output (EncoderDecoder)
+    SELF = "self"  # the only self-attention of an encoder-only or decoder-only model (Encoder, Decoder)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +107,24 @@ def _kind(kind: AttentionKind | str) -> AttentionKind:
 def attention_module(model: Model, kind: AttentionKind | str, layer: int) -> SelfAttention | CrossAttention:
     """The attention module of `kind` in layer `layer` (0-based; negative counts from the last) of `model`."""
     kind = _kind(kind)
+    modules = _stack(model, kind)
+    if not -len(modules) <= layer < len(modules):
+        raise AttnError(f"layer {layer} does not exist: the {kind.value} stack has layers 0..{len(modules) - 1} "
+                        "(negative indices count from the last)")
+    return modules[layer]
+
+
+def layer_count(model: Model, kind: AttentionKind | str) -> int:
+    """How many layers of `model` have attention of `kind`."""
+    return len(_stack(model, _kind(kind)))
+
+
+def _stack(model: Model, kind: AttentionKind) -> list[Any]:
     stacks: dict[AttentionKind, list[Any]] = {}
     if isinstance(model, Decoder):
-        stacks[AttentionKind.DECODER] = [block.attn for block in model.blocks]
+        stacks[AttentionKind.DECODER] = stacks[AttentionKind.SELF] = [block.attn for block in model.blocks]
     elif isinstance(model, Encoder):
-        stacks[AttentionKind.ENCODER] = [block.attn for block in model.stack.blocks]
+        stacks[AttentionKind.ENCODER] = stacks[AttentionKind.SELF] = [block.attn for block in model.stack.blocks]
     else:
         stacks[AttentionKind.ENCODER] = [block.attn for block in model.encoder.blocks]
         stacks[AttentionKind.DECODER] = [block.attn for block in model.blocks]
@@ -118,11 +132,7 @@ def attention_module(model: Model, kind: AttentionKind | str, layer: int) -> Sel
     if kind not in stacks:
         valid = ", ".join(k.value for k in stacks)
         raise AttnError(f"a {type(model).__name__} has no {kind.value!r} attention; choose one of {valid}")
-    modules = stacks[kind]
-    if not -len(modules) <= layer < len(modules):
-        raise AttnError(f"layer {layer} does not exist: the {kind.value} stack has layers 0..{len(modules) - 1} "
-                        "(negative indices count from the last)")
-    return modules[layer]
+    return stacks[kind]
 
 
 @torch.no_grad()
@@ -139,7 +149,7 @@ def attention_maps(
         model: any of the three models, in eval mode.
         tokens: the input token ids (the source, for an encoder-decoder).
         layer: the layer, 0-based.
-        kind: "encoder", "decoder" or "cross" (see `AttentionKind`).
+        kind: "encoder", "decoder", "cross" or "self" (see `AttentionKind`).
         target: the decoder input of an encoder-decoder; needed for "decoder" and "cross".
 
     Returns:

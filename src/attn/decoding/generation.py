@@ -40,11 +40,13 @@ from attn.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder
 
 
-def _stop_hits(recent: list[list[int]], stop: tuple[str, ...], decode: Decode) -> list[bool]:
+def stop_hits(recent: list[list[int]], stop: tuple[str, ...], decode: Decode) -> list[bool]:
+    """Whether each row's recent new tokens (the last `stop_window(stop)` at most) hold a stop string."""
     return [any(s in decode(tokens) for s in stop) for tokens in recent]
 
 
-def _stop_window(stop: tuple[str, ...]) -> int:
+def stop_window(stop: tuple[str, ...]) -> int:
+    """How many of a row's last tokens can hold a stop string that its newest token completes."""
     # A stop string of b UTF-8 bytes spans at most b tokens when every token holds at least one
     # byte (byte-level tokenizers split a character over up to 4); the slack gives the decoders
     # that render a token by its neighbours (a metaspace, a joined word piece) their context.
@@ -63,7 +65,7 @@ def decode_rows(
     generator = seeded_generator(config.seed, session.logits.device)
     rows = torch.arange(session.logits.size(0), device=session.logits.device)
     logits, history, limits = session.logits, session.history, session.limits
-    window = _stop_window(config.stop) if config.stop else 0
+    window = stop_window(config.stop) if config.stop else 0
     for step in range(int(limits.max())):
         column = session.offset + step
         logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1)
@@ -75,7 +77,7 @@ def decode_rows(
             done |= tokens == eos_id
         if config.stop and decode is not None:
             recent = history[:, max(session.offset, column + 1 - window) : column + 1].tolist()
-            done |= torch.tensor(_stop_hits(recent, config.stop, decode), device=done.device)
+            done |= torch.tensor(stop_hits(recent, config.stop, decode), device=done.device)
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
@@ -85,7 +87,8 @@ def decode_rows(
         logits = decode_one_token(session.model, tokens, session.cache)
 
 
-def _check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | None) -> None:
+def check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | None) -> None:
+    """Raises a GenerationError when `config` needs what the call did not give (a decode function, an EOS id)."""
     if config.stop and decode is None:
         raise GenerationError("stop strings need the tokenizer's decode function: pass decode=tokenizer.decode")
     if config.force_eos and eos_id is None:
@@ -132,7 +135,7 @@ def generate(
         >>> [len(row) for row in new]
         [4, 4]
     """
-    _check_call(config, eos_id, decode)
+    check_call(config, eos_id, decode)
     if config.beam_size > 1:
 
         return [hypotheses[0].tokens for hypotheses in beam_search(model, prompts, config, eos_id)]
@@ -165,7 +168,7 @@ def generate_seq2seq(
     Returns:
         B lists of output token ids (no start token, no EOS).
     """
-    _check_call(config, eos_id, None)
+    check_call(config, eos_id, None)
     if config.beam_size > 1:
 
         found = beam_search_seq2seq(model, sources, start_id, eos_id, pad_id, config)
@@ -186,7 +189,7 @@ def stream(
     The prompt is prefilled (and every argument checked) when `stream` is called; tokens are
     decoded as the iterator is consumed.
     """
-    _check_call(config, eos_id, decode)
+    check_call(config, eos_id, decode)
     if config.beam_size > 1:
         raise GenerationError("beam search cannot stream: its best hypothesis is known only at the end; "
                               "set beam_size=1")

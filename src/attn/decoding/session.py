@@ -61,11 +61,9 @@ def start_decoder(model: Decoder, prompts: Sequence[Sequence[int]], config: Gene
         GenerationError: an empty prompt, a token id outside the vocabulary, or prompt + max_new_tokens
             beyond `model.max_positions`.
     """
-    if not prompts or not all(prompts):
-        raise GenerationError("every prompt needs at least one token; start empty prompts with a BOS token")
-    check_token_ids(prompts, _embedding_rows(model, "embeddings"), "prompt")
+    check_prompts(model, prompts)
     longest = max(map(len, prompts))
-    limit = _decoder_limit(config.max_new_tokens, longest, model.max_positions)
+    limit = decoder_limit(config.max_new_tokens, longest, model.max_positions)
     cache = model.new_cache(len(prompts), longest + limit - 1)
     padded = [[-1] * (longest - len(p)) + list(p) + [-1] * limit for p in prompts]
     history = torch.tensor(padded, dtype=torch.long, device=cache.keys.device)
@@ -73,6 +71,13 @@ def start_decoder(model: Decoder, prompts: Sequence[Sequence[int]], config: Gene
     logits = model.decode_step(prompt.clamp(min=0), cache, prompt >= 0)[:, -1].float()
     limits = torch.full((len(prompts),), limit, dtype=torch.long, device=history.device)
     return Session(model, cache, logits, history, longest, limits)
+
+
+def check_prompts(model: Decoder, prompts: Sequence[Sequence[int]]) -> None:
+    """Raises a GenerationError for no prompt, an empty prompt or a token id outside the vocabulary."""
+    if not prompts or not all(prompts):
+        raise GenerationError("every prompt needs at least one token; start empty prompts with a BOS token")
+    check_token_ids(prompts, _embedding_rows(model, "embeddings"), "prompt")
 
 
 def check_token_ids(rows: Sequence[Sequence[int]], vocab_size: int | None, what: str) -> None:
@@ -100,7 +105,12 @@ def _embedding_rows(model: object, *path: str) -> int | None:
     return module.num_embeddings if isinstance(module, torch.nn.Embedding) else None
 
 
-def _decoder_limit(max_new_tokens: int | None, longest: int, max_positions: int) -> int:
+def decoder_limit(max_new_tokens: int | None, longest: int, max_positions: int) -> int:
+    """The most new tokens a prompt of `longest` tokens may get: `max_new_tokens`, or all the room left.
+
+    Raises:
+        GenerationError: the prompt, or the prompt and `max_new_tokens`, exceed `max_positions`.
+    """
     room = max_positions - longest + 1  # the last new token is never fed back
     if room < 1:
         raise GenerationError(f"the longest prompt has {longest} tokens, more than the model's "

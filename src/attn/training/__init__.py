@@ -1,9 +1,11 @@
 """Training: one engine for the three architectures and their tasks.
 
-`train(run_config)` (`run`) sets a run up and fits it; `load_run_config` reads a TOML run
-configuration; `trainer` is the loop, `signals` stops it cleanly, `retention` keeps a run's
-checkpoints and averages them, `rng` saves the random generators, `finetune` starts from a
-pretrained model. Only the commands that train import this package.
+`train(run_config, task_builder=...)` (`run`) sets a run up and fits it; `runconfig` reads a TOML
+run configuration (`attn.load_run_config` adds the task's defaults); `tasks` holds the task
+adapters, which the task registry (`attn.app.tasks`) hands down; `trainer` is the loop, `signals`
+stops it cleanly, `retention` keeps a run's checkpoints and averages them, `rng` saves the random
+generators, `finetune` starts from a pretrained model. Only the commands that train import this
+package.
 """
 
 from attn.training.retention import (
@@ -13,11 +15,11 @@ from attn.training.retention import (
     write_averaged_checkpoint,
 )
 from attn.training.run import train
-from attn.training.runconfig import RunConfig, load_run_config
+from attn.training.runconfig import RunConfig, read_run_tables
 from attn.training.signals import TrainingInterrupted
 from attn.training.trainer import RunResult, Trainer
 
 __all__ = [
     "RunConfig", "RunResult", "Trainer", "TrainingInterrupted", "average_checkpoints", "last_checkpoints",
-    "load_run_config", "save_checkpoint", "train", "write_averaged_checkpoint",
+    "read_run_tables", "save_checkpoint", "train", "write_averaged_checkpoint",
 ]

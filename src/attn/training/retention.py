@@ -20,7 +20,6 @@ from attn.artifacts.checkpoint import (
     CHECKPOINTS,
     LATEST,
     Checkpoint,
-    fsync,
     list_checkpoints,
     load_checkpoint,
     read_pointer,
@@ -30,6 +29,7 @@ from attn.artifacts.checkpoint import (
     write_atomically,
 )
 from attn.config import ModelConfig
+from attn.data.files import fsync
 from attn.errors import CheckpointError, ConfigError
 
 

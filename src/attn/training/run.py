@@ -1,7 +1,8 @@
 """A training run from its configuration: check the run directory, build the task, start or resume
 the model (or fine-tune a pretrained one), and fit.
 
-`train(run_config)` is the entry point. Before it trains a tokenizer or builds a model it checks
+`train(run_config, task_builder=...)` is the entry point; `attn.train` calls it with the builder
+of the run's task (the task registry, `attn.app.tasks`). Before it trains a tokenizer or builds a model it checks
 that the run directory can be written and that its disk has room for two checkpoints
 (`attn.training.preflight`); it refuses a run directory that holds checkpoints unless
 `train.resume` is set, and resumes from the latest one when it is.
@@ -28,13 +29,11 @@ from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.preflight import check_run
 from attn.training.retention import config_difference
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskBuilder, TaskContext, build_task
+from attn.training.tasks import TaskBuilder, TaskContext
 from attn.training.trainer import RunResult, Trainer
 
 
-def train(
-    run_config: RunConfig, model_config: ModelConfig | None = None, task_builder: TaskBuilder | None = None
-) -> RunResult:
+def train(run_config: RunConfig, model_config: ModelConfig | None = None, *, task_builder: TaskBuilder) -> RunResult:
     """Trains a model as `run_config` says, resuming from the run's latest checkpoint if there is one.
 
     Works the same in one process and under `torchrun` (see `attn.training.distributed`).
@@ -43,7 +42,7 @@ def train(
         run_config: the run configuration.
         model_config: the model to train, instead of `run_config.model` (vocabulary size and
             labels are still set from the data).
-        task_builder: builds the task's data (default: the adapter of `run_config.task`).
+        task_builder: builds the task's data, e.g. `attn.app.tasks.get_task(run_config.task).build`.
 
     Returns:
         What the run did (on every rank; checkpoint paths only on rank 0).
@@ -54,21 +53,13 @@ def train(
         disk space, or a non-finite loss with `on_nonfinite = "stop"`.
         TrainingInterrupted: SIGINT or SIGTERM stopped training (a checkpoint was saved).
 
-    Example (two updates of the character-level Shakespeare recipe, from the repository's root):
-        >>> import tempfile
-        >>> from attn import load_model, load_run_config, train
-        >>> run_dir = tempfile.mkdtemp()
-        >>> config = load_run_config("configs/shakespeare-char-quick.toml",
-        ...                          [f"run_dir={run_dir}", "train.max_steps=2", "optim.warmup_steps=1", "train.quiet=true"])
-        >>> result = train(config)
-        >>> result.step, load_model(run_dir, "cpu").task
-        (2, 'lm')
+    Example: `attn.train` (it finds the task's builder).
     """
     ctx = init_distributed(run_config.train.device)
     try:
         model_config = model_config or run_config.model_config()
         _preflight(run_config, model_config, ctx)
-        trainer = _prepare(run_config, model_config, task_builder or build_task, ctx)
+        trainer = _prepare(run_config, model_config, task_builder, ctx)
         return trainer.fit()
     finally:
         shutdown(ctx)

@@ -2,9 +2,10 @@
 
 A `RunConfig` is a frozen dataclass of sections, read from TOML:
 
-    task = "translation"            # translation | lm | classification | mlm
+    task = "translation"            # a task of the registry (attn.app.tasks): translation | lm | classification | mlm
     run_dir = "runs/translation"
-    [data]      train, valid, source, max_length, mask_probability
+    [data]      train, valid, format, source_field, target_field, text_field, label_field, text_pair_field,
+                join, join_key, max_length, mask_probability
     [tokenizer] kind, vocab_size, path, lowercase
     [model]     preset = "paper-base", then any ModelConfig field as an override
     [optim]     optimizer, lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, warmup_fraction,
@@ -28,17 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
-from attn.data.tokenizers import minimum_vocab_size
+from attn.data.readers import Fields
+from attn.data.tokenizers import TRAINED_KINDS, minimum_vocab_size
 from attn.errors import ConfigError
 from attn.shipped import locate
 from attn.training.precision import Precision
-
-
-class Task(str, enum.Enum):
-    TRANSLATION = "translation"  # encoder-decoder, teacher-forced next-token loss on the target
-    LM = "lm"  # decoder-only, next-token loss on a text stream
-    CLASSIFICATION = "classification"  # encoder-only, one label per text
-    MLM = "mlm"  # encoder-only, masked-token loss
 
 
 class Optimizer(str, enum.Enum):
@@ -64,19 +59,29 @@ class Strategy(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the data is. Paths are relative to the working directory; one under `data/` that is
-    not there names the corpus file shipped with attn (`attn.shipped.locate`).
+    """Where the data is and how to read it. Paths are relative to the working directory; one under
+    `data/` that is not there names the corpus file shipped with attn (`attn.shipped.locate`).
 
     A language model's `train` and `valid` may name several files, directories and globs, in a
     list or separated by commas (`attn.data.text_files.corpus_files`); the other tasks read one file.
-    `source` picks the English column of the parallel corpus ("en" or "en_kjv"); `max_length`
-    bounds training examples in tokens (0 = the model's max_positions); `mask_probability` is
-    the share of tokens the masked-LM task predicts.
+    `format` and the `*_field` settings say which fields of the files hold what, for the training,
+    validation and (`attn evaluate`) test files alike (`attn.data.readers.Fields`): translation reads
+    `source_field` -> `target_field`, classification `text_field` (and `text_pair_field` for
+    sentence pairs) and `label_field`. `join` names a table whose fields are added to every row,
+    matched on `join_key`. `max_length` bounds training examples in tokens (0 = the model's
+    max_positions); `mask_probability` is the share of tokens the masked-LM task predicts.
     """
 
     train: str | tuple[str, ...] = ""
     valid: str | tuple[str, ...] = ""
-    source: str = "en"
+    format: str = "auto"  # auto | tsv | csv | jsonl | text
+    source_field: str = "en"
+    target_field: str = "es"
+    text_field: str = "text"
+    label_field: str = "label"
+    text_pair_field: str = ""
+    join: str = ""
+    join_key: str = ""
     max_length: int = 0
     mask_probability: float = 0.15
 
@@ -87,34 +92,35 @@ class DataConfig:
             if isinstance(paths, tuple) and not all(isinstance(path, str) for path in paths):
                 raise ConfigError(name, f"expected a path or a list of paths, got {list(paths)!r}")
         _check_at_least(self, {"max_length": 0})
-        if self.source not in ("en", "en_kjv"):
-            message = f"is {self.source!r}; use 'en' (the WEB English column) or 'en_kjv' (King James)"
-            raise ConfigError("source", message)
+        self.fields()
         if not 0.0 < self.mask_probability < 1.0:
             raise ConfigError("mask_probability", f"must be in (0, 1), got {self.mask_probability}")
+
+    def fields(self) -> Fields:
+        """How to read the data files: the format, the fields and the join."""
+        return Fields.from_mapping(_section_dict(self))
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
     """The tokenizer to train on the training data (or to load from `path`)."""
 
-    kind: str = "bpe"  # bpe | byte-bpe | wordpiece | chars
+    kind: str = "bpe"  # bpe | byte-bpe | wordpiece | unigram | chars
     vocab_size: int = 8000
-    path: str = ""  # a directory written by Tokenizer.save; when set nothing is trained
+    # When set, nothing is trained: a directory written by `attn tokenizer train` (Tokenizer.save), a
+    # Hugging Face tokenizer.json (or its directory) or a SentencePiece .model file (Tokenizer.load).
+    path: str = ""
     lowercase: bool = True  # wordpiece only
 
     def __post_init__(self) -> None:
         coerce_fields(self)
-        if self.kind not in TRAINED_TOKENIZERS:
-            raise ConfigError("kind", f"unknown kind {self.kind!r}; choose one of {', '.join(TRAINED_TOKENIZERS)}")
+        if self.kind not in TRAINED_KINDS:
+            raise ConfigError("kind", f"unknown kind {self.kind!r}; choose one of {', '.join(TRAINED_KINDS)}")
         # Checked here, before any data is read; a loaded tokenizer (path) or chars has its own size.
         smallest = 1 if self.path or self.kind == "chars" else minimum_vocab_size(self.kind)
         if self.vocab_size < smallest:
             raise ConfigError("vocab_size", f"is {self.vocab_size}, but a {self.kind} tokenizer needs at least "
                                             f"{smallest} (its special tokens and more); raise it")
-
-
-TRAINED_TOKENIZERS = ("bpe", "byte-bpe", "wordpiece", "chars")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,30 +257,6 @@ class TrainConfig:
             raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
 
 
-# What a run config that leaves a field out gets, by task (the architecture follows from the task).
-# The dataclass defaults are the translation recipe's: the paper's, section 5.3-5.4.
-TASK_DEFAULTS: dict[Task, dict[str, dict[str, Any]]] = {
-    Task.TRANSLATION: {},
-    # GPT-2 as nanoGPT trains it: AdamW (0.9, 0.95), weight decay 0.1, clipping at 1, cosine from a 6e-4 peak.
-    Task.LM: {
-        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 6e-4, "beta2": 0.95, "eps": 1e-8,
-                  "weight_decay": 0.1, "warmup_steps": 200, "clip": 1.0},
-        "train": {"label_smoothing": 0.0},
-    },
-    # BERT fine-tuning (Devlin et al., appendix A.3): AdamW (0.9, 0.999), weight decay 0.01, a small peak.
-    Task.CLASSIFICATION: {
-        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 5e-5, "beta2": 0.999, "eps": 1e-8,
-                  "weight_decay": 0.01, "warmup_steps": 100},
-        "train": {"label_smoothing": 0.0},
-    },
-    # BERT pre-training: AdamW (0.9, 0.999), eps 1e-6, weight decay 0.01, peak 1e-4.
-    Task.MLM: {
-        "optim": {"optimizer": "adamw", "schedule": "cosine", "lr": 1e-4, "beta2": 0.999, "eps": 1e-6,
-                  "weight_decay": 0.01, "warmup_steps": 200},
-        "train": {"label_smoothing": 0.0},
-    },
-}
-
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "tokenizer": TokenizerConfig,
@@ -292,11 +274,11 @@ class RunConfig:
     Example:
         >>> from attn import RunConfig
         >>> config = RunConfig().override("task=lm", "optim.lr=3e-4", "train.max_minutes=5")
-        >>> config.task.value, config.optim.lr, config.train.max_minutes
+        >>> config.task, config.optim.lr, config.train.max_minutes
         ('lm', 0.0003, 5.0)
     """
 
-    task: Task = Task.TRANSLATION
+    task: str = "translation"  # a name of the task registry, checked there (`attn.app.tasks.get_task`)
     run_dir: str = "runs/run"
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
@@ -306,30 +288,30 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "task", _coerce_task(self.task))
+        if not isinstance(self.task, str) or not self.task:
+            raise ConfigError("task", f"expected a task name, got {self.task!r}")
         if not isinstance(self.run_dir, str) or not self.run_dir:
             raise ConfigError("run_dir", f"expected a directory path, got {self.run_dir!r}")
         for name, kind in SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(name, f"expected a {kind.__name__}, got {type(getattr(self, name)).__name__}")
-        for name in ("train", "valid"):
-            if self.task != Task.LM and isinstance(getattr(self.data, name), tuple):
-                raise ConfigError(f"data.{name}", f"a list of files is read by task 'lm' only; task "
-                                                  f"{self.task.value!r} reads one file, so give one path")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON- and TOML-ready nested dict (enums as their values)."""
-        out: dict[str, Any] = {"task": self.task.value, "run_dir": self.run_dir}
+        out: dict[str, Any] = {"task": self.task, "run_dir": self.run_dir}
         for name in SECTIONS:
             section = getattr(self, name)
             out[name] = section.to_dict() if isinstance(section, ModelSection) else _section_dict(section)
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+    def from_dict(cls, data: Mapping[str, Any], defaults: Mapping[str, Mapping[str, Any]] | None = None) -> RunConfig:
         """Builds a config from nested tables; errors name the key as `section.key`.
 
-        A field the tables leave out takes its task's default (`TASK_DEFAULTS`), else the dataclass's.
+        Args:
+            data: the tables, e.g. a TOML file's.
+            defaults: tables of values for the fields `data` leaves out (a task's recipe,
+                `attn.app.tasks.TaskSpec.defaults`); a field in neither takes the dataclass's default.
         """
         if not isinstance(data, Mapping):
             raise ConfigError("RunConfig", f"expected a table of fields, got {type(data).__name__}")
@@ -338,7 +320,7 @@ class RunConfig:
         if unknown:
             raise ConfigError(unknown[0], f"unknown key; valid top-level keys and sections: {', '.join(sorted(top))}")
         fields = {key: data[key] for key in ("task", "run_dir") if key in data}
-        defaults = TASK_DEFAULTS[_coerce_task(data.get("task", Task.TRANSLATION))]
+        defaults = defaults or {}
         for name, kind in SECTIONS.items():
             if name in data or name in defaults:
                 table = data.get(name, {})
@@ -355,8 +337,10 @@ class RunConfig:
         return self.model.build()
 
 
-def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Reads a TOML run configuration and applies command-line overrides.
+def read_run_tables(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Reads a TOML run configuration's tables and applies command-line overrides.
+
+    `attn.load_run_config` makes a `RunConfig` of them with the task's defaults.
 
     Args:
         path: the TOML file; a `configs/...` path that the working directory lacks names the
@@ -364,13 +348,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
         overrides: `key=value` or `section.key=value` strings, applied in order.
 
     Raises:
-        ConfigError: the file is missing or not TOML, or a key or value is invalid.
-
-    Example:
-        >>> from attn import load_run_config
-        >>> config = load_run_config("configs/shakespeare-char-quick.toml", ["optim.lr=1e-3"])
-        >>> config.task.value, config.optim.lr
-        ('lm', 0.001)
+        ConfigError: the file is missing or not TOML, or an override is malformed.
     """
     path = locate(path)
     try:
@@ -384,7 +362,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError("config", f"{path} is not valid TOML: {err}") from err
-    return RunConfig.from_dict(apply_overrides(data, overrides))
+    return apply_overrides(data, overrides)
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -425,14 +403,6 @@ def _build_section(name: str, kind: type, data: Any) -> Any:
 
 def _message(err: ConfigError) -> str:
     return str(err).removeprefix(f"{err.field}: ")
-
-
-def _coerce_task(value: Any) -> Task:
-    try:
-        return Task(value)
-    except ValueError:
-        choices = ", ".join(repr(t.value) for t in Task)
-        raise ConfigError("task", f"unknown task {value!r}; choose one of {choices}") from None
 
 
 def _section_dict(section: Any) -> dict[str, Any]:

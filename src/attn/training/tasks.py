@@ -1,15 +1,11 @@
 """Task adapters: how each task turns its files into `Batch`es for one training engine.
 
-| task | architecture | model method | targets | ignored id | default metric |
-| --- | --- | --- | --- | --- | --- |
-| translation | encoder-decoder | `forward(src, tgt_in, src_mask, tgt_mask)` | next target token | pad | val_loss |
-| lm | decoder-only | `forward(x)` | next token | none | val_loss |
-| classification | encoder-only | `classify(tokens, mask)` | the label | none | val_accuracy |
-| mlm | encoder-only | `mlm_logits(tokens, mask)` | the masked tokens | pad (every other position) | val_loss |
-
-Each adapter trains the tokenizer on the training split (or reuses the one of the checkpoint
-being resumed, or loads `tokenizer.path`), sets the model's vocabulary size (and number of
-labels) from it, and returns a `TaskData`.
+A task's adapter (a `TaskBuilder`) trains the tokenizer on the training split (or reuses the one
+of the checkpoint being resumed, or loads `tokenizer.path`), sets the model's vocabulary size (and
+number of labels) from it, and returns a `TaskData`: the batches, the model method that gives the
+logits and the target id not scored. Which adapter, architecture and validation metric a task
+has is declared by its entry in the task registry (`attn.app.tasks`); this module holds the
+adapters of the registered tasks and the machinery they share.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from attn.config import Architecture, ModelConfig
+from attn.config import ModelConfig
 from attn.data.batches import (
     Batch,
     BatchSource,
@@ -34,18 +30,19 @@ from attn.data.corpora import (
     Pair,
     TokenBudgetSampler,
     TranslationBatch,
+    classifier_inputs,
     collate_classification,
     filter_long,
-    load_labelled,
-    load_parallel,
+    pad_batch,
     read_text,
     translation_collate,
 )
+from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel, read_table, resolve_format
 from attn.data.text_files import corpus_files, text_chunks
 from attn.data.token_cache import token_ids
-from attn.data.tokenizers import Tokenizer
+from attn.data.tokenizers import ROLE_TOKENS, Tokenizer
 from attn.errors import ConfigError, DataFormatError
-from attn.training.runconfig import BatchConfig, RunConfig, Task, TokenizerConfig
+from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
 
 
 @dataclass
@@ -58,7 +55,8 @@ class TaskData:
         ignore_id: the target id that is not scored (the padding id), or None.
         train: this rank's training batches.
         valid: returns the validation batches (every rank sees all of them), or None.
-        metric: the validation metric for early stopping and the best checkpoint.
+        metric: the validation metric for early stopping and the best checkpoint (the registry's
+            `TaskSpec.build` sets the task's).
         tokenizer: saved in every checkpoint, when there is one.
         info: JSON-ready facts inference needs (`task.json`), e.g. the label names.
     """
@@ -87,45 +85,14 @@ TOKEN_CACHE_FOLDER = "data"  # in the run directory: the language model's token 
 TextBatches = tuple[list[list[int]], Callable[..., Batch]]  # encoded texts, (indices, epoch) -> Batch
 
 
-_ARCHITECTURES = {
-    Task.TRANSLATION: Architecture.ENCODER_DECODER,
-    Task.LM: Architecture.DECODER_ONLY,
-    Task.CLASSIFICATION: Architecture.ENCODER_ONLY,
-    Task.MLM: Architecture.ENCODER_ONLY,
-}
-
-
-def build_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """The adapter of `config.task`, built from the files in `config.data`.
-
-    Raises:
-        ConfigError: the model's architecture is not the one the task trains (see the module table).
-    """
-    needed = _ARCHITECTURES[config.task]
-    if model_config.architecture != needed:
-        source = config.model.init_from or f"preset {config.model.preset!r}"
-        raise ConfigError(
-            "model", f"task {config.task.value!r} trains {needed.value} models, but {source} is "
-            f"{model_config.architecture.value}; choose a preset of that architecture (attn presets lists them) "
-            "or another model.init_from"
-        )
-    builders: dict[Task, TaskBuilder] = {
-        Task.TRANSLATION: translation_task,
-        Task.LM: lm_task,
-        Task.CLASSIFICATION: classification_task,
-        Task.MLM: mlm_task,
-    }
-    return builders[config.task](config, model_config, ctx)
-
-
 # -- translation ------------------------------------------------------------------------------
 
 
 def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
     """Source -> target translation with a joint source-target tokenizer (section 5.1)."""
-    corpus = load_parallel(_required(config.data.train, "data.train"), source=config.data.source)
+    corpus = load_parallel(_required(config.data.train, "data.train"), config.data.fields())
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.sources + corpus.targets)
-    pad, bos, eos = special_ids(tokenizer, "pad", "bos", "eos")
+    pad, bos, eos = special_ids(tokenizer, "pad", "bos", "eos", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
     limit = length_limit(config, model_config)
     pairs, _ = filter_long(_encode_pairs(tokenizer, corpus.sources, corpus.targets), limit, "drop")
@@ -142,12 +109,13 @@ def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskCont
     train = IndexedBatches(sampler, batches_of(pairs), ctx.rank, ctx.world_size)
     valid = None
     if config.data.valid:
-        held_out = load_parallel(config.data.valid, source=config.data.source)
+        held_out = load_parallel(_required(config.data.valid, "data.valid"), config.data.fields())
         valid_pairs, _ = filter_long(_encode_pairs(tokenizer, held_out.sources, held_out.targets), limit, "truncate")
         valid = _fixed_batches(
             [len(s) for s, _ in valid_pairs], [len(t) + 1 for _, t in valid_pairs], batch, batches_of(valid_pairs)
         )
-    return TaskData(model_config, "forward", pad, train, valid, tokenizer=tokenizer, info={"task": "translation"})
+    info = {"task": "translation", "fields": config.data.fields().to_dict()}
+    return TaskData(model_config, "forward", pad, train, valid, tokenizer=tokenizer, info=info)
 
 
 def translation_batch(batch: TranslationBatch) -> Batch:
@@ -197,36 +165,46 @@ def _progress_bars(config: RunConfig, ctx: TaskContext) -> Callable[[str], str]:
 
 
 def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """One label per text, from the encoder's first-token summary.
+    """One label per text (or per text pair), from the encoder's first-token summary.
+
+    With `data.text_pair_field` set, each example is `[CLS] text [SEP] pair [SEP]` with BERT's
+    segment ids (0 up to the first [SEP], 1 after it), which `classify` adds as segment embeddings.
 
     Raises:
         DataFormatError: a malformed training file, or one whose rows all have the same label.
+        ConfigError: sentence pairs for a model without segment embeddings.
     """
-    corpus = load_labelled(_required(config.data.train, "data.train"))
+    fields = config.data.fields()
+    corpus = load_labelled(_required(config.data.train, "data.train"), fields)
     if len(corpus.label_names) < 2:
         only = corpus.label_names[0]
         raise DataFormatError(corpus.path, f"every row has the label {only!r}; a classifier needs at least two classes")
-    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts)
-    (pad,) = special_ids(tokenizer, "pad")
+    if fields.text_pair_field and model_config.type_vocab_size < 2:
+        raise ConfigError("model.type_vocab_size", f"is {model_config.type_vocab_size}, but sentence pairs "
+                          "(data.text_pair_field) need two segment embeddings; set it to 2 or use a bert preset")
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, corpus.texts + (corpus.pairs or []))
+    (pad,) = special_ids(tokenizer, "pad", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size, num_labels=len(corpus.label_names))
     limit = length_limit(config, model_config)
 
-    def batches_of(texts: Sequence[str], labels: Sequence[int]) -> TextBatches:
-        ids = [seq[:limit] for seq in tokenizer.encode_batch(texts, add_special=True)]
+    def batches_of(split: LabelledCorpus) -> TextBatches:
+        ids, segments = classifier_inputs(tokenizer, split.texts, split.pairs, limit)
 
         def make(indices: Sequence[int], epoch: int = 0) -> Batch:
-            tokens, mask, targets = collate_classification([ids[i] for i in indices], [labels[i] for i in indices], pad)
-            return Batch((tokens, mask), targets, len(indices), int(mask.sum()))
+            labels = [split.labels[i] for i in indices]
+            tokens, mask, targets = collate_classification([ids[i] for i in indices], labels, pad)
+            inputs: tuple[torch.Tensor, ...] = (tokens, mask)
+            if segments is not None:  # padding positions are masked, so their segment id does not matter
+                inputs += (pad_batch([segments[i] for i in indices], 0)[0],)
+            return Batch(inputs, targets, len(indices), int(mask.sum()))
 
         return ids, make
 
-    held_out = load_labelled(config.data.valid, labels=corpus.label_names) if config.data.valid else None
-    train, valid = _text_batches(
-        config, ctx, limit, batches_of(corpus.texts, corpus.labels),
-        batches_of(held_out.texts, held_out.labels) if held_out else None,
-    )
-    info = {"task": "classification", "label_names": corpus.label_names}
-    return TaskData(model_config, "classify", None, train, valid, "val_accuracy", tokenizer, info)
+    held_out = (load_labelled(_required(config.data.valid, "data.valid"), fields, corpus.label_names)
+                if config.data.valid else None)
+    train, valid = _text_batches(config, ctx, limit, batches_of(corpus), batches_of(held_out) if held_out else None)
+    info = {"task": "classification", "label_names": corpus.label_names, "fields": fields.to_dict()}
+    return TaskData(model_config, "classify", None, train, valid, tokenizer=tokenizer, info=info)
 
 
 # -- masked language modelling ----------------------------------------------------------------
@@ -269,9 +247,9 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
     Training texts get fresh masks every epoch; validation texts always the same ones.
     """
-    texts = _texts(_required(config.data.train, "data.train"))
+    texts = _texts(_required(config.data.train, "data.train"), config.data.fields())
     tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, texts)
-    pad, mask_id = special_ids(tokenizer, "pad", "mask")
+    pad, mask_id = special_ids(tokenizer, "pad", "mask", source=config.tokenizer.path)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
     limit = length_limit(config, model_config)
     roles = ("pad", "unk", "bos", "eos", "cls", "sep", "mask")
@@ -290,15 +268,16 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
         return ids, make
 
-    held_out = batches_of(_texts(config.data.valid), _VALID_STREAM) if config.data.valid else None
+    held_out = (batches_of(_texts(_required(config.data.valid, "data.valid"), config.data.fields()), _VALID_STREAM)
+                if config.data.valid else None)
     train, valid = _text_batches(config, ctx, limit, batches_of(texts, _TRAIN_STREAM), held_out)
     return TaskData(model_config, "mlm_logits", pad, train, valid, tokenizer=tokenizer, info={"task": "mlm"})
 
 
-def _texts(path: str) -> list[str]:
-    """The text column of a `label<TAB>text` file, or the non-blank lines of a text file."""
-    if Path(path).name.removesuffix(".gz").endswith(".tsv"):
-        return load_labelled(path).texts
+def _texts(path: str, fields: Fields) -> list[str]:
+    """The `text_field` of a table (TSV, CSV, JSON Lines), or the non-blank lines of a text file."""
+    if resolve_format(path, fields.format) != "text":
+        return read_table(path, {"text_field": fields.text_field}, fields).values["text_field"]
     return [line for line in read_text(path).splitlines() if line.strip()]
 
 
@@ -309,26 +288,30 @@ def make_tokenizer(config: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
     """Loads `config.path`, or trains a tokenizer of `config.kind` on `texts` (read once, lazily)."""
     if config.path:
         return Tokenizer.load(config.path)
-    if config.kind == "chars":
-        return Tokenizer.train_chars(texts)
-    if config.kind == "wordpiece":
-        return Tokenizer.train_wordpiece(texts, config.vocab_size, config.lowercase)
-    return Tokenizer.train_bpe(texts, config.vocab_size, byte_level=config.kind == "byte-bpe")
+    return Tokenizer.train(config.kind, texts, config.vocab_size, config.lowercase)
 
 
-def special_ids(tokenizer: Tokenizer, *roles: str) -> tuple[int, ...]:
+def special_ids(tokenizer: Tokenizer, *roles: str, source: str = "") -> tuple[int, ...]:
     """The ids of special-token roles ("pad", "bos", ...), which the task cannot do without.
 
+    Args:
+        tokenizer: the task's tokenizer.
+        roles: the roles the task needs.
+        source: where the tokenizer came from (`tokenizer.path`), for the message.
+
     Raises:
-        ConfigError: the tokenizer has no token for one of the roles.
+        ConfigError: the tokenizer has no token for some of the roles; names them all.
     """
-    ids = tuple(getattr(tokenizer, f"{role}_id") for role in roles)
-    for role, token_id in zip(roles, ids):
-        if token_id is None:
-            raise ConfigError(
-                "tokenizer.path", f"the tokenizer has no {role} token, which this task needs; train one instead"
-            )
-    return ids
+    ids = {role: getattr(tokenizer, f"{role}_id") for role in roles}
+    missing = [role for role, token_id in ids.items() if token_id is None]
+    if missing:
+        names = "; ".join(f"{role}: {' or '.join(ROLE_TOKENS[role])}" for role in missing)
+        raise ConfigError(
+            "tokenizer.path", f"{source or 'the tokenizer'} has no {', '.join(missing)} token, which this task needs "
+            f"(it needs {', '.join(roles)}); add them to its special tokens under these names ({names}), or train "
+            "one with attn tokenizer train"
+        )
+    return tuple(ids.values())
 
 
 def length_limit(config: RunConfig, model_config: ModelConfig) -> int:
@@ -336,7 +319,11 @@ def length_limit(config: RunConfig, model_config: ModelConfig) -> int:
     return min(config.data.max_length or model_config.max_positions, model_config.max_positions)
 
 
-def _required(path: str, key: str) -> str:
+def _required(path: str | tuple[str, ...], key: str) -> str:
+    """The one file of a task that reads one (every task but the language model)."""
+    if isinstance(path, tuple):
+        raise ConfigError(key, f"a list of files is read by the lm task only; this task reads one file, so give "
+                               f"one path instead of {list(path)!r}")
     if not path:
         raise ConfigError(key, "is not set; give the path of the file, e.g. in the TOML or as an override")
     return path

@@ -6,8 +6,9 @@ import pytest
 import torch
 from training_helpers import quick_config, reversal_builder
 
+from attn.app.tasks import get_task
 from attn.artifacts.checkpoint import load_checkpoint
-from attn.data.corpora import load_labelled
+from attn.data.readers import load_labelled
 from attn.data.tokenizers import Tokenizer
 from attn.training import train
 from attn.training.logs import read_metrics
@@ -22,6 +23,7 @@ def validation_records(run_dir, leave_out=None):
 
 
 def assert_resume_is_exact(tmp_path, config, steps, builder=None):
+    builder = builder or get_task(config.task).build
     straight = train(config.override(f"run_dir={tmp_path / 'straight'}", f"train.max_steps={2 * steps}"),
                      task_builder=builder)
     split = config.override(f"run_dir={tmp_path / 'split'}")

@@ -8,12 +8,13 @@ import pytest
 import torch
 from training_helpers import collate, reversal_pairs
 
+from attn.app.tasks import get_task
 from attn.config import preset
 from attn.data.batches import IndexedBatches, WindowBatches
 from attn.data.corpora import LMStream, TokenBudgetSampler
 from attn.errors import ConfigError
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import Masker, TaskContext, build_task, special_ids
+from attn.training.tasks import Masker, TaskContext, special_ids
 
 DATA = Path(__file__).parents[3] / "data"
 
@@ -117,7 +118,7 @@ def test_classification_task_takes_its_labels_from_the_data(tmp_path):
         "task=classification", f"data.train={file}", f"data.valid={file}", "tokenizer.kind=wordpiece",
         "tokenizer.vocab_size=400", "batch.batch_size=8", "data.max_length=20",
     )
-    task = build_task(config, preset("bert-base-tiny"), TaskContext())
+    task = get_task(config.task).build(config, preset("bert-base-tiny"), TaskContext())
     labels = sorted({line.split("\t")[0] for line in Path(file).read_text().splitlines()[1:]})
     assert task.info["label_names"] == labels and task.model_config.num_labels == len(labels)
     assert task.model_config.vocab_size == task.tokenizer.vocab_size and task.head == "classify"
@@ -130,10 +131,10 @@ def test_classification_task_takes_its_labels_from_the_data(tmp_path):
 
 def test_task_setting_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="data.train: is not set"):
-        build_task(RunConfig(), preset("paper-base-tiny"), TaskContext())
+        get_task("translation").build(RunConfig(), preset("paper-base-tiny"), TaskContext())
     text = subset(tmp_path, "shakespeare/valid.txt", 200)
     config = RunConfig().override("task=lm", f"data.train={text}", "tokenizer.kind=chars", "batch.block_size=100")
     with pytest.raises(ConfigError, match="batch.block_size: is 100, more than the model's max_positions=64"):
-        build_task(config, preset("gpt2-tiny"), TaskContext())
+        get_task(config.task).build(config, preset("gpt2-tiny"), TaskContext())
     with pytest.raises(ConfigError, match="no bos token"):
         special_ids(SimpleNamespace(pad_id=0, bos_id=None), "pad", "bos")

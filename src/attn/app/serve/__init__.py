@@ -1,0 +1,13 @@
+"""`attn serve`: the models of `attn` over HTTP (docs/serve-api.md).
+
+`registry` names the served models and says what each can do; `schemas` holds the request and
+response bodies; `engine` runs each model's work on its own thread, batched; `work` builds the
+engine's tasks from `attn.app.inference`; `routes` checks requests, builds tasks and shapes
+answers; `errors` gives every failure one JSON shape; `gate` limits bodies, drains on shutdown
+and counts requests; `metrics` the Prometheus metrics; `app` puts them together and runs the server.
+"""
+
+from attn.app.serve.app import ServeOptions, create_app, run_server
+from attn.app.serve.registry import ServedModel, load_served_models
+
+__all__ = ["ServeOptions", "ServedModel", "create_app", "load_served_models", "run_server"]

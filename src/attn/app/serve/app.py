@@ -1,0 +1,124 @@
+"""The FastAPI application of `attn serve`, and the server that runs it until SIGTERM.
+
+`create_app` puts the routes, the error handlers and the request gate together around the
+served models; `run_server` runs it with uvicorn on one address. On SIGTERM (or Ctrl-C) the
+server stops taking requests (new ones get 503, /health says "draining"), finishes the ones in
+flight, and returns; a second signal stops it at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+
+import uvicorn
+from fastapi import FastAPI
+
+from attn import __version__
+from attn.app.serve.errors import install_error_handlers
+from attn.app.serve.gate import RequestGate, Traffic
+from attn.app.serve.metrics import ServeMetrics
+from attn.app.serve.registry import ServedModel
+from attn.app.serve.routes import ServeState, router
+from attn.app.serve.engine import Engine
+from attn.decoding import RunningBatch
+from attn.errors import ConfigError
+from attn.models import Decoder
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    """How the server listens and what it accepts.
+
+    Attributes:
+        host: the address to listen on (the loopback interface unless asked otherwise).
+        port: the TCP port.
+        max_body_bytes: the largest request body; a larger one gets 413.
+        max_queue: the most requests per model waiting or running; one more gets 429.
+        batching: whether requests to one model run together (False: one at a time).
+        max_batch_tokens: the token budget of one batch (see `engine.Engine`).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_queue: int = 64
+    batching: bool = True
+    max_batch_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_queue", "max_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError("--port", f"must be in 0..65535, got {self.port}")
+
+
+def create_app(models: Sequence[ServedModel], options: ServeOptions = ServeOptions()) -> FastAPI:
+    """The application serving `models` by name.
+
+    Example:
+        >>> from fastapi.testclient import TestClient
+        >>> from attn.app.serve import ServedModel, create_app
+        >>> from attn.artifacts import load_model
+        >>> app = create_app([ServedModel("minilm", load_model("all-MiniLM-L6-v2", "cpu"))])
+        >>> with TestClient(app) as client:
+        ...     vector = client.post("/v1/embeddings", json={"input": "Hello"}).json()["data"][0]["embedding"]
+        >>> len(vector)
+        384
+    """
+    metrics = ServeMetrics()
+    engines = {served.name: _engine(served, options, metrics) for served in models}
+    state = ServeState({served.name: served for served in models}, engines, metrics, Traffic())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for engine in engines.values():
+            await engine.drain()
+
+    app = FastAPI(title="attn serve", version=__version__, lifespan=lifespan,
+                  description="Transformer models of `attn` over HTTP: completions, translation, embeddings, "
+                  "classification and attention maps. Every error is `{\"error\": {message, type, param, code}}`.")
+    app.state.serve = state
+    install_error_handlers(app)
+    app.include_router(router)
+    app.add_middleware(RequestGate, traffic=state.traffic, metrics=metrics, max_body_bytes=options.max_body_bytes)
+    return app
+
+
+def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -> Engine:
+    bundle = served.bundle
+    running = None
+    if isinstance(bundle.model, Decoder):
+        running = RunningBatch(bundle.model, bundle.eos_id, bundle.tokenizer.decode)
+    return Engine(served.name, running, options.batching, options.max_queue, options.max_batch_tokens, metrics)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM or SIGINT drains: the server keeps listening, answers
+    new requests with 503, and exits once no request is in flight."""
+
+    def __init__(self, config: uvicorn.Config, traffic: Traffic) -> None:
+        super().__init__(config)
+        self.traffic = traffic
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if self.traffic.draining:
+            super().handle_exit(sig, frame)
+        self.traffic.draining = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.traffic.draining and self.traffic.in_flight == 0:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def run_server(models: Sequence[ServedModel], options: ServeOptions) -> None:
+    """Serves `models` on `options.host`:`options.port` until SIGTERM or Ctrl-C, then drains and returns."""
+    app = create_app(models, options)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info", access_log=False)
+    _DrainingServer(config, app.state.serve.traffic).run()

@@ -1,0 +1,348 @@
+"""The engine behind `attn serve`: one worker thread per model, running the requests that wait together.
+
+Routes hand the engine tasks; the model runs on the engine's own thread (torch releases the GIL), never
+on the event loop. Two kinds of task:
+
+- A `Batch` task (translate, classify, embed, attention) runs with the other waiting tasks of the same
+  `group` (route and settings): the oldest waiting task, then others of its group, shortest first, while
+  the batch's padded size (rows x longest row) stays within `max_batch_tokens`. One call of the task's
+  `run` computes all of them. A batch that fails is run again task by task, so a bad request fails alone.
+- A `Rows` task (completions) decodes its rows in the model's `RunningBatch`: CONTINUOUS batching. Between
+  two decode steps, waiting rows join the running batch (while the prompt + new-token room of its rows stays
+  within `max_batch_tokens`) and finished rows leave. Each new token goes to the task's stream at once.
+
+With `batching=False` every task runs alone, one at a time: the baseline the batched engine is measured against.
+
+At most `max_queue` tasks wait or run; one more raises `QueueFull` with a retry time (the recent mean
+task latency). A caller that stops waiting (a client that disconnected) cancels its task: a waiting task is
+dropped, a decoding one leaves the batch at the next step. `drain` stops new tasks and returns once
+every admitted one is done.
+
+Metrics (when given): the number of tasks waiting or running (`queue_length{model}`) and the requests in each
+batch or decode step (`batch_size{model,route}`). Times to first token are the routes' to measure: they
+start the clock when the request arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from typing import Any, Protocol
+
+from attn.decoding import GenerationConfig, RowToken, RunningBatch
+from attn.errors import AttnError
+
+_END = object()  # closes a stream
+_LATENCY_MEMORY = 0.9  # weight of the past in the mean task latency behind Retry-After
+
+
+class QueueFull(Exception):
+    """The model's queue holds `max_queue` tasks already.
+
+    Attributes:
+        retry_after_s: when a retry may find room, in seconds.
+    """
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"queue full; retry after {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
+class Closed(AttnError):
+    """The engine is draining or drained and takes no new task."""
+
+
+class EngineMetrics(Protocol):
+    """The Prometheus instruments the engine updates (the server's `ServeMetrics` has them)."""
+
+    queue_length: Any  # Gauge{model}
+    batch_size: Any  # Histogram{model, route}
+
+
+@dataclasses.dataclass(eq=False)
+class Batch:
+    """Work that runs in one call with the other waiting tasks of its group.
+
+    Attributes:
+        route: the route it serves (a metrics label).
+        group: tasks of equal groups may run together (e.g. the route and its decoding settings).
+        sizes: the token count of each of its input rows (what the batch budget counts).
+        run: computes the results of several tasks of one group together, one result per task, in order.
+    """
+
+    route: str
+    group: Hashable
+    sizes: Sequence[int]
+    run: Callable[[list[Batch]], list[Any]]
+
+
+@dataclasses.dataclass(eq=False)
+class Rows:
+    """Rows for the running batch of a decoder-only model: a completion's prompts and their settings.
+
+    Attributes:
+        route: the route it serves (a metrics label).
+        prompts: each row's prompt ids.
+        configs: each row's decoding settings, each with its `max_new_tokens` set.
+        chunk: turns row i's new token into what the stream yields; called on the model's thread, in
+            token order per row (where text streaming and log-probabilities are computed).
+    """
+
+    route: str
+    prompts: Sequence[Sequence[int]]
+    configs: Sequence[GenerationConfig]
+    chunk: Callable[[int, RowToken], Any]
+
+    @property
+    def size(self) -> int:
+        """Cache columns the rows may need: every prompt and every new token."""
+        return sum(len(p) + (c.max_new_tokens or 0) for p, c in zip(self.prompts, self.configs, strict=True))
+
+
+@dataclasses.dataclass(eq=False)
+class _Task:
+    """A submitted piece of work and the way back to the event loop that waits for it."""
+
+    work: Batch | Rows
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue  # a Batch's one result (or exception); a Rows' chunks, an exception, then _END
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
+    cancelled: bool = False
+    rows_left: int = 0
+
+    def send(self, item: Any) -> None:
+        """Puts `item` on the task's queue from the worker thread (dropped once the task is cancelled)."""
+        if not self.cancelled:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+class Engine:
+    """Runs one model's tasks on its own thread, together when `batching`, one at a time otherwise.
+
+    Args:
+        name: the model's name (the metrics' `model` label).
+        running: the model's `RunningBatch` (decoder-only models), None for models without `Rows` tasks.
+        batching: run waiting tasks together (False: one task at a time, the comparison baseline).
+        max_queue: the most tasks waiting or running.
+        max_batch_tokens: the budget of one batch: padded input tokens of a `Batch` group, prompt plus
+            new-token room of the rows in the running batch. A task larger than the budget runs alone.
+        metrics: where the queue length and batch sizes go (None: nowhere).
+    """
+
+    def __init__(self, name: str, running: RunningBatch | None, batching: bool, max_queue: int,
+                 max_batch_tokens: int, metrics: EngineMetrics | None = None) -> None:
+        self.name = name
+        self.running = running
+        self.batching = batching
+        self.max_queue = max_queue
+        self.max_batch_tokens = max_batch_tokens
+        self.metrics = metrics
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[_Task] = collections.deque()
+        self._decoding: dict[_Task, None] = {}  # Rows tasks in the running batch, in arrival order
+        self._admitted = 0
+        self._closing = False
+        self._mean_latency = 1.0
+        self._thread = threading.Thread(target=self._serve, name=f"attn-engine-{name}", daemon=True)
+        self._thread.start()
+
+    async def submit(self, work: Batch) -> Any:
+        """Runs a `Batch` task and returns its result (or raises its error).
+
+        Raises:
+            QueueFull: `max_queue` tasks wait or run already.
+            Closed: the engine is draining.
+        """
+        task = self._admit(work)
+        try:
+            result = await task.out.get()
+        except asyncio.CancelledError:
+            task.cancelled = True
+            raise
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def submit_stream(self, work: Rows) -> AsyncIterator[Any]:
+        """The chunks of a `Rows` task as its tokens are chosen, every row's in token order.
+
+        Raises (at once, before anything is iterated):
+            QueueFull: `max_queue` tasks wait or run already.
+            Closed: the engine is draining.
+        """
+        return self._chunks(self._admit(work))
+
+    async def drain(self) -> None:
+        """Takes no new task, and returns once every admitted task is done and the worker thread stopped."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+        await asyncio.to_thread(self._thread.join)
+
+    async def _chunks(self, task: _Task) -> AsyncIterator[Any]:
+        try:
+            while (item := await task.out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            task.cancelled = True  # a no-op after the end; else the rows leave the batch at the next step
+
+    def _admit(self, work: Batch | Rows) -> _Task:
+        if isinstance(work, Rows) and self.running is None:
+            raise TypeError(f"model {self.name!r} has no running batch: only decoder-only models decode rows")
+        with self._lock:
+            if self._closing:
+                raise Closed(f"model {self.name!r} is shutting down and takes no new requests")
+            if self._admitted >= self.max_queue:
+                raise QueueFull(retry_after_s=self._mean_latency)
+            task = _Task(work, asyncio.get_running_loop(), asyncio.Queue())
+            self._waiting.append(task)
+            self._admitted += 1
+            self._lock.notify()
+        self._count()
+        return task
+
+    def _done(self, task: _Task, item: Any) -> None:
+        """Sends the task's last item and frees its place in the queue."""
+        task.send(item)
+        with self._lock:
+            self._admitted -= 1
+            latency = time.monotonic() - task.submitted
+            self._mean_latency = _LATENCY_MEMORY * self._mean_latency + (1 - _LATENCY_MEMORY) * latency
+        self._count()
+
+    def _count(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_length.labels(model=self.name).set(self._admitted)
+
+    def _observe_batch(self, route: str, size: int) -> None:
+        if self.metrics is not None:
+            self.metrics.batch_size.labels(model=self.name, route=route).observe(size)
+
+    # -- the worker thread ------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._waiting or self._decoding or self._closing)
+                self._drop_cancelled()
+                if self._closing and not self._waiting and not self._decoding:
+                    return
+                batch = self._take_batch()
+                joining = self._take_rows()
+            if batch:
+                self._run_batch(batch)
+            if joining or self._decoding:
+                self._step(joining)
+
+    def _drop_cancelled(self) -> None:
+        for task in [t for t in self._waiting if t.cancelled]:
+            self._waiting.remove(task)
+            self._admitted -= 1
+        self._count()
+
+    def _take_batch(self) -> list[_Task]:
+        """The oldest waiting `Batch` task and, when batching, others of its group within the budget."""
+        first = next((t for t in self._waiting if isinstance(t.work, Batch)), None)
+        if first is None:
+            return []
+        chosen, rows, longest = [first], len(first.work.sizes), max(first.work.sizes, default=0)
+        if self.batching:
+            same = [t for t in self._waiting if t is not first and isinstance(t.work, Batch)
+                    and t.work.group == first.work.group]
+            for task in sorted(same, key=lambda t: max(t.work.sizes, default=0)):
+                more, longer = rows + len(task.work.sizes), max([longest, *task.work.sizes])
+                if more * longer > self.max_batch_tokens:
+                    break
+                chosen.append(task)
+                rows, longest = more, longer
+        for task in chosen:
+            self._waiting.remove(task)
+        return chosen
+
+    def _take_rows(self) -> list[_Task]:
+        """The waiting `Rows` tasks that join the running batch now, in arrival order, within the budget."""
+        if self.running is None or (not self.batching and self._decoding):
+            return []
+        used = sum(t.work.size for t in self._decoding)
+        joining = []
+        for task in [t for t in self._waiting if isinstance(t.work, Rows)]:
+            if (self._decoding or joining) and (not self.batching or used + task.work.size > self.max_batch_tokens):
+                break
+            joining.append(task)
+            used += task.work.size
+            self._waiting.remove(task)
+        return joining
+
+    def _run_batch(self, tasks: list[_Task]) -> None:
+        work = tasks[0].work
+        self._observe_batch(work.route, len(tasks))
+        try:
+            results = work.run([t.work for t in tasks])
+        except Exception as error:  # one bad request must not fail the others: run each alone
+            if len(tasks) == 1:
+                self._done(tasks[0], error)
+                return
+            for task in tasks:
+                self._run_batch([task])
+            return
+        for task, result in zip(tasks, results, strict=True):
+            self._done(task, result)
+
+    def _step(self, joining: list[_Task]) -> None:
+        for task in joining:
+            self._join(task)
+        for task in [t for t in self._decoding if t.cancelled]:
+            self._leave(task, _END)
+        if not self._decoding:
+            return
+        try:
+            tokens = self.running.step()
+        except Exception as error:  # the batch is lost: fail its tasks, start afresh
+            for task in list(self._decoding):
+                self._leave(task, error)
+            return
+        routes = collections.Counter(t.work.route for t in self._decoding)
+        for route, count in routes.items():
+            self._observe_batch(route, count)
+        for token in tokens:
+            self._emit(token)
+
+    def _join(self, task: _Task) -> None:
+        work = task.work
+        try:
+            for row, (prompt, config) in enumerate(zip(work.prompts, work.configs, strict=True)):
+                self.running.add((task, row), prompt, config)
+        except Exception as error:
+            for row in range(len(work.prompts)):
+                self.running.remove((task, row))
+            self._done(task, error)
+            return
+        task.rows_left = len(work.prompts)
+        self._decoding[task] = None
+
+    def _leave(self, task: _Task, item: Any) -> None:
+        for row in range(len(task.work.prompts)):
+            self.running.remove((task, row))
+        del self._decoding[task]
+        self._done(task, item)
+
+    def _emit(self, token: RowToken) -> None:
+        task, row = token.key
+        if task not in self._decoding:  # an earlier row of the task failed in this step
+            return
+        try:
+            task.send(task.work.chunk(row, token))
+        except Exception as error:
+            self._leave(task, error)
+            return
+        if token.finish is not None:
+            task.rows_left -= 1
+            if task.rows_left == 0:
+                del self._decoding[task]
+                self._done(task, _END)

@@ -1,0 +1,228 @@
+"""Request and response bodies of the HTTP API (docs/serve-api.md), as pydantic models.
+
+Requests are strict (a string where a number goes is a 422, not a conversion) and ignore fields
+they do not know, as OpenAI clients send some (`user`, `presence_penalty`, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+class Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = Field(None, description="a served model's name; may be left out when only one is served")
+
+
+class TextsRequest(Request):
+    """A request whose inputs are `inputs: [str]` or `input: str`."""
+
+    inputs: list[str] | None = None
+    input: str | None = None
+
+    @model_validator(mode="after")
+    def _some_text(self) -> TextsRequest:
+        texts = self.texts()
+        if not texts:
+            raise ValueError("inputs: give a non-empty list of texts (or input: one text)")
+        if not all(t.strip() for t in texts):
+            raise ValueError("inputs: every text must hold a non-blank character")
+        return self
+
+    def texts(self) -> list[str]:
+        return self.inputs if self.inputs is not None else [self.input] if self.input is not None else []
+
+
+class AttentionOption(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    layer: int = Field(-1, description="the layer (negative counts from the last)")
+    head: int | None = Field(None, ge=0, description="one head; null: the mean over heads")
+
+
+class CompletionRequest(Request):
+    prompt: str | list[str] = Field(description="one prompt or several; \"\" starts from the start token")
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0, description="0: greedy decoding")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0: off")
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, description="seeds choice j of each prompt with seed + j")
+    n: int = Field(1, ge=1, le=16, description="choices per prompt")
+    logprobs: int | None = Field(None, ge=0, le=5)
+    stream: bool = False
+    attention: AttentionOption | None = Field(None, description="stream: send each token's attention")
+
+    @model_validator(mode="after")
+    def _prompts(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt: give a prompt or a non-empty list of prompts")
+        if isinstance(self.stop, str) and not self.stop or isinstance(self.stop, list) and not all(self.stop):
+            raise ValueError("stop: stop strings must not be empty")
+        if self.attention is not None and not self.stream:
+            raise ValueError("attention: is sent with streamed tokens only; set stream: true")
+        return self
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def stops(self) -> tuple[str, ...]:
+        return () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class Logprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: Logprobs | None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Usage(EmbeddingUsage):
+    completion_tokens: int
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class EmbeddingRequest(Request):
+    input: str | list[str]
+    encoding_format: Literal["float"] = "float"
+
+    @model_validator(mode="after")
+    def _some_text(self) -> EmbeddingRequest:
+        if not self.texts() or not all(t.strip() for t in self.texts()):
+            raise ValueError("input: give a non-blank text or a non-empty list of them")
+        return self
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float]
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class TranslateRequest(TextsRequest):
+    beam_size: int = Field(4, ge=1, le=64)
+    length_penalty: float = 0.6
+    n_best: int = Field(1, ge=1, description="<= beam_size")
+    max_tokens: int | None = Field(None, ge=1)
+    alignment: bool = False
+
+
+class Scored(BaseModel):
+    text: str
+    score: float
+
+
+class Alignment(BaseModel):
+    source_tokens: list[str]
+    target_tokens: list[str]
+    weights: list[list[float]] = Field(description="target x source")
+
+
+class TranslationOut(BaseModel):
+    text: str
+    n_best: list[Scored]
+    alignment: Alignment | None = None
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    translations: list[TranslationOut]
+
+
+class ClassifyRequest(TextsRequest):
+    pairs: list[str] | None = Field(None, description="second texts of sentence-pair classifiers")
+
+
+class ClassifyResult(BaseModel):
+    label: str
+    score: float
+    probabilities: dict[str, float]
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    results: list[ClassifyResult]
+
+
+class AttentionRequest(Request):
+    text: str = Field(min_length=1)
+    kind: Literal["encoder", "decoder", "cross", "self"] = "self"
+    layer: int | None = Field(None, description="null: every layer")
+    head: int | None = Field(None, ge=0, description="null: every head")
+
+
+class AttentionResponse(BaseModel):
+    model: str
+    kind: str
+    layers: int
+    heads: int
+    queries: list[str]
+    keys: list[str]
+    target: str | None
+    weights: list[list[list[list[float]]]] = Field(description="[layer][head][query][key]")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "attn"
+    task: str
+    architecture: str
+    max_positions: int
+    layers: int
+    decoder_layers: int | None
+    heads: int
+    labels: list[str]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "draining"]
+    models: list[str]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,158 @@
+"""The engine tasks that routes build: what each route computes with `attn.app.inference`, and how
+tasks of one group run together.
+
+A `TextBatch` holds one request's texts; its `run` computes the texts of all the tasks the engine
+put together in one call of the library and gives each task its share. A completion is `Rows` for
+the model's running batch; its `chunk` turns each new token into a `Chunk` (text, log-probabilities,
+and the attention the page asked for). Nothing here knows about HTTP: routes shape the answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from attn.app.inference import (
+    AttentionLayers,
+    CompletionText,
+    GeneratedToken,
+    alignment,
+    attention_layers,
+    classify,
+    embed,
+    next_token_attention,
+    source_ids,
+    token_pieces,
+    translate_hypotheses,
+)
+from attn.app.serve.engine import Batch, Rows
+from attn.app.serve.registry import ServedModel
+from attn.decoding import GenerationConfig, RowToken
+
+
+@dataclasses.dataclass(eq=False)
+class TextBatch(Batch):
+    """A `Batch` task over a request's texts (one size per text)."""
+
+    texts: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One new token of one choice of a completion.
+
+    Attributes:
+        index: the choice (the row of the `Rows` task).
+        token: the token, its text and log-probabilities (`token.finish` set on the choice's last).
+        attention: when asked, how the model attended when it chose the token.
+    """
+
+    index: int
+    token: GeneratedToken
+    attention: TokenAttention | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenAttention:
+    """Attention of the position that chose a token: `weights[i]` is over `keys[i]` (prompt and earlier tokens)."""
+
+    keys: list[str]
+    weights: list[float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+    """The hypotheses of one source, best first, as (text, score); with alignment, the best one's
+    (target, source) cross-attention and the tokens of both sides."""
+
+    hypotheses: list[tuple[str, float]]
+    source_tokens: list[str]
+    target_tokens: list[str]
+    alignment: Tensor | None
+
+
+def _together(compute: Callable[[list[str]], Sequence[Any]]) -> Callable[[list[Batch]], list[Any]]:
+    """A `Batch.run` that computes the texts of all its tasks in one call; each task gets its slice."""
+
+    def run(tasks: list[Batch]) -> list[Any]:
+        texts = [text for task in tasks for text in task.texts]
+        results = compute(texts)
+        shares, start = [], 0
+        for task in tasks:
+            shares.append(results[start : start + len(task.texts)])
+            start += len(task.texts)
+        return shares
+
+    return run
+
+
+def _sizes(served: ServedModel, texts: list[str], special: bool) -> list[int]:
+    return [len(ids) for ids in served.bundle.tokenizer.encode_batch(texts, add_special=special)]
+
+
+def embed_task(served: ServedModel, texts: list[str]) -> TextBatch:
+    """Result: (len(texts), d_model) embeddings, as `inference.embed`."""
+    return TextBatch("embeddings", ("embeddings",), _sizes(served, texts, True),
+                     _together(lambda all_texts: embed(served.bundle, all_texts)), texts)
+
+
+def classify_task(served: ServedModel, texts: list[str]) -> TextBatch:
+    """Result: one `Prediction` per text, as `inference.classify`."""
+    return TextBatch("classify", ("classify",), _sizes(served, texts, True),
+                     _together(lambda all_texts: classify(served.bundle, all_texts)), texts)
+
+
+def translate_task(served: ServedModel, texts: list[str], config: GenerationConfig, aligned: bool) -> TextBatch:
+    """Result: one `Translation` per text (tasks with the same settings run together)."""
+    sizes = [len(ids) for ids in source_ids(served.bundle, texts)]
+
+    def compute(all_texts: list[str]) -> list[Translation]:
+        found = translate_hypotheses(served.bundle, all_texts, config)
+        sources = source_ids(served.bundle, all_texts)
+        return [_translation(served, source, hypotheses, aligned) for source, hypotheses in zip(sources, found)]
+
+    return TextBatch("translate", ("translate", config, aligned), sizes, _together(compute), texts)
+
+
+def _translation(served: ServedModel, source: list[int], hypotheses: list, aligned: bool) -> Translation:
+    bundle = served.bundle
+    texts = [(bundle.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
+    if not aligned:
+        return Translation(texts, [], [], None)
+    best = list(hypotheses[0].tokens)
+    return Translation(texts, token_pieces(bundle, source), token_pieces(bundle, best), alignment(bundle, source, best))
+
+
+def attention_task(served: ServedModel, text: str, kind: str, layer: int | None, head: int | None) -> TextBatch:
+    """Result: a one-element list with the `AttentionLayers` of the text (maps are computed text by text)."""
+
+    def compute(texts: list[str]) -> list[AttentionLayers]:
+        return [attention_layers(served.bundle, t, kind, layer, head) for t in texts]
+
+    return TextBatch("attention", ("attention", kind, layer, head), _sizes(served, [text], False), _together(compute),
+                     [text])
+
+
+def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list[GenerationConfig],
+                    logprobs: int, attention: tuple[int, int | None] | None) -> Rows:
+    """One row per choice (prompt ids and decoding settings); the stream yields a `Chunk` per token.
+
+    Args:
+        logprobs: how many top log-probabilities each token carries.
+        attention: (layer, head or None for the mean over heads) of the attention each token carries, or None.
+    """
+    texts = [CompletionText(served.bundle, config.stop, logprobs) for config in configs]
+    contexts = [list(prompt) for prompt in prompts]  # what each row's next token attends over
+
+    def chunk(row: int, token: RowToken) -> Chunk:
+        seen = None
+        if attention is not None:
+            weights = next_token_attention(served.bundle, contexts[row], *attention)
+            seen = TokenAttention(token_pieces(served.bundle, contexts[row]), weights.tolist())
+        contexts[row].append(token.token)
+        return Chunk(row, texts[row].push(token.token, token.scores, token.finish), seen)
+
+    return Rows("completions", prompts, configs, chunk)

@@ -1,0 +1,11 @@
+"""The task registry: one `TaskSpec` per task (translation, lm, classification, mlm, embedding).
+
+Each task's module declares its architecture, training-data adapter, validation metric, default
+optimizer recipe, shipped small recipe, evaluator, baseline check and inference call;
+`registry.TASKS` lists them and `get_task(name)` finds one.
+"""
+
+from attn.app.tasks.registry import TASKS, evaluate, get_task, task_names
+from attn.app.tasks.spec import EvalOptions, TaskSpec
+
+__all__ = ["TASKS", "EvalOptions", "TaskSpec", "evaluate", "get_task", "task_names"]

@@ -1,0 +1,25 @@
+"""Embedding: mean-pooled, L2-normalised sentence vectors from an encoder that was loaded, not trained.
+
+The task of imported sentence encoders (all-MiniLM-L6-v2, BERT directories) and of encoder
+checkpoints without a classifier; `attn train` does not train it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from attn.app.inference import embed
+from attn.app.tasks.spec import TaskSpec
+from attn.artifacts import Bundle
+
+
+def _infer(loaded: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"embedding": vector.tolist()} for vector in embed(loaded, texts)]
+
+
+SPEC = TaskSpec(
+    name="embedding",
+    summary="sentence embeddings from a loaded encoder (not trained by attn)",
+    infer=_infer,
+)

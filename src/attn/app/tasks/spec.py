@@ -1,0 +1,102 @@
+"""`TaskSpec`: everything `attn` knows about one task, in one object.
+
+A task's module (`attn.app.tasks.translation`, `lm`, ...) declares one `TaskSpec`; the registry
+(`attn.app.tasks.registry`) lists them. Training, evaluation, the baseline check after a run and
+inference find a task's parts here, never by comparing task names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from attn.app.guard import BaselineCheck
+from attn.artifacts import Bundle
+from attn.config import Architecture, ModelConfig
+from attn.decoding import GenerationConfig
+from attn.errors import AttnError, ConfigError
+from attn.training.runconfig import RunConfig
+from attn.training.tasks import TaskBuilder, TaskContext, TaskData
+from attn.training.trainer import METRICS
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """The options of `attn evaluate`; each task's evaluator reads those that concern it.
+
+    Attributes:
+        generation: how translations are decoded (default: the paper's beam 4, alpha 0.6).
+        limit: translation: only the first N sentences.
+        context: language model: the window length in tokens (default: the model's positions).
+    """
+
+    generation: GenerationConfig | None = None
+    limit: int | None = None
+    context: int | None = None
+
+
+Evaluator = Callable[[Bundle, str | Path, EvalOptions], dict[str, Any]]
+BaselineOf = Callable[[Bundle, RunConfig, Mapping[str, float]], BaselineCheck | None]
+Infer = Callable[[Bundle, Sequence[str]], list[dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task: how it trains, how it is scored, what it must beat, and how it is used.
+
+    Attributes:
+        name: the task's name in run configs and checkpoints (`task = "lm"`).
+        summary: one line for help texts.
+        architecture: the architecture the task trains; None for a task of loaded models only.
+        data: the adapter that builds the task's training data, loss head and ignored target id
+            from `config.data` (`attn.training.tasks`); None when the task is not trained.
+        metric: the validation metric for early stopping and the best checkpoint (a trainer `METRICS`).
+        defaults: run-config tables for the fields a config leaves out (the task's optimizer recipe).
+        recipe: the shipped run config for a small CPU run (`configs/...`), the defaults of
+            `attn train TASK --train ...`; "" when there is none.
+        evaluator: the metric of `attn evaluate` on a data file (`attn.app.evaluation`), or None.
+        baseline: the check of a finished run's validation score against the task's trivial
+            baseline (`attn.app.guard`), or None.
+        infer: the inference call (`attn.app.inference`): texts -> JSON-ready results, or None.
+    """
+
+    name: str
+    summary: str
+    architecture: Architecture | None = None
+    data: TaskBuilder | None = None
+    metric: str = "val_loss"
+    defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    recipe: str = ""
+    evaluator: Evaluator | None = None
+    baseline: BaselineOf | None = None
+    infer: Infer | None = None
+
+    def __post_init__(self) -> None:
+        if (self.data is None) != (self.architecture is None):
+            raise ValueError(f"task {self.name!r}: a trained task declares both its architecture and its data")
+        if self.metric not in METRICS:
+            raise ValueError(f"task {self.name!r}: metric {self.metric!r} is not one of {', '.join(METRICS)}")
+
+    @property
+    def trainable(self) -> bool:
+        """Whether `attn train` trains this task."""
+        return self.data is not None
+
+    def build(self, config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
+        """The task's training data for `config` (a `TaskBuilder`, what `attn.training.train` takes).
+
+        Raises:
+            ConfigError: the task is not trained, or the model's architecture is not the task's.
+        """
+        if self.data is None or self.architecture is None:
+            raise ConfigError("task", f"{self.name!r} is a task of loaded models; attn does not train it")
+        if model_config.architecture != self.architecture:
+            source = config.model.init_from or f"preset {config.model.preset!r}"
+            raise ConfigError(
+                "model", f"task {self.name!r} trains {self.architecture.value} models, but {source} is "
+                f"{model_config.architecture.value}; choose a preset of that architecture (attn presets lists them) "
+                "or another model.init_from"
+            )
+        return dataclasses.replace(self.data(config, model_config, ctx), metric=self.metric)

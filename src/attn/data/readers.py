@@ -1,0 +1,491 @@
+"""Reading examples from the files people have: TSV, CSV, JSON Lines and line-aligned text files.
+
+Formats (chosen from the file name, `.gz` stripped, unless `Fields.format` names one):
+
+| format | file name | fields |
+| --- | --- | --- |
+| `tsv` | `*.tsv` | a header line names the fields; rows split on tabs only, never quoted (texts may hold `"`) |
+| `csv` | `*.csv` | a header row names the fields; the `csv` module's dialect: `,` and `"`-quoted fields |
+| `jsonl` | `*.jsonl`, `*.json` | one JSON object per line; the fields read must be strings |
+| `text` | anything else | a path prefix: field `de` of `corpus/train` is the file `corpus/train.de` (as in fairseq) |
+
+Every file may be gzipped (`x.tsv.gz`, `train.de.gz`) and is read whole through
+`attn.data.corpora.read_text` (which drops a byte-order mark and names the line of a UTF-8
+error); a `\\r` before a line end is dropped, and a line over `max_line_chars` is an error.
+Blank lines (blank in every file, for `text`) are skipped and counted. Any field can be the
+source or the target: the same file read with source `es` and target `en` gives the other
+direction. `Fields.join` adds the fields of a second table, matched
+on `Fields.join_key` (a Bible corpus and a table of another translation of the same verses).
+
+Every defect is a `DataFormatError` naming the file, the 1-based line and the fix, raised before
+anything is returned: a field the file lacks (listing the fields it has), an empty or non-string
+value, a ragged row, line-aligned files of different lengths, a file without rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attn.data.corpora import MAX_LINE_CHARS, read_text
+from attn.errors import ConfigError, DataFormatError
+from attn.shipped import locate
+
+FORMATS = ("auto", "tsv", "csv", "jsonl", "text")
+_SUFFIXES = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """How to read a data file and which of its fields hold what.
+
+    The names are those of a run config's `[data]` section. `source_field`/`target_field` are read
+    for translation, `text_field`/`label_field` (and `text_pair_field`, when set, for sentence-pair
+    tasks) for classification. With `format = "text"` a field names a file suffix instead of a column.
+    """
+
+    format: str = "auto"  # auto | tsv | csv | jsonl | text
+    source_field: str = "en"
+    target_field: str = "es"
+    text_field: str = "text"
+    label_field: str = "label"
+    text_pair_field: str = ""  # "" = single texts
+    join: str = ""  # a table whose fields are added to every row, matched on join_key
+    join_key: str = ""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, str):
+                raise ConfigError(field.name, f"expected str, got {type(value).__name__} {value!r}")
+            if not value and field.name not in ("text_pair_field", "join", "join_key"):
+                raise ConfigError(field.name, "is empty; name the field of the data file that holds it")
+        if self.format not in FORMATS:
+            raise ConfigError("format", f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if bool(self.join) != bool(self.join_key):
+            missing = "join_key" if self.join else "join"
+            raise ConfigError(missing, "join and join_key go together: set both (the table and its key field) "
+                                       "or neither")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None) -> Fields:
+        """The fields of a mapping with these keys among others (a run config's `data` table); keys
+        it lacks keep their defaults."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in (data or {}).items() if key in names})
+
+    def to_dict(self) -> dict[str, str]:
+        """The fields as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def resolve_format(path: str | Path, chosen: str = "auto") -> str:
+    """The format of `path`: `chosen` unless it is "auto", else the one its name ends in (see the module)."""
+    if chosen != "auto":
+        return chosen
+    return _SUFFIXES.get(Path(Path(path).name.removesuffix(".gz")).suffix.lower(), "text")
+
+
+# -- corpora ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ParallelCorpus:
+    """Aligned sentence pairs of one split.
+
+    Attributes:
+        sources: the source sentences (`Fields.source_field`).
+        targets: the target sentences (`Fields.target_field`).
+        lines: the line of each pair in the file.
+        skipped_blank: blank lines skipped in the file.
+        path: the file read.
+    """
+
+    sources: list[str]
+    targets: list[str]
+    lines: list[int]
+    skipped_blank: int
+    path: str
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+@dataclass
+class LabelledCorpus:
+    """Texts (or text pairs) with class labels of one split.
+
+    Attributes:
+        texts: the texts (`Fields.text_field`), the first of each pair for a sentence-pair task.
+        labels: class index of each text, an index into `label_names`.
+        label_names: the class names; sorted when inferred from the file.
+        pairs: the second text of each pair (`Fields.text_pair_field`), or None for single texts.
+        skipped_blank: blank lines skipped in the file.
+        path: the file read.
+    """
+
+    texts: list[str]
+    labels: list[int]
+    label_names: list[str]
+    pairs: list[str] | None
+    skipped_blank: int
+    path: str
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def load_parallel(
+    path: str | Path, fields: Fields = Fields(), max_line_chars: int = MAX_LINE_CHARS
+) -> ParallelCorpus:
+    """Loads source-target pairs, such as English-Spanish from `data/bible-en-es/valid.tsv`.
+
+    Args:
+        path: the file (optionally `.gz`), or the prefix of two line-aligned text files.
+        fields: the format, `source_field`, `target_field` and join; the default reads the
+            shipped Bible's `en` and `es` columns.
+        max_line_chars: longest line accepted.
+
+    Returns:
+        The corpus, in file order.
+
+    Raises:
+        DataFormatError: a malformed file (see `read_table`).
+
+    Example:
+        >>> from attn.data.readers import Fields, load_parallel
+        >>> spanish_english = Fields(source_field="es", target_field="en")
+        >>> corpus = load_parallel("data/bible-en-es/valid.tsv", spanish_english)
+        >>> corpus.sources[0][:19], corpus.targets[0][:17]
+        ('En el principio era', 'In the beginning ')
+    """
+    wanted = {"source_field": fields.source_field, "target_field": fields.target_field}
+    table = read_table(path, wanted, fields, max_line_chars)
+    return ParallelCorpus(
+        table.values["source_field"], table.values["target_field"], table.lines, table.skipped_blank, table.path
+    )
+
+
+def load_labelled(
+    path: str | Path,
+    fields: Fields = Fields(),
+    labels: Sequence[str] | None = None,
+    max_line_chars: int = MAX_LINE_CHARS,
+) -> LabelledCorpus:
+    """Loads labelled texts, such as `data/fortunes-topics/train.tsv`, or labelled text pairs.
+
+    Args:
+        path: the file (optionally `.gz`).
+        fields: the format, `text_field`, `label_field`, `text_pair_field` and join.
+        labels: the class names a model was trained with (at evaluation time); None infers
+            them from the file, sorted.
+        max_line_chars: longest line accepted.
+
+    Returns:
+        The corpus, in file order.
+
+    Raises:
+        DataFormatError: a malformed file (see `read_table`), or a label not in `labels`.
+    """
+    wanted = {"text_field": fields.text_field, "label_field": fields.label_field}
+    if fields.text_pair_field:
+        wanted["text_pair_field"] = fields.text_pair_field
+    table = read_table(path, wanted, fields, max_line_chars)
+    found = table.values["label_field"]
+    names = list(labels) if labels is not None else sorted(set(found))
+    index = {name: i for i, name in enumerate(names)}
+    for number, label in zip(table.lines, found, strict=True):
+        if label not in index:
+            raise DataFormatError(
+                table.files["label_field"],
+                f"unknown label {label!r}; known labels: {', '.join(names)}; "
+                "fix the label or use a model trained with it",
+                number,
+            )
+    return LabelledCorpus(
+        texts=table.values["text_field"],
+        labels=[index[label] for label in found],
+        label_names=names,
+        pairs=table.values.get("text_pair_field"),
+        skipped_blank=table.skipped_blank,
+        path=table.path,
+    )
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """The wanted fields of a data file, one value list per field.
+
+    Attributes:
+        path: the file read (the prefix, for `text`).
+        lines: the 1-based line (first line, for a CSV record) of each row.
+        values: setting name (e.g. "source_field") -> the field's value in every row.
+        files: setting name -> the file its values came from.
+        skipped_blank: blank lines skipped.
+    """
+
+    path: str
+    lines: list[int]
+    values: dict[str, list[str]]
+    files: dict[str, str]
+    skipped_blank: int
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+@dataclass
+class _Records:
+    """A whole file's rows, before the wanted fields are picked."""
+
+    path: str
+    header: tuple[str, ...] | None  # the field names of a TSV or CSV file
+    rows: list[tuple[int, dict[str, Any]]]  # (1-based line, fields)
+    skipped_blank: int
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # field -> file, for `text`
+
+
+def read_table(
+    path: str | Path, wanted: Mapping[str, str], fields: Fields = Fields(), max_line_chars: int = MAX_LINE_CHARS
+) -> Table:
+    """Reads the `wanted` fields of every row of a data file.
+
+    Args:
+        path: the file (optionally `.gz`), or for `text` the prefix of one file per field.
+        wanted: setting name -> field name, e.g. {"source_field": "es", "target_field": "en"}; the
+            setting names appear in messages, so that they say what to change.
+        fields: the format and the join (its `*_field` entries are not read here).
+        max_line_chars: longest line accepted.
+
+    Returns:
+        The table, in file order.
+
+    Raises:
+        DataFormatError: a malformed file, a missing field, an empty value, or a join key without a match.
+        ConfigError: a join on a `text` file, which has no key field.
+    """
+    fmt = resolve_format(path, fields.format)
+    names = list(dict.fromkeys(wanted.values()))
+    if fmt == "text":
+        if fields.join:
+            raise ConfigError("join", "a join needs a key field; line-aligned text files have none: use a table "
+                                      "(tsv, csv or jsonl) or leave join empty")
+        records = _read_text_files(str(path), names, max_line_chars)
+    else:
+        records = _read_records(str(path), fmt, max_line_chars)
+        if fields.join:
+            joined = _read_records(fields.join, resolve_format(fields.join), max_line_chars)
+            records = _join(records, joined, fields.join_key)
+    _check_header(records, wanted)
+    if not records.rows:
+        raise DataFormatError(records.path, "has no rows; add rows or use another file")
+    values: dict[str, list[str]] = {setting: [] for setting in wanted}
+    for number, row in records.rows:
+        for setting, name in wanted.items():
+            values[setting].append(_value(records, number, row, setting, name))
+    files = {setting: records.files.get(name, records.path) for setting, name in wanted.items()}
+    return Table(records.path, [number for number, _ in records.rows], values, files, records.skipped_blank)
+
+
+def _check_header(records: _Records, wanted: Mapping[str, str]) -> None:
+    """A header names the fields, so a missing one is reported at line 1 before any row is read."""
+    if records.header is None:
+        return
+    for setting, name in wanted.items():
+        if name not in records.header:
+            raise _missing(records.path, 1, records.header, setting, name)
+
+
+def _missing(path: str, line: int, have: Sequence[str], setting: str, name: str) -> DataFormatError:
+    listed = ", ".join(have) or "none"
+    message = f"no field {name!r} ({setting}); the fields here are: {listed}; set {setting} to one of them"
+    return DataFormatError(path, message, line)
+
+
+def _value(records: _Records, number: int, row: Mapping[str, Any], setting: str, name: str) -> str:
+    """Field `name` of a row, checked: present, a string, not blank."""
+    where = records.files.get(name, records.path)
+    if name not in row:
+        raise _missing(where, number, list(row), setting, name)
+    value = row[name]
+    if not isinstance(value, str):
+        message = (f"field {name!r} ({setting}) is {json.dumps(value)}, a JSON {type(value).__name__}, "
+                   f"not a string; write it in quotes")
+        raise DataFormatError(where, message, number)
+    if not value.strip():
+        raise DataFormatError(where, f"field {name!r} ({setting}) is empty; fill it in or delete the line", number)
+    return value
+
+
+def _read_records(path: str, fmt: str, max_line_chars: int) -> _Records:
+    lines = _lines(path, max_line_chars)
+    if fmt == "jsonl":
+        return _read_jsonl(path, lines)
+    if not lines:
+        raise DataFormatError(path, "the file is empty; it must start with the header line naming its fields", 1)
+    return _read_tsv(path, lines) if fmt == "tsv" else _read_csv(path, lines)
+
+
+def _lines(path: str, max_line_chars: int) -> list[str]:
+    """The lines of a text file without their ends (`\\n` or `\\r\\n`), each within `max_line_chars`."""
+    lines = [line.removesuffix("\r") for line in read_text(path).split("\n")]
+    if lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start another
+    for number, line in enumerate(lines, start=1):
+        if len(line) > max_line_chars:
+            raise DataFormatError(
+                path,
+                f"line has {len(line)} characters, more than max_line_chars={max_line_chars}; "
+                "shorten or split it, or raise max_line_chars",
+                number,
+            )
+    return lines
+
+
+def _header(path: str, names: Sequence[str]) -> tuple[str, ...]:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise DataFormatError(path, f"the header names the field {name!r} twice; rename one of them", 1)
+        seen.add(name)
+    return tuple(names)
+
+
+def _check_width(
+    path: str, number: int, fields: Sequence[str], header: Sequence[str], kind: str, fix: str
+) -> None:
+    if len(fields) != len(header):
+        raise DataFormatError(
+            path, f"expected {len(header)} {kind}-separated fields ({', '.join(header)}), got {len(fields)}; {fix}",
+            number,
+        )
+
+
+def _read_tsv(path: str, lines: list[str]) -> _Records:
+    header = _header(path, lines[0].split("\t"))
+    rows: list[tuple[int, dict[str, Any]]] = []
+    blank = 0
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            blank += 1
+            continue
+        fields = line.split("\t")
+        fix = "a text must not contain a tab: replace stray tabs by spaces and fill in missing fields"
+        _check_width(path, number, fields, header, "tab", fix)
+        rows.append((number, dict(zip(header, fields, strict=True))))
+    return _Records(path, header, rows, blank)
+
+
+def _read_csv(path: str, lines: list[str]) -> _Records:
+    reader = csv.reader(io.StringIO("\n".join(lines), newline=""), strict=True)
+    rows: list[tuple[int, dict[str, Any]]] = []
+    blank = 0
+    header: tuple[str, ...] = ()
+    start = 1
+    try:
+        for fields in reader:
+            if not header:
+                header = _header(path, fields)
+            elif not any(field.strip() for field in fields):
+                blank += 1
+            else:
+                fix = "quote a field that holds a comma, and fill in missing fields"
+                _check_width(path, start, fields, header, "comma", fix)
+                rows.append((start, dict(zip(header, fields, strict=True))))
+            start = reader.line_num + 1
+    except csv.Error as err:
+        message = f"not valid CSV ({err}); quote fields that hold commas, quotes or line breaks, doubling inner quotes"
+        raise DataFormatError(path, message, start) from err
+    return _Records(path, header, rows, blank)
+
+
+def _read_jsonl(path: str, lines: list[str]) -> _Records:
+    rows: list[tuple[int, dict[str, Any]]] = []
+    blank = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            blank += 1
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as err:
+            message = f"not valid JSON ({err}); a JSON Lines file holds one JSON object per line"
+            raise DataFormatError(path, message, number) from None
+        if not isinstance(row, dict):
+            message = (f"the line is a JSON {type(row).__name__}, not an object; a JSON Lines file holds one "
+                       'object per line: {"field": "value", ...}')
+            raise DataFormatError(path, message, number)
+        rows.append((number, row))
+    return _Records(path, None, rows, blank)
+
+
+# -- line-aligned text files ------------------------------------------------------------------
+
+
+def _read_text_files(prefix: str, names: Sequence[str], max_line_chars: int) -> _Records:
+    files = {name: _text_file(prefix, name) for name in names}
+    columns = {name: _lines(path, max_line_chars) for name, path in files.items()}
+    first = names[0]
+    for name in names[1:]:
+        if len(columns[name]) != len(columns[first]):
+            raise DataFormatError(
+                files[name], f"has {len(columns[name])} lines but {files[first]} has {len(columns[first])}; "
+                "line-aligned files need one line per example in each: remove or add lines so the counts match",
+            )
+    rows: list[tuple[int, dict[str, Any]]] = []
+    blank = 0
+    for number, values in enumerate(zip(*columns.values(), strict=True), start=1):
+        if not any(value.strip() for value in values):
+            blank += 1
+            continue
+        rows.append((number, dict(zip(names, values, strict=True))))
+    return _Records(prefix, None, rows, blank, files)
+
+
+def _text_file(prefix: str, name: str) -> str:
+    """`prefix.name`, or `prefix.name.gz` when only that exists."""
+    if locate(prefix).is_dir():
+        raise DataFormatError(prefix, "is a directory, not a data file or the path prefix of line-aligned files "
+                                      "(corpus/train for corpus/train.de and corpus/train.en); check the path")
+    plain = f"{prefix}.{name}"
+    for candidate in (plain, plain + ".gz"):
+        if locate(candidate).is_file():
+            return candidate
+    folder, stem = Path(prefix).parent, Path(prefix).name
+    present = sorted(p.name.removesuffix(".gz")[len(stem) + 1:] for p in locate(folder).glob(f"{stem}.*"))
+    have = f"the fields (file suffixes) there are: {', '.join(present)}" if present else "no file starts so"
+    raise DataFormatError(plain, f"no such file (nor {plain}.gz) for field {name!r}; {have}; give the path prefix "
+                                 "and a field that exist, or the file's format if it is a table")
+
+
+# -- join -------------------------------------------------------------------------------------
+
+
+def _join(records: _Records, other: _Records, key: str) -> _Records:
+    """`records` with the fields of `other`'s row of the same `key` added (records' own fields win)."""
+    _check_header(records, {"join_key": key})
+    _check_header(other, {"join_key": key})
+    index: dict[str, dict[str, Any]] = {}
+    for number, row in other.rows:
+        value = _value(other, number, row, "join_key", key)
+        if value in index:
+            raise DataFormatError(other.path, f"key {key}={value!r} occurs twice; keep one of the lines", number)
+        index[value] = row
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for number, row in records.rows:
+        value = _value(records, number, row, "join_key", key)
+        if value not in index:
+            message = f"{key}={value!r} has no row in the join table {other.path}; add one there or drop this line"
+            raise DataFormatError(records.path, message, number)
+        rows.append((number, {**index[value], **row}))
+    header = None if records.header is None else (*records.header, *(other.header or ()))
+    return _Records(records.path, tuple(dict.fromkeys(header)) if header else None, rows, records.skipped_blank)

@@ -1,0 +1,191 @@
+"""Continuous batching for decoder-only models: requests join a running batch between decode steps and
+leave it as soon as they are done.
+
+A `RunningBatch` keeps one KV cache for all its active rows. `add` queues a prompt with its own decoding
+settings (greedy or sampled, temperature, top-k, top-p, seed, penalties, stop strings, token limit).
+Each `step`:
+
+1. prefills the queued prompts together (one left-padded `decode_step`, as `start_decoder` does) and
+   stacks their cache under the running one (`stack_rows`: tokens end-aligned, shorter rows left-padded);
+2. chooses every row's next token under that row's own settings (`adjust_logits`, `choose_tokens`, a
+   `torch.Generator` per seeded row);
+3. drops the rows that finished (EOS, a stop string, their limit) or were `remove`d: `KVCache.reorder`,
+   then `KVCache.trim_padding` frees the columns that only the departed rows used;
+4. feeds the remaining rows' tokens in one `decode_one_token`.
+
+Padding is masked and positions count real tokens only, so each row gets the tokens and scores it gets
+decoded alone with `generate` (scores equal up to float rounding of the larger matrix products),
+whatever joins or leaves around it. Only the batch's longest row sets the cache length, so a short
+request that joins a long one attends over padding it skips, and no row ever needs more than
+`max_positions` columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+from attn.decoding.config import Decode, GenerationConfig
+from attn.decoding.generation import check_call, stop_hits, stop_window
+from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
+from attn.decoding.session import check_prompts, decode_one_token, decoder_limit, start_decoder
+from attn.errors import GenerationError
+from attn.kv_cache import KVCache, stack_rows
+from attn.models import Decoder
+
+
+@dataclasses.dataclass(frozen=True)
+class RowToken:
+    """One row's new token.
+
+    Attributes:
+        key: the key the row was added with.
+        token: the chosen token id (the EOS id too, when the row ends with it).
+        scores: (V,) float, the scores the token was chosen from: the model's logits after the logit
+            adjustments (penalties, bans, forced EOS), before temperature, top-k and top-p.
+        finish: None while the row goes on; "stop" (EOS or a stop string) or "length" (its token
+            limit) on its last step.
+    """
+
+    key: Hashable
+    token: int
+    scores: Tensor
+    finish: str | None
+
+
+@dataclasses.dataclass
+class _Row:
+    key: Hashable
+    config: GenerationConfig
+    limit: int
+    history: list[int]  # the prompt, then every new token
+    prompt_length: int
+    generator: torch.Generator | None
+
+    @property
+    def capacity(self) -> int:
+        """Cache columns the row needs: its prompt and every new token but the last."""
+        return self.prompt_length + self.limit - 1
+
+
+class RunningBatch:
+    """The active rows of a decoder-only model, decoded together one token per step.
+
+    Example:
+        >>> import torch
+        >>> from attn import GenerationConfig, build_model, preset
+        >>> _ = torch.manual_seed(0)
+        >>> batch = RunningBatch(build_model(preset("char-gpt-tiny")).eval(), eos_id=None)
+        >>> batch.add("a", [2, 17, 5], GenerationConfig(max_new_tokens=2))
+        >>> [step.key for step in batch.step()]
+        ['a']
+        >>> batch.add("b", [2, 9], GenerationConfig(max_new_tokens=3))
+        >>> [(step.key, step.finish) for step in batch.step()]
+        [('a', 'length'), ('b', None)]
+        >>> len(batch)
+        1
+    """
+
+    def __init__(self, model: Decoder, eos_id: int | None, decode: Decode | None = None) -> None:
+        """Args:
+        model: the language model, in eval mode.
+        eos_id: the token that ends a row (None: rows end at their limit or a stop string).
+        decode: token ids -> text; needed by rows with stop strings.
+        """
+        self.model = model
+        self.eos_id = eos_id
+        self.decode = decode
+        self.rows: list[_Row] = []  # in cache order
+        self.pending: list[_Row] = []
+        self.cache: KVCache | None = None
+        self.logits: Tensor | None = None  # (len(rows), V): each running row's next-token scores
+
+    def __len__(self) -> int:
+        """Rows running or waiting to join."""
+        return len(self.rows) + len(self.pending)
+
+    def add(self, key: Hashable, prompt: Sequence[int], config: GenerationConfig) -> None:
+        """Queues a prompt; it joins the batch at the next `step`.
+
+        Raises:
+            GenerationError: beam search (it cannot join a batch row by row), an empty prompt, an id
+                outside the vocabulary, a prompt and limit beyond `max_positions`, or settings that need
+                what this batch lacks (stop strings without `decode`, `force_eos` without `eos_id`).
+        """
+        if config.beam_size > 1:
+            raise GenerationError("beam search cannot join a running batch; set beam_size=1")
+        check_call(config, self.eos_id, self.decode)
+        check_prompts(self.model, [prompt])
+        limit = decoder_limit(config.max_new_tokens, len(prompt), self.model.max_positions)
+        device = self.model.lm_head.weight.device
+        self.pending.append(_Row(key, config, limit, list(prompt), len(prompt), seeded_generator(config.seed, device)))
+
+    def remove(self, key: Hashable) -> None:
+        """Drops a row (e.g. its client went away); an unknown or finished key is ignored."""
+        self.pending = [row for row in self.pending if row.key != key]
+        self._keep([i for i, row in enumerate(self.rows) if row.key != key])
+
+    @torch.inference_mode()
+    def step(self) -> list[RowToken]:
+        """Joins the queued prompts, chooses one token per row, drops the finished rows and feeds the rest.
+
+        Returns:
+            One `RowToken` per row that was active in this step, in batch order.
+        """
+        self._join()
+        steps = [self._choose(i, row) for i, row in enumerate(self.rows)]
+        self._keep([i for i, step in enumerate(steps) if step.finish is None])
+        if self.rows:
+            tokens = torch.tensor([row.history[-1] for row in self.rows], device=self.logits.device)
+            self.logits = decode_one_token(self.model, tokens, self.cache)
+        return steps
+
+    def _join(self) -> None:
+        if not self.pending:
+            return
+        capacity = max(row.capacity for row in self.rows + self.pending)
+        longest = max(row.prompt_length for row in self.pending)
+        prefill = GenerationConfig(max_new_tokens=max(row.capacity for row in self.pending) - longest + 1)
+        session = start_decoder(self.model, [row.history for row in self.pending], prefill)
+        if self.cache is None:
+            self.cache, self.logits = session.cache, session.logits
+        else:
+            self.cache = stack_rows(self.cache, session.cache, capacity)
+            self.logits = torch.cat([self.logits, session.logits])
+        self.rows += self.pending
+        self.pending = []
+
+    def _choose(self, index: int, row: _Row) -> RowToken:
+        logits = self.logits[index : index + 1]  # (1, V)
+        at_limit = len(row.history) - row.prompt_length + 1 == row.limit
+        history = torch.tensor([row.history], device=logits.device)
+        adjusted = adjust_logits(logits, history, row.config, self.eos_id, torch.tensor([at_limit]))
+        token = int(choose_tokens(adjusted, row.config, row.generator))
+        row.history.append(token)
+        return RowToken(row.key, token, adjusted[0], self._finish(row, token, at_limit))
+
+    def _finish(self, row: _Row, token: int, at_limit: bool) -> str | None:
+        if token == self.eos_id:
+            return "stop"
+        stop = row.config.stop
+        if stop and self.decode is not None:
+            recent = row.history[max(row.prompt_length, len(row.history) - stop_window(stop)) :]
+            if stop_hits([recent], stop, self.decode)[0]:
+                return "stop"
+        return "length" if at_limit else None
+
+    def _keep(self, kept: list[int]) -> None:
+        """Keeps the running rows at `kept` (cache order) and frees what the others held."""
+        if len(kept) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in kept]
+        if not kept:
+            self.cache = self.logits = None
+            return
+        index = torch.tensor(kept, device=self.logits.device)
+        self.cache.reorder(index)
+        self.cache.trim_padding()
+        self.logits = self.logits[index]

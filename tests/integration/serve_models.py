@@ -1,0 +1,37 @@
+"""Tiny random models for the server tests: a translator, a language model, a classifier and an encoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attn.artifacts import Bundle
+from attn.config import preset
+from attn.data.tokenizers import Tokenizer
+from attn.models import build_model
+
+TEXTS = ["In the beginning God created the heaven and the earth.", "En el principio creó Dios los cielos y la tierra.",
+         "And God said, Let there be light: and there was light.", "Y dijo Dios: Sea la luz; y fue la luz."]
+LABELS = ["art", "law", "food"]
+
+
+def tiny_bundles(max_positions: int = 64) -> dict[str, Bundle]:
+    """name -> bundle: "translator", "lm", "classifier", "encoder" (seeded, dropout off, character tokenizers)."""
+    tokenizer = Tokenizer.train_chars(TEXTS)
+    vocab = tokenizer.vocab_size
+    ids = {"start_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id or 0}
+    specs = {
+        "translator": ("paper-base-tiny", "translation", ids, {}),
+        "lm": ("char-gpt-tiny", "lm", ids, {}),
+        "classifier": ("bert-base-tiny", "classification", {"pad_id": ids["pad_id"]}, {"num_labels": len(LABELS)}),
+        "encoder": ("bert-base-tiny", "embedding", {"pad_id": ids["pad_id"]}, {}),
+    }
+    bundles = {}
+    for seed, (name, (preset_name, task, special, extra)) in enumerate(specs.items()):
+        torch.manual_seed(seed)
+        config = preset(preset_name).replace(vocab_size=vocab, dropout=0.0, max_positions=max_positions, **extra)
+        labels = LABELS if task == "classification" else []
+        bundles[name] = Bundle(build_model(config).eval(), tokenizer, task, config, Path(name), label_names=labels,
+                               **special)
+    return bundles

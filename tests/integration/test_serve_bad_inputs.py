@@ -1,0 +1,193 @@
+"""The bad-request catalogue of `attn serve` (the server's part of tests/integration/test_bad_inputs.py).
+
+Each case sends one broken request to a server of four tiny models and checks what the client
+gets: the case's status, the contract's JSON error (`{"error": {message, type, param, code}}`,
+never a traceback, never FastAPI's `{"detail": ...}`), the field at fault in `param`, and a
+message that names the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from serve_models import tiny_bundles
+
+from attn.app.serve import ServedModel, ServeOptions, create_app
+
+LONG = "x" * 100  # more tokens than the tiny models' 64 positions
+MAX_BODY = 4096
+TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+         413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+         503: "server_error"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One bad request.
+
+    Attributes:
+        id: the case's name.
+        route: the path it is sent to (POST unless `method` says otherwise).
+        body: the JSON body, or raw bytes sent as they are.
+        status: the HTTP status the server answers with.
+        param: the request field the error names (None: none).
+        expect: a part of the message.
+    """
+
+    id: str
+    route: str
+    body: Any
+    status: int
+    param: str | None
+    expect: str
+    method: str = "POST"
+
+
+LM, TR = {"model": "lm"}, {"model": "translator"}
+CASES = [
+    Case("malformed-json", "/v1/completions", b'{"model": "lm", "prompt": ', 422, None, "the body is not valid JSON"),
+    Case("body-not-an-object", "/v1/completions", b"[1, 2]", 422, None, "Input should be a valid dictionary"),
+    Case("wrong-type", "/v1/completions", {**LM, "prompt": "x", "max_tokens": "five"}, 422, "max_tokens",
+         "max_tokens: Input should be a valid integer"),
+    Case("number-as-string", "/v1/completions", {**LM, "prompt": "x", "temperature": "0.5"}, 422, "temperature",
+         "valid number"),
+    Case("prompt-missing", "/v1/completions", LM, 422, "prompt", "prompt: Field required"),
+    Case("prompt-wrong-type", "/v1/completions", {**LM, "prompt": 7}, 422, "prompt", "prompt: Input should be"),
+    Case("prompt-list-empty", "/v1/completions", {**LM, "prompt": []}, 422, "prompt", "non-empty list of prompts"),
+    Case("prompt-longer-than-positions", "/v1/completions", {**LM, "prompt": LONG}, 422, "prompt",
+         "max_positions=64"),
+    Case("prompt-and-max-tokens-beyond-positions", "/v1/completions", {**LM, "prompt": "x" * 60, "max_tokens": 10},
+         422, "prompt", "max_positions=64"),
+    Case("temperature-negative", "/v1/completions", {**LM, "prompt": "x", "temperature": -1}, 422, "temperature",
+         "greater than or equal to 0"),
+    Case("top-p-zero", "/v1/completions", {**LM, "prompt": "x", "top_p": 0}, 422, "top_p", "greater than 0"),
+    Case("logprobs-above-five", "/v1/completions", {**LM, "prompt": "x", "logprobs": 6}, 422, "logprobs",
+         "less than or equal to 5"),
+    Case("n-greedy", "/v1/completions", {**LM, "prompt": "x", "temperature": 0, "n": 2}, 422, "n",
+         "greedy decoding and beam search give one continuation"),
+    Case("stop-empty", "/v1/completions", {**LM, "prompt": "x", "stop": [""]}, 422, "stop", "must not be empty"),
+    Case("attention-without-stream", "/v1/completions", {**LM, "prompt": "x", "attention": {"layer": 0}}, 422,
+         "attention", "set stream: true"),
+    Case("attention-layer-missing", "/v1/completions", {**LM, "prompt": "x", "stream": True,
+                                                        "attention": {"layer": 9}}, 422, "attention.layer",
+         "layer 9 does not exist"),
+    Case("unknown-model", "/v1/completions", {"model": "gpt-5", "prompt": "x"}, 404, "model",
+         "'gpt-5' is not served here; the served models are: translator, lm, classifier, encoder"),
+    Case("model-left-out-of-several", "/v1/completions", {"prompt": "x"}, 422, "model", "serves several models"),
+    Case("completions-of-a-translator", "/v1/completions", {**TR, "prompt": "x"}, 400, "model",
+         "'translator' (task translation, encoder-decoder) cannot serve /v1/completions"),
+    Case("translate-with-a-language-model", "/v1/translate", {**LM, "input": "x"}, 400, "model", "task lm"),
+    Case("embeddings-of-a-language-model", "/v1/embeddings", {**LM, "input": "x"}, 400, "model",
+         "needs an encoder-only model"),
+    Case("classify-with-an-untrained-encoder", "/v1/classify", {"model": "encoder", "input": "x"}, 400, "model",
+         "needs a trained classifier"),
+    Case("classify-pairs", "/v1/classify", {"model": "classifier", "inputs": ["a"], "pairs": ["b"]}, 400, "pairs",
+         "classifies single texts"),
+    Case("translate-inputs-empty", "/v1/translate", {**TR, "inputs": []}, 422, "inputs", "non-empty list of texts"),
+    Case("translate-input-blank", "/v1/translate", {**TR, "inputs": ["ok", "  "]}, 422, "inputs", "non-blank"),
+    Case("translate-no-input", "/v1/translate", TR, 422, "inputs", "give a non-empty list"),
+    Case("translate-longer-than-positions", "/v1/translate", {**TR, "input": LONG}, 422, "inputs",
+         "a source of 100 tokens exceeds the model's max_positions=64"),
+    Case("n-best-above-beam-size", "/v1/translate", {**TR, "input": "x", "beam_size": 2, "n_best": 3}, 422, "n_best",
+         "n_best: must be in [1, beam_size=2], got 3"),
+    Case("max-tokens-beyond-positions", "/v1/translate", {**TR, "input": "x", "max_tokens": 100}, 422, "max_tokens",
+         "max_tokens: 100 is more than the model's max_positions=64"),
+    Case("embeddings-input-empty", "/v1/embeddings", {"model": "encoder", "input": []}, 422, "input",
+         "non-blank text"),
+    Case("embeddings-encoding-base64", "/v1/embeddings", {"model": "encoder", "input": "x",
+                                                          "encoding_format": "base64"}, 422, "encoding_format",
+         "Input should be 'float'"),
+    Case("attention-text-empty", "/v1/attention", {**LM, "text": ""}, 422, "text", "at least 1 character"),
+    Case("attention-kind-unknown", "/v1/attention", {**LM, "text": "x", "kind": "diagonal"}, 422, "kind",
+         "Input should be 'encoder', 'decoder', 'cross' or 'self'"),
+    Case("attention-kind-not-in-model", "/v1/attention", {**LM, "text": "x", "kind": "cross"}, 422, "kind",
+         "has no 'cross' attention; choose one of decoder, self"),
+    Case("attention-self-of-a-translator", "/v1/attention", {**TR, "text": "x", "kind": "self"}, 422, "kind",
+         "has no 'self' attention; choose one of encoder, decoder, cross"),
+    Case("attention-layer-out-of-range", "/v1/attention", {**LM, "text": "x", "layer": 7}, 422, "layer",
+         "layer 7 does not exist"),
+    Case("attention-head-out-of-range", "/v1/attention", {**LM, "text": "x", "head": 9}, 422, "head",
+         "head 9 does not exist; 'lm' has heads 0..3"),
+    Case("attention-longer-than-positions", "/v1/attention", {**LM, "text": LONG}, 422, "text",
+         "100 positions exceed the model's max_positions=64"),
+    Case("body-too-large", "/v1/embeddings", {"model": "encoder", "input": "x" * MAX_BODY}, 413, None,
+         f"more than the server's limit of {MAX_BODY}"),
+    Case("unknown-route", "/v1/chat/completions", {**LM, "prompt": "x"}, 404, None, "no route /v1/chat/completions"),
+    Case("wrong-method", "/v1/models", {}, 405, None, "POST is not allowed on /v1/models"),
+]
+
+
+@pytest.fixture(scope="module")
+def client():
+    models = [ServedModel(name, bundle) for name, bundle in tiny_bundles().items()]
+    with TestClient(create_app(models, ServeOptions(max_body_bytes=MAX_BODY))) as client:
+        yield client
+
+
+def check_error(response, status: int, param: str | None, expect: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert list(body) == ["error"], body
+    error = body["error"]
+    assert error == {"message": error["message"], "type": TYPES[status], "param": param, "code": status}
+    assert expect in error["message"], error["message"]
+    assert "Traceback" not in response.text
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_request_gets_the_contracts_json_error(case: Case, client: TestClient) -> None:
+    send = {"content": case.body} if isinstance(case.body, bytes) else {"json": case.body}
+    response = client.request(case.method, case.route, headers={"content-type": "application/json"}, **send)
+    check_error(response, case.status, case.param, case.expect)
+
+
+def test_case_ids_are_unique() -> None:
+    assert len({case.id for case in CASES}) == len(CASES)
+
+
+def test_a_body_without_content_length_is_limited_while_it_is_read(client: TestClient) -> None:
+    def pieces():
+        for _ in range(MAX_BODY // 100 + 2):
+            yield b" " * 100  # JSON whitespace: valid until the limit cuts it
+
+    response = client.post("/v1/embeddings", content=pieces(), headers={"content-type": "application/json"})
+    assert "content-length" not in {k.lower() for k in response.request.headers}
+    check_error(response, 413, None, f"more than the server's limit of {MAX_BODY}")
+
+
+def test_an_internal_error_is_a_short_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("tensor trouble at line 42")
+
+    monkeypatch.setattr("attn.app.serve.work.embed", broken)
+    models = [ServedModel("encoder", tiny_bundles()["encoder"])]
+    with TestClient(create_app(models), raise_server_exceptions=False) as client:
+        response = client.post("/v1/embeddings", json={"input": "x"})
+    check_error(response, 500, None, "internal error (RuntimeError); the server log has the details")
+    assert "line 42" not in response.text
+
+
+def test_a_full_queue_answers_429_with_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(bundle, texts):  # holds the model's only queue place until released
+        started.set()
+        release.wait(30)
+        return torch.zeros(len(texts), 4)
+
+    monkeypatch.setattr("attn.app.serve.work.embed", slow)
+    models = [ServedModel("encoder", tiny_bundles()["encoder"])]
+    with TestClient(create_app(models, ServeOptions(max_queue=1))) as client:
+        first = threading.Thread(target=client.post, args=("/v1/embeddings",), kwargs={"json": {"input": "a"}})
+        first.start()
+        assert started.wait(30)
+        response = client.post("/v1/embeddings", json={"input": "b"})
+        release.set()
+        first.join(30)
+    check_error(response, 429, None, "the model's queue is full; retry after")
+    assert int(response.headers["retry-after"]) >= 1

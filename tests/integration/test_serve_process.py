@@ -1,0 +1,109 @@
+"""A real `attn serve` process on 127.0.0.1: it answers, and on SIGTERM it drains (new requests get
+503, /health says "draining"), finishes every request it accepted, and exits with status 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import torch
+from serve_models import TEXTS, tiny_bundles
+
+from attn.app.inference import embed
+from attn.artifacts import save_model
+
+READY_S = 120  # the machine may be busy: starting Python and torch can take a while
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_ready(base: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "attn serve exited before it was ready"
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.3)
+    raise AssertionError(f"attn serve was not ready within {READY_S} s")
+
+
+def slow_body(body: dict, sent: threading.Event, finish: threading.Event) -> Iterator[bytes]:
+    """The JSON of `body` in two pieces; the second waits for `finish`, so the request stays in flight."""
+    data = json.dumps(body).encode()
+    yield data[:5]
+    sent.set()
+    finish.wait(60)
+    yield data[5:]
+
+
+def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
+    bundles = tiny_bundles()
+    encoder = save_model(bundles["encoder"], tmp_path / "encoder")
+    lm = save_model(bundles["lm"], tmp_path / "lm")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "attn.app.cli", "serve", "--model", f"encoder={encoder}", "--model", f"lm={lm}",
+         "--port", str(port), "--device", "cpu"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        wait_until_ready(base, server)
+        finish = threading.Event()
+        requests = [("/v1/embeddings", {"model": "encoder", "input": [text]}) for text in TEXTS[:3]]
+        requests.append(("/v1/completions", {"model": "lm", "prompt": "In the", "max_tokens": 20, "temperature": 0,
+                                             "stream": True}))
+        answers: dict[int, httpx.Response] = {}
+        sent = [threading.Event() for _ in requests]
+
+        def send(index: int) -> None:
+            route, body = requests[index]
+            answers[index] = httpx.post(base + route, content=slow_body(body, sent[index], finish), timeout=120,
+                                        headers={"content-type": "application/json"})
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        assert all(event.wait(30) for event in sent)
+        time.sleep(1.0)  # the server has read the headers: the requests are in flight
+        server.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while (health := httpx.get(f"{base}/health", timeout=5)).status_code != 503:
+            assert time.monotonic() < deadline, "the server did not start draining"
+            time.sleep(0.1)
+        assert health.json() == {"status": "draining", "models": ["encoder", "lm"]}
+        refused = httpx.post(f"{base}/v1/embeddings", json={"model": "encoder", "input": "late"}, timeout=10)
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_error"
+        assert server.poll() is None  # still draining: the accepted requests hold it
+        finish.set()
+        for thread in threads:
+            thread.join(120)
+        assert server.wait(60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+        log.close()
+    for index, text in enumerate(TEXTS[:3]):
+        assert answers[index].status_code == 200, answers[index].text
+        vector = torch.tensor(answers[index].json()["data"][0]["embedding"])
+        torch.testing.assert_close(vector, embed(bundles["encoder"], [text])[0], atol=1e-5, rtol=1e-5)
+    stream = answers[len(requests) - 1]
+    assert stream.status_code == 200
+    events = [line.removeprefix("data: ") for line in stream.text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
