@@ -8,6 +8,7 @@ killer would. The points are
     checkpoint-write  every checkpoint file written to the temporary directory, not yet renamed
     eval              one validation batch scored, the evaluation not finished
     tokenizer-write   every file of a trained tokenizer written to the temporary directory, not yet renamed
+    token-cache-write a token cache file written and flushed to its temporary name, not yet renamed
 
 Unset (always, outside the tests) it costs one dictionary lookup per call.
 """

@@ -54,13 +54,15 @@ def test_likely_causes_read_what_the_run_did():
 
 
 def _lm_run(tmp_path, steps):
-    """`attn train` of a character LM on a text whose next character is always determined."""
-    text = "abcdefgh" * 400 + "\n"
-    (tmp_path / "train.txt").write_text(text)
+    """`attn train` of a character LM on a text whose next character is always determined (in two
+    files named by a glob: the baseline counts the run's token cache of the whole corpus)."""
+    text = "abcdefgh" * 200 + "\n"
+    (tmp_path / "train-1.txt").write_text(text)
+    (tmp_path / "train-2.txt").write_text(text)
     (tmp_path / "valid.txt").write_text(text[:800])
     return cli.main([
         "train", "--config", "configs/quickstart-lm.toml", f"run_dir={tmp_path / 'run'}",
-        f"data.train={tmp_path / 'train.txt'}", f"data.valid={tmp_path / 'valid.txt'}", "model.d_model=32",
+        f"data.train={tmp_path}/train-*.txt", f"data.valid={tmp_path / 'valid.txt'}", "model.d_model=32",
         "model.d_ff=64", "model.decoder_layers=1", "model.heads=2", "model.max_positions=32", "batch.block_size=32",
         f"train.max_steps={steps}", "train.max_minutes=0", "optim.warmup_steps=1", "train.checkpoint_interval=0",
         "train.precision=fp32", "--quiet",

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+COUNT_SLICE = 1 << 22  # ids counted at a time (np.bincount widens them to int64)
+
 _WORD = re.compile(r"[A-Za-z']+")
 
 
@@ -55,12 +57,22 @@ class NaiveBayes:
         return max(range(len(scores)), key=scores.__getitem__)
 
 
-def unigram_nll(train_ids: Sequence[int], eval_ids: Sequence[int], vocab_size: int) -> float:
+def unigram_nll(train_ids: Sequence[int] | np.ndarray, eval_ids: Sequence[int] | np.ndarray, vocab_size: int) -> float:
     """The NLL in nats summed over `eval_ids` of a unigram model of `train_ids`.
 
     P(w) = (count(w) + 1) / (N + V): add-one smoothing over the `vocab_size` ids, so an id never
-    seen in training still has a finite cost.
+    seen in training still has a finite cost. The ids may be memory maps of a token cache larger
+    than memory: they are counted a slice at a time.
     """
-    counts = np.bincount(np.asarray(train_ids, dtype=np.int64), minlength=vocab_size).astype(np.float64)
+    counts = _counts(train_ids, vocab_size).astype(np.float64)
     log_p = np.log(counts + 1.0) - math.log(counts.sum() + vocab_size)
-    return float(-log_p[np.asarray(eval_ids, dtype=np.int64)].sum())
+    return float(-(_counts(eval_ids, vocab_size) * log_p).sum())
+
+
+def _counts(ids: Sequence[int] | np.ndarray, vocab_size: int) -> np.ndarray:
+    """How often each id 0 .. vocab_size - 1 occurs, shape (V,)."""
+    ids = np.asarray(ids)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for start in range(0, len(ids), COUNT_SLICE):
+        counts += np.bincount(ids[start : start + COUNT_SLICE], minlength=vocab_size)
+    return counts

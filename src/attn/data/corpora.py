@@ -87,23 +87,26 @@ def iter_lines(path: str | Path) -> Iterator[str]:
                 text = decode_text(raw, str(found), number)
                 yield text.removesuffix("\r\n") + "\n" if text.endswith("\r\n") else text
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-        raise _gzip_error(found, err) from err
+        raise not_gzip(found, err) from err
     except OSError as err:
-        raise DataFormatError(str(found), f"cannot be read ({err.strerror}); check the path") from err
+        raise unreadable(found, err) from err
 
 
 def decode_text(data: bytes, source: str, line: int = 1) -> str:
     """UTF-8 bytes -> text, without a leading byte-order mark.
 
     Args:
-        data: the bytes, e.g. of a file or of standard input.
+        data: the bytes, e.g. of a file or of standard input, or whole lines of a file read piece
+            by piece.
         source: what they came from, for the message (a path, or "<stdin>").
-        line: the line `data` starts on, for the message.
+        line: the 1-based line `data` starts on, for the message; a byte-order mark is dropped only
+            at line 1 (a file's start).
 
     Raises:
         DataFormatError: the bytes are binary (hold a NUL byte) or not valid UTF-8; names the line.
     """
-    data = data.removeprefix(codecs.BOM_UTF8)
+    if line == 1:
+        data = data.removeprefix(codecs.BOM_UTF8)
     # Text never holds a NUL byte; checked first, so that a binary file is called binary rather
     # than "invalid UTF-8".
     nul = data.find(b"\x00")
@@ -120,54 +123,62 @@ def decode_text(data: bytes, source: str, line: int = 1) -> str:
         ) from err
 
 
+GZIP_ERRORS = (OSError, EOFError, zlib.error)  # what gunzipping a broken file raises
+
+
+def unreadable(path: Path, err: OSError) -> DataFormatError:
+    """The error for a file that cannot be opened or read."""
+    return DataFormatError(str(path), f"cannot be read ({err.strerror}); check the path")
+
+
+def not_gzip(path: Path, err: Exception) -> DataFormatError:
+    """The error for a `.gz` file that does not gunzip (one of `GZIP_ERRORS`)."""
+    return DataFormatError(
+        str(path), f"is not a valid gzip file ({err}); compress it again with gzip or drop the .gz suffix"
+    )
+
+
 def _read_bytes(path: Path) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise DataFormatError(str(path), f"cannot be read ({err.strerror}); check the path") from err
+        raise unreadable(path, err) from err
     if path.suffix != ".gz":
         return data
     try:
         return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as err:
-        raise _gzip_error(path, err) from err
-
-
-def _gzip_error(path: Path, err: Exception) -> DataFormatError:
-    return DataFormatError(
-        str(path), f"is not a valid gzip file ({err}); compress it again with gzip or drop the .gz suffix"
-    )
+    except GZIP_ERRORS as err:
+        raise not_gzip(path, err) from err
 
 
 # -- language modelling -----------------------------------------------------------------------
 
 
 class LMStream:
-    """One long token stream cut into (input, next-token target) windows of `block_size`."""
+    """One long token stream cut into (input, next-token target) windows of `block_size`.
 
-    def __init__(self, ids: torch.Tensor, block_size: int, seed: int = 0) -> None:
+    The stream is held as it is given, in its own integer type: a tensor, or a NumPy array such
+    as the read-only memory map of a token cache (`attn.data.token_cache`), so a stream larger
+    than memory works too. Only the windows drawn are read, and only they are widened to int64.
+    """
+
+    def __init__(self, ids: torch.Tensor | np.ndarray, block_size: int, seed: int = 0) -> None:
         """Hold a stream.
 
         Args:
-            ids: the token stream, shape (N,), integer dtype.
+            ids: the token stream, shape (N,), integer dtype (a tensor or a NumPy array / memmap).
             block_size: window length T (the model's context).
             seed: seed of the generator that draws training windows.
         """
-        if ids.dim() != 1 or ids.dtype not in _INT_DTYPES:
-            shape = tuple(ids.shape)
-            raise ShapeError(
-                f"ids must be a 1-D integer tensor, got shape {shape} and {ids.dtype}; "
-                "pass torch.tensor(tokenizer.encode(text), dtype=torch.long)"
-            )
+        self.ids = _id_array(ids)
         _check_at_least("block_size", block_size, 1)
-        if ids.numel() < 2:
-            raise ConfigError("ids", f"the stream has {ids.numel()} tokens; give at least 2 to predict one")
-        self.ids = ids.long()
+        if len(self.ids) < 2:
+            raise ConfigError("ids", f"the stream has {len(self.ids)} tokens; give at least 2 to predict one")
         self.block_size = block_size
         self._generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
-        return self.ids.numel()
+        return len(self.ids)
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw training windows at random starts: x = ids[i:i+T], y = ids[i+1:i+T+1].
@@ -176,15 +187,15 @@ class LMStream:
             batch_size: number of windows B.
 
         Returns:
-            (x, y), each of shape (B, T).
+            (x, y), each of shape (B, T), int64.
         """
         _check_at_least("batch_size", batch_size, 1)
-        n, t = self.ids.numel(), self.block_size
+        n, t = len(self.ids), self.block_size
         if n < t + 1:
             raise ConfigError("block_size", f"is {t}, but the stream has only {n} tokens; lower it below {n}")
         starts = torch.randint(n - t, (batch_size,), generator=self._generator)
-        offsets = starts[:, None] + torch.arange(t)  # (B, T)
-        return self.ids[offsets], self.ids[offsets + 1]
+        offsets = starts.numpy()[:, None] + np.arange(t)  # (B, T)
+        return _long(self.ids[offsets]), _long(self.ids[offsets + 1])
 
     def eval_blocks(self, batch_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Non-overlapping windows covering the stream: every token after the first is a target once.
@@ -196,18 +207,18 @@ class LMStream:
             batch_size: full windows per batch.
 
         Yields:
-            (x, y), each of shape (b, T), or (1, r) for the last partial window.
+            (x, y), each of shape (b, T), or (1, r) for the last partial window; int64.
         """
         _check_at_least("batch_size", batch_size, 1)
-        n_targets = self.ids.numel() - 1
+        n_targets = len(self.ids) - 1
         t = self.block_size
         full = n_targets // t
-        x = self.ids[: full * t].view(full, t)
-        y = self.ids[1 : full * t + 1].view(full, t)
-        for start in range(0, full, batch_size):
-            yield x[start : start + batch_size], y[start : start + batch_size]
+        for first in range(0, full, batch_size):
+            rows = min(batch_size, full - first)
+            begin, end = first * t, (first + rows) * t
+            yield _long(self.ids[begin:end]).view(rows, t), _long(self.ids[begin + 1 : end + 1]).view(rows, t)
         if full * t < n_targets:
-            yield self.ids[full * t : -1].unsqueeze(0), self.ids[full * t + 1 :].unsqueeze(0)
+            yield _long(self.ids[full * t : -1]).unsqueeze(0), _long(self.ids[full * t + 1 :]).unsqueeze(0)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The generator's state, to resume the same sequence of training windows."""
@@ -216,6 +227,23 @@ class LMStream:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore a state from `state_dict`."""
         self._generator.set_state(state["generator"])
+
+
+def _id_array(ids: torch.Tensor | np.ndarray) -> np.ndarray:
+    """`ids` as a 1-D NumPy integer array that shares its memory."""
+    array = ids.numpy() if isinstance(ids, torch.Tensor) and ids.dtype in _INT_DTYPES else ids
+    if not isinstance(array, np.ndarray) or array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        shape, dtype = tuple(getattr(ids, "shape", ())), getattr(ids, "dtype", type(ids).__name__)
+        raise ShapeError(
+            f"ids must be a 1-D integer tensor, got shape {shape} and {dtype}; "
+            "pass torch.tensor(tokenizer.encode(text), dtype=torch.long) or a 1-D integer NumPy array"
+        )
+    return array
+
+
+def _long(ids: np.ndarray) -> torch.Tensor:
+    """A copy of some ids (a window, a batch of windows) as an int64 tensor."""
+    return torch.from_numpy(np.array(ids, dtype=np.int64))
 
 
 # -- translation ------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def read_sentencepiece(path: Path) -> Any:  # a sentencepiece.SentencePieceProce
     return processor
 
 
-def input_files(patterns: Sequence[str]) -> list[Path]:
+def input_files(patterns: Sequence[str], key: str = "inputs") -> list[Path]:
     """The files that paths, directories and glob patterns name, in the order given.
 
     A directory stands for every file below it that is not hidden (name starting with "."), a
@@ -65,6 +65,7 @@ def input_files(patterns: Sequence[str]) -> list[Path]:
 
     Args:
         patterns: the paths, directories and globs.
+        key: the setting that names them, for messages (e.g. "data.train").
 
     Returns:
         The files; one named twice is read once.
@@ -74,29 +75,29 @@ def input_files(patterns: Sequence[str]) -> list[Path]:
             holds no file.
     """
     if not patterns:
-        raise ConfigError("inputs", "no input files given; name text files, directories or glob patterns")
+        raise ConfigError(key, "no input files given; name text files, directories or glob patterns")
     found: dict[Path, None] = {}
     for pattern in patterns:
-        for path in _files_of(pattern):
+        for path in _files_of(pattern, key):
             found.setdefault(path)
     return list(found)
 
 
-def _files_of(pattern: str) -> list[Path]:
+def _files_of(pattern: str, key: str) -> list[Path]:
     if any(c in pattern for c in GLOB_CHARACTERS):
         paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
         if not paths:
-            raise ConfigError("inputs", f"the pattern {pattern!r} matches no file; check it (quote it so that "
+            raise ConfigError(key, f"the pattern {pattern!r} matches no file; check it (quote it so that "
                                         "the shell does not expand it)")
         return paths
     path = locate(pattern)
     if path.is_dir():
         paths = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
         if not paths:
-            raise ConfigError("inputs", f"the directory {pattern!r} holds no file; give one with text files")
+            raise ConfigError(key, f"the directory {pattern!r} holds no file; give one with text files")
         return paths
     if not path.exists():
-        raise ConfigError("inputs", f"{pattern}: no such file or directory; check the path")
+        raise ConfigError(key, f"{pattern}: no such file or directory; check the path")
     return [path]
 
 

@@ -53,8 +53,10 @@ A tokenizer never pads or truncates: batching pads (`attn.data.corpora.collate_*
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -180,7 +182,9 @@ class Tokenizer:
         """Train a BPE tokenizer; for translation, train on the texts of both languages.
 
         Args:
-            texts: training texts, e.g. one sentence each.
+            texts: training texts, e.g. one sentence each; any iterable, read once and lazily, so
+                a generator of chunks (`attn.data.text_files.text_chunks`) trains on a corpus
+                larger than memory.
             vocab_size: target vocabulary size, special tokens included.
             byte_level: split UTF-8 bytes (kind `byte-bpe`, never unknown) instead of
                 NFC characters (kind `bpe`).
@@ -272,7 +276,7 @@ class Tokenizer:
         here encodes to unk.
 
         Args:
-            texts: training texts.
+            texts: training texts; any iterable, read once and lazily.
 
         Returns:
             The tokenizer (kind `chars`), with the special ids of the module table.
@@ -453,6 +457,19 @@ class Tokenizer:
         if kind == SENTENCEPIECE_KIND:
             return cls.from_sentencepiece(directory / SENTENCEPIECE_FILE)
         return cls(_load_json(directory / TOKENIZER_FILE), kind)
+
+    def digest(self) -> str:
+        """SHA-256 of the files `save` writes: two tokenizers with one digest give the same ids.
+
+        Returns:
+            64 hex digits.
+        """
+        sha = hashlib.sha256()
+        with tempfile.TemporaryDirectory() as folder:
+            self.save(folder)
+            for path in sorted(Path(folder).iterdir()):
+                sha.update(path.name.encode("utf-8") + b"\0" + path.read_bytes())
+        return sha.hexdigest()
 
     # -- use --------------------------------------------------------------------------------
 

@@ -62,6 +62,8 @@ class DataConfig:
     """Where the data is and how to read it. Paths are relative to the working directory; one under
     `data/` that is not there names the corpus file shipped with attn (`attn.shipped.locate`).
 
+    A language model's `train` and `valid` may name several files, directories and globs, in a
+    list or separated by commas (`attn.data.text_files.corpus_files`); the other tasks read one file.
     `format` and the `*_field` settings say which fields of the files hold what, for the training,
     validation and (`attn evaluate`) test files alike (`attn.data.readers.Fields`): translation reads
     `source_field` -> `target_field`, classification `text_field` (and `text_pair_field` for
@@ -70,8 +72,8 @@ class DataConfig:
     max_positions); `mask_probability` is the share of tokens the masked-LM task predicts.
     """
 
-    train: str = ""
-    valid: str = ""
+    train: str | tuple[str, ...] = ""
+    valid: str | tuple[str, ...] = ""
     format: str = "auto"  # auto | tsv | csv | jsonl | text
     source_field: str = "en"
     target_field: str = "es"
@@ -85,6 +87,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self)
+        for name in ("train", "valid"):
+            paths = getattr(self, name)
+            if isinstance(paths, tuple) and not all(isinstance(path, str) for path in paths):
+                raise ConfigError(name, f"expected a path or a list of paths, got {list(paths)!r}")
         _check_at_least(self, {"max_length": 0})
         self.fields()
         if not 0.0 < self.mask_probability < 1.0:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from attn.config import ModelConfig
 from attn.data.batches import (
@@ -38,6 +38,8 @@ from attn.data.corpora import (
     translation_collate,
 )
 from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel, read_table, resolve_format
+from attn.data.text_files import corpus_files, text_chunks
+from attn.data.token_cache import token_ids
 from attn.data.tokenizers import ROLE_TOKENS, Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
@@ -79,6 +81,7 @@ class TaskContext:
 
 
 TaskBuilder = Callable[[RunConfig, ModelConfig, TaskContext], TaskData]
+TOKEN_CACHE_FOLDER = "data"  # in the run directory: the language model's token caches (attn.data.token_cache)
 TextBatches = tuple[list[list[int]], Callable[..., Batch]]  # encoded texts, (indices, epoch) -> Batch
 
 
@@ -106,7 +109,7 @@ def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskCont
     train = IndexedBatches(sampler, batches_of(pairs), ctx.rank, ctx.world_size)
     valid = None
     if config.data.valid:
-        held_out = load_parallel(config.data.valid, config.data.fields())
+        held_out = load_parallel(_required(config.data.valid, "data.valid"), config.data.fields())
         valid_pairs, _ = filter_long(_encode_pairs(tokenizer, held_out.sources, held_out.targets), limit, "truncate")
         valid = _fixed_batches(
             [len(s) for s, _ in valid_pairs], [len(t) + 1 for _, t in valid_pairs], batch, batches_of(valid_pairs)
@@ -129,22 +132,33 @@ def _encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequenc
 
 
 def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """Next-token prediction over one text stream (the Shakespeare quickstart)."""
-    text = read_text(_required(config.data.train, "data.train"))
-    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, [text])
+    """Next-token prediction over a text stream (the Shakespeare quickstart): the files of data.train,
+    tokenized once into a token cache in RUN_DIR/data and read through a memory map."""
+    files = corpus_files(config.data.train, "data.train")
+    valid_files = corpus_files(config.data.valid, "data.valid") if config.data.valid else None
+    bar = _progress_bars(config, ctx)
+    chunks = text_chunks(files, config.tokenizer.kind == "chars", progress=bar("training the tokenizer"))
+    tokenizer = ctx.tokenizer or make_tokenizer(config.tokenizer, chunks)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
     block = config.batch.block_size
     if block > model_config.max_positions:
         limit = model_config.max_positions
         raise ConfigError("batch.block_size", f"is {block}, more than the model's max_positions={limit}; lower it")
-    stream = LMStream(torch.tensor(tokenizer.encode(text)), block, seed=config.train.seed)
-    train = WindowBatches(stream, config.batch.batch_size, ctx.rank, ctx.world_size)
+    cache = Path(config.run_dir) / TOKEN_CACHE_FOLDER
+    ids = token_ids(files, tokenizer, cache / "train", progress=bar("tokenizing data.train"))
+    train = WindowBatches(LMStream(ids, block, seed=config.train.seed), config.batch.batch_size, ctx.rank, ctx.world_size)
     valid = None
-    if config.data.valid:
-        held_out = LMStream(torch.tensor(tokenizer.encode(read_text(config.data.valid))), block)
-        blocks = [lm_batch(x, y) for x, y in held_out.eval_blocks(config.batch.eval_batch_size)]
-        valid = lambda: blocks
+    if valid_files:
+        held_out = LMStream(token_ids(valid_files, tokenizer, cache / "valid", bar("tokenizing data.valid")), block)
+        valid = lambda: (lm_batch(x, y) for x, y in held_out.eval_blocks(config.batch.eval_batch_size))
     return TaskData(model_config, "forward", None, train, valid, tokenizer=tokenizer, info={"task": "lm"})
+
+
+def _progress_bars(config: RunConfig, ctx: TaskContext) -> Callable[[str], str]:
+    """The description of a progress bar over reading the data: rank 0 of a run that is not quiet
+    shows it; otherwise it is "" (no bar)."""
+    shown = not config.train.quiet and ctx.rank == 0
+    return lambda what: what if shown else ""
 
 
 # -- classification ---------------------------------------------------------------------------
@@ -186,7 +200,8 @@ def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskC
 
         return ids, make
 
-    held_out = load_labelled(config.data.valid, fields, corpus.label_names) if config.data.valid else None
+    held_out = (load_labelled(_required(config.data.valid, "data.valid"), fields, corpus.label_names)
+                if config.data.valid else None)
     train, valid = _text_batches(config, ctx, limit, batches_of(corpus), batches_of(held_out) if held_out else None)
     info = {"task": "classification", "label_names": corpus.label_names, "fields": fields.to_dict()}
     return TaskData(model_config, "classify", None, train, valid, tokenizer=tokenizer, info=info)
@@ -253,7 +268,8 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
         return ids, make
 
-    held_out = batches_of(_texts(config.data.valid, config.data.fields()), _VALID_STREAM) if config.data.valid else None
+    held_out = (batches_of(_texts(_required(config.data.valid, "data.valid"), config.data.fields()), _VALID_STREAM)
+                if config.data.valid else None)
     train, valid = _text_batches(config, ctx, limit, batches_of(texts, _TRAIN_STREAM), held_out)
     return TaskData(model_config, "mlm_logits", pad, train, valid, tokenizer=tokenizer, info={"task": "mlm"})
 
@@ -268,8 +284,8 @@ def _texts(path: str, fields: Fields) -> list[str]:
 # -- shared helpers ---------------------------------------------------------------------------
 
 
-def make_tokenizer(config: TokenizerConfig, texts: Sequence[str]) -> Tokenizer:
-    """Loads `config.path`, or trains a tokenizer of `config.kind` on `texts`."""
+def make_tokenizer(config: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
+    """Loads `config.path`, or trains a tokenizer of `config.kind` on `texts` (read once, lazily)."""
     if config.path:
         return Tokenizer.load(config.path)
     return Tokenizer.train(config.kind, texts, config.vocab_size, config.lowercase)
@@ -303,7 +319,11 @@ def length_limit(config: RunConfig, model_config: ModelConfig) -> int:
     return min(config.data.max_length or model_config.max_positions, model_config.max_positions)
 
 
-def _required(path: str, key: str) -> str:
+def _required(path: str | tuple[str, ...], key: str) -> str:
+    """The one file of a task that reads one (every task but the language model)."""
+    if isinstance(path, tuple):
+        raise ConfigError(key, f"a list of files is read by the lm task only; this task reads one file, so give "
+                               f"one path instead of {list(path)!r}")
     if not path:
         raise ConfigError(key, "is not set; give the path of the file, e.g. in the TOML or as an override")
     return path

@@ -1,8 +1,9 @@
 """Language modelling: next-token prediction over a text stream with a decoder-only model.
 
-Trains on a text file (`attn.training.tasks.lm_task`) with GPT-2's optimizer recipe as nanoGPT
-trains it; scored in nats per token and character over a whole file; a run must have a tenth
-fewer validation nats per token than a unigram model of its training text.
+Trains on text files, tokenized once into a memory-mapped token cache in the run directory
+(`attn.training.tasks.lm_task`), with GPT-2's optimizer recipe as nanoGPT trains it; scored in
+nats per token and character over a whole file; a run must have a tenth fewer validation nats per
+token than a unigram model of its training text (counted from the run's token caches).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from attn.app.inference import continue_texts
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture
-from attn.data.corpora import read_text
+from attn.data.token_cache import open_token_cache
 from attn.decoding import GenerationConfig
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import lm_task
+from attn.training.tasks import TOKEN_CACHE_FOLDER, lm_task
 
 
 def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
@@ -28,11 +29,13 @@ def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[st
 
 
 def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck | None:
-    """`val_loss` (nats per token, as the trainer measured it) against a unigram model of the training text."""
+    """`val_loss` (nats per token, as the trainer measured it) against a unigram model of the training text,
+    both read from the run's token caches (the corpus may be larger than memory)."""
     if "val_loss" not in metrics:
         return None
-    eval_ids = loaded.tokenizer.encode(read_text(config.data.valid))
-    train_ids = loaded.tokenizer.encode(read_text(config.data.train))
+    caches = Path(config.run_dir) / TOKEN_CACHE_FOLDER
+    eval_ids = open_token_cache(caches / "valid", loaded.tokenizer)
+    train_ids = open_token_cache(caches / "train", loaded.tokenizer)
     return lm_check(metrics["val_loss"], train_ids, eval_ids, loaded.tokenizer.vocab_size, len(eval_ids) - 1,
                     "token", "valid")
 
