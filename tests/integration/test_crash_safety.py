@@ -241,7 +241,8 @@ def test_the_resume_command_repeats_the_command_line_with_resuming_on(monkeypatc
     for name, value in world.items():
         monkeypatch.setenv(name, value)
     line = ["train", "--config", "my runs/c.toml", "train.resume=false", "optim.lr=2", "--quiet"]
-    assert _resume_command(build_parser().parse_args(line)) == expected
+    args = build_parser().parse_args(line)
+    assert _resume_command(args.config, args.words, args.quiet) == expected
 
 
 def test_stop_signals_are_recorded_then_the_previous_handlers_come_back():

@@ -29,9 +29,17 @@ from attn.app.inference import (
 )
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
-from attn.app.runs import check_run, load_run_config, train
+from attn.app.runs import (
+    DATA_FLAGS,
+    check_run,
+    configure,
+    default_run_dir,
+    recipe_tables,
+    train,
+    write_run_config,
+)
 from attn.app.serve import ServeOptions, load_served_models, run_server
-from attn.app.tasks import EvalOptions, evaluate
+from attn.app.tasks import EvalOptions, evaluate, task_names
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names
@@ -41,7 +49,8 @@ from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
-from attn.training import TrainingInterrupted, last_checkpoints, write_averaged_checkpoint
+from attn.training import TrainingInterrupted, last_checkpoints, read_run_tables, write_averaged_checkpoint
+from attn.training.runconfig import RunConfig
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -268,17 +277,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides)
-    if args.quiet:
-        overrides.append("train.quiet=true")
-    config = load_run_config(args.config, overrides)  # a mistake in it is reported before the trainer loads
+    config, task = train_config(args)  # a mistake in it is reported before the trainer loads
+    if task is not None:
+        print(f"attn: training {task} in {config.run_dir}", flush=True)
     try:
         result = train(config)
     except TrainingInterrupted as stop:
         if stop.checkpoint is not None:  # rank 0 speaks for all ranks of a torchrun job
-            print(f"attn: {stop}; resume with: {_resume_command(args)}", file=sys.stderr)
+            resume = (_resume_command(args.config, args.words, args.quiet) if task is None else
+                      _resume_command(str(write_run_config(config, _command())), [], False))
+            print(f"attn: {stop}; resume with: {resume}", file=sys.stderr)
         return stop.exit_code
     print(result.summary())
+    if task is not None and result.checkpoint is not None:
+        path = write_run_config(config, _command())
+        print(f"run config: {path} (train it again: {shlex.join(['attn', 'train', '--config', str(path)])} "
+              "run_dir=NEW_DIR)")
     checked = check_run(config, result)
     if checked is not None:
         check, warning = checked
@@ -288,14 +302,46 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_command(args: argparse.Namespace) -> str:
-    """The command that continues the run: the same one, with resuming switched on.
+def train_config(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
+    """The run config of `attn train` (from --config, or from the named task's recipe), with the
+    flags and overrides applied; and the task, when one was named.
+
+    Raises:
+        ConfigError: neither or both of a task and --config, a task without --train, or an invalid setting.
+    """
+    words = list(args.words)
+    task = words.pop(0) if words and "=" not in words[0] else None
+    overrides = [*words, *(["train.quiet=true"] if args.quiet else [])]
+    data = {name: getattr(args, name) for name in DATA_FLAGS if getattr(args, name) is not None}
+    if args.config is not None:
+        if task is not None:
+            raise ConfigError("--config", f"give a task ({task!r}) or --config, not both")
+        tables, run_dir = read_run_tables(args.config), args.run_dir
+    else:
+        if task is None:
+            raise ConfigError("train", f"name a task ({', '.join(task_names(trainable=True))}) and its --train "
+                                       "data, or give --config RUN.toml")
+        tables = recipe_tables(task)
+        if not args.train:
+            raise ConfigError("--train", f"is required to train a task: the training data, e.g. attn train {task} "
+                                         "--train FILE --valid FILE")
+        run_dir = args.run_dir or default_run_dir(task)
+    return configure(tables, data, args.minutes, args.preset or "", run_dir or "", overrides), task
+
+
+def _command() -> str:
+    """This process's command line, as the header of the run.toml it writes."""
+    return shlex.join(["attn", *sys.argv[1:]])
+
+
+def _resume_command(config: str, overrides: Sequence[str], quiet: bool) -> str:
+    """The command that continues the run: `attn train --config` with the same overrides and resuming switched on.
 
     Under torchrun it is a torchrun command with as many processes per node (a multi-node job
     adds its node options again).
     """
-    kept = [item for item in args.overrides if item.partition("=")[0].strip() != "train.resume"]
-    arguments = ["train", "--config", args.config, *kept, "train.resume=true", *(["--quiet"] if args.quiet else [])]
+    kept = [item for item in overrides if item.partition("=")[0].strip() != "train.resume"]
+    arguments = ["train", "--config", config, *kept, "train.resume=true", *(["--quiet"] if quiet else [])]
     world = os.environ.get("WORLD_SIZE", "1")
     per_node = os.environ.get("LOCAL_WORLD_SIZE", world)
     launcher = ["attn"] if world == "1" else ["torchrun", f"--nproc_per_node={per_node}", "-m", "attn.app.cli"]
@@ -422,10 +468,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'full' is the ~15-minute quickstart; 'smoke' a few steps per task (tests)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    p = _subcommand(sub, "train", cmd_train, "train a model from a TOML run config",
-                    "attn train --config configs/translation-quick.toml train.max_steps=2000")
-    p.add_argument("--config", "-c", required=True, help="the run config (configs/*.toml)")
-    p.add_argument("overrides", nargs="*", help="overrides of config fields: section.key=value")
+    p = _subcommand(sub, "train", cmd_train, "train a task on your data from its small recipe, or a model from a "
+                    "TOML run config", "attn train lm --train texts.txt --valid valid.txt --minutes 10\n"
+                    "  attn train --config configs/translation-quick.toml train.max_steps=2000")
+    p.add_argument("words", nargs="*", metavar="[TASK] [section.key=value ...]",
+                   help=f"a task to train from its shipped recipe ({', '.join(task_names(trainable=True))}), then "
+                   "overrides of config fields")
+    p.add_argument("--config", "-c", help="a run config (configs/*.toml, or a run's run.toml) instead of a task")
+    p.add_argument("--train", metavar="FILES", help="the training data (a task needs it)")
+    p.add_argument("--valid", metavar="FILES", help="the validation data (default: none)")
+    for flag, field, what in (("--source", "source_field", "the source language, column or key (translation)"),
+                              ("--target", "target_field", "the target language, column or key (translation)"),
+                              ("--text-field", "text_field", "the column or key of the texts"),
+                              ("--label-field", "label_field", "the column or key of the labels (classification)"),
+                              ("--text-pair-field", "text_pair_field", "the column or key of second texts")):
+        p.add_argument(flag, dest=field, metavar="NAME", help=f"{what}: data.{field}")
+    p.add_argument("--minutes", type=float, help="a wall-clock budget (train.max_minutes) instead of a step count")
+    p.add_argument("--preset", metavar="NAME",
+                   help="a fresh model of this preset instead of the recipe's model (attn presets)")
+    p.add_argument("--run-dir", dest="run_dir", help="where the run goes (a task's default: runs/TASK-DATE-TIME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = _subcommand(sub, "evaluate", cmd_evaluate, "score a model on a data file with its task's metric",
@@ -550,7 +611,11 @@ def _tokenizer_parsers(sub) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.func is not cmd_train or any(item.startswith("-") for item in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # overrides after the options: attn train TASK --train FILE key=value
+        args.words += extra
     try:
         return args.func(args)
     except ConfigError as error:

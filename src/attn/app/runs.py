@@ -2,11 +2,15 @@
 task's data adapter, and checked against its task's baseline.
 
 The training layer knows no task by name; these functions find the task in the registry
-(`attn.app.tasks`) and hand its parts down.
+(`attn.app.tasks`) and hand its parts down. `attn train TASK --train FILES ...` starts from the
+task's shipped small recipe (`recipe_tables`, `configure`) and writes the config it trained as
+RUN_DIR/run.toml (`write_run_config`).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,9 +19,10 @@ from attn.app.guard import BaselineCheck, verdict
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
 from attn.config import ModelConfig
+from attn.errors import ConfigError
 from attn.training import RunResult, read_run_tables
 from attn.training import train as train_run
-from attn.training.runconfig import RunConfig
+from attn.training.runconfig import RunConfig, apply_overrides
 
 
 def run_config(tables: Mapping[str, Any]) -> RunConfig:
@@ -89,3 +94,79 @@ def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str]
     if check is None:
         return None
     return check, verdict(check, config, result)
+
+
+RUN_FILE = "run.toml"  # the run config `attn train TASK ...` writes into its run directory
+DATA_FLAGS = ("train", "valid", "source_field", "target_field", "text_field", "label_field", "text_pair_field")
+_NO_STEP_CAP = 1_000_000  # a --minutes run stops on time; the recipe's step count would stop it first
+
+
+def recipe_tables(task: str) -> dict[str, Any]:
+    """The tables of a new run of `task` from its shipped small recipe (`TaskSpec.recipe`), with
+    the recipe's data files left out for the user's.
+
+    Raises:
+        ConfigError: an unknown task, or one without a recipe (the message says what to do).
+    """
+    spec = get_task(task, trainable=True)
+    if not spec.recipe:
+        raise ConfigError("task", f"{task!r} has no shipped recipe; write a run config and train it with "
+                                  "attn train --config")
+    tables = read_run_tables(spec.recipe)
+    tables["data"] = {k: v for k, v in tables.get("data", {}).items() if k not in ("train", "valid")}
+    return tables
+
+
+def default_run_dir(task: str) -> str:
+    """runs/<task>-<local date>-<time>, e.g. runs/lm-20260101-120000."""
+    return f"runs/{task}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def configure(tables: Mapping[str, Any], data: Mapping[str, str] | None = None, minutes: float | None = None,
+              preset: str = "", run_dir: str = "", overrides: Sequence[str] = ()) -> RunConfig:
+    """A run config from `tables` (a recipe's or a TOML file's) with the settings of `attn train`'s
+    flags, then `overrides`, applied, and the task's defaults for what is still left out.
+
+    Args:
+        tables: nested run-config tables.
+        data: `DataConfig` fields to set (`train`, `valid`, `source_field`, ...).
+        minutes: a wall-clock budget (`train.max_minutes`); the table's step count stops capping it.
+        preset: train a fresh model of this preset: it replaces the whole `[model]` table
+            (the recipe's dimensions and `init_from` included).
+        run_dir: where the run goes ("" keeps the table's).
+        overrides: `key=value` / `section.key=value` strings, applied last.
+
+    Raises:
+        ConfigError: an unknown task, or an invalid key or value.
+    """
+    out = apply_overrides(tables, ())
+    _update(out, "data", data or {})
+    if minutes is not None:
+        _update(out, "train", {"max_minutes": minutes, "max_steps": _NO_STEP_CAP})
+    if preset:
+        out["model"] = {"preset": preset}
+    if run_dir:
+        out["run_dir"] = run_dir
+    return run_config(apply_overrides(out, overrides))
+
+
+def _update(tables: dict[str, Any], section: str, values: Mapping[str, Any]) -> None:
+    """Sets `values` in a table; a section that is not a table is left for `RunConfig.from_dict` to report."""
+    current = tables.get(section, {})
+    if values and isinstance(current, Mapping):
+        tables[section] = {**current, **values}
+
+
+def write_run_config(config: RunConfig, command: str) -> Path:
+    """Writes `config` as RUN_DIR/run.toml (atomically), headed by the command that made it.
+
+    `attn train --config RUN_DIR/run.toml` trains the same run again (it resumes the run in
+    RUN_DIR; `run_dir=...` starts it afresh elsewhere).
+    """
+    path = Path(config.run_dir) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{RUN_FILE}.partial")
+    header = f"# {' '.join(command.splitlines())}\n# again: attn train --config {path}\n"
+    partial.write_text(header + config.to_toml(), encoding="utf-8")
+    os.replace(partial, path)
+    return path

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -328,6 +329,15 @@ class RunConfig:
                 fields[name] = _build_section(name, kind, table)
         return cls(**fields)
 
+    def to_toml(self) -> str:
+        """The config as TOML, every field written out: `RunConfig.from_dict(tomllib.loads(text))`
+        gives this config back, whatever the task's defaults."""
+        tables = self.to_dict()
+        lines = [f"{key} = {_toml_value(tables[key])}" for key in ("task", "run_dir")]
+        for name in SECTIONS:
+            lines += ["", f"[{name}]", *(f"{key} = {_toml_value(value)}" for key, value in tables[name].items())]
+        return "\n".join(lines) + "\n"
+
     def override(self, *items: str) -> RunConfig:
         """A copy with `key=value` / `section.key=value` overrides applied (validated again)."""
         return RunConfig.from_dict(apply_overrides(self.to_dict(), items))
@@ -403,6 +413,19 @@ def _build_section(name: str, kind: type, data: Any) -> Any:
 
 def _message(err: ConfigError) -> str:
     return str(err).removeprefix(f"{err.field}: ")
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML literal of a config value (a JSON string is a TOML basic string)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)  # 1e-09, inf and nan are TOML too
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_toml_value(item) for item in value)}]"
+    raise TypeError(f"no TOML form for {type(value).__name__} {value!r}")
 
 
 def _section_dict(section: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """RunConfig: TOML loading, command-line overrides, errors that name the key, shipped configs."""
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,25 @@ def test_configs_are_shipped():
 def test_every_shipped_config_parses_and_round_trips(path):
     config = load_run_config(path)
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert RunConfig.from_dict(tomllib.loads(config.to_toml())) == config
     model = config.model_config()
     assert model.d_model % model.heads == 0
     for key in ("train", "valid"):
         assert (Path(__file__).parents[3] / getattr(config.data, key)).exists()
+
+
+def test_a_config_written_as_toml_reads_back_equal(tmp_path):
+    config = RunConfig().override(
+        "task=lm", r'run_dir="runs/a \"quoted\" café\tdir"', "optim.eps=1e-9", "optim.lr=6e-4",
+        "model.preset=gpt2-tiny", "model.d_model=64", "model.norm=pre", "data.text_field=review",
+        "train.max_minutes=2.5", "train.quiet=true",
+    )
+    path = tmp_path / "run.toml"
+    path.write_text(config.to_toml(), encoding="utf-8")
+    assert load_run_config(path) == config
+    assert config.run_dir == 'runs/a "quoted" café\tdir' and config.optim.eps == 1e-9
+    text = config.to_toml()
+    assert 'text_field = "review"' in text and "eps = 1e-09" in text and "[model]\npreset = \"gpt2-tiny\"" in text
 
 
 def test_paper_base_gpu_config_keeps_the_papers_model_and_optimizer():

@@ -22,4 +22,5 @@ SPEC = TaskSpec(
                   "weight_decay": 0.01, "warmup_steps": 200},
         "train": {"label_smoothing": 0.0},
     },
+    recipe="configs/fortunes-mlm.toml",
 )
