@@ -103,3 +103,13 @@ def test_train_flags_set_the_data_fields_and_the_time_budget(tmp_path):
     assert (labelled.data.text_field, labelled.data.label_field, labelled.data.text_pair_field) == (
         "review", "stars", "")
     assert labelled.model.init_from == "all-MiniLM-L6-v2"
+
+
+def test_a_one_line_run_writes_its_run_toml_before_training(tmp_path):
+    """A run that stops before its first checkpoint (here: a training file without text) keeps the
+    config that reproduces it."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    run_dir = tmp_path / "run"
+    assert main(["train", "lm", "--train", str(empty), "--run-dir", str(run_dir), *FEW_STEPS]) != 0
+    assert load_run_config(run_dir / "run.toml").data.train == str(empty)

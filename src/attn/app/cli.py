@@ -278,20 +278,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     config, task = train_config(args)  # a mistake in it is reported before the trainer loads
+    written = None
     if task is not None:
+        # Written before training, so that a run killed at any point still has the config that reproduces it.
+        written = write_run_config(config, _command()) if os.environ.get("RANK", "0") == "0" else None
         print(f"attn: training {task} in {config.run_dir}", flush=True)
     try:
         result = train(config)
     except TrainingInterrupted as stop:
         if stop.checkpoint is not None:  # rank 0 speaks for all ranks of a torchrun job
-            resume = (_resume_command(args.config, args.words, args.quiet) if task is None else
-                      _resume_command(str(write_run_config(config, _command())), [], False))
+            resume = (_resume_command(args.config, args.words, args.quiet) if written is None else
+                      _resume_command(str(written), [], False))
             print(f"attn: {stop}; resume with: {resume}", file=sys.stderr)
         return stop.exit_code
     print(result.summary())
-    if task is not None and result.checkpoint is not None:
-        path = write_run_config(config, _command())
-        print(f"run config: {path} (train it again: {shlex.join(['attn', 'train', '--config', str(path)])} "
+    if written is not None:
+        print(f"run config: {written} (train it again: {shlex.join(['attn', 'train', '--config', str(written)])} "
               "run_dir=NEW_DIR)")
     checked = check_run(config, result)
     if checked is not None:
