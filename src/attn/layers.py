@@ -1,4 +1,5 @@
-"""The paper's small parts: position-wise FFN, residual + LayerNorm wrappers, embeddings.
+"""The paper's small parts: position-wise FFN, residual + LayerNorm wrappers, embeddings, the
+output projection.
 
 Post-norm (section 3.1: LayerNorm(x + Dropout(Sublayer(x)))) and pre-norm
 (x + Dropout(Sublayer(LayerNorm(x)))) are two small wrappers with one interface; the builder
@@ -8,9 +9,12 @@ residual add, and on the sum of embeddings and positional encodings.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import weakref
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -101,3 +105,86 @@ class Embeddings(nn.Module):
 
 def embedding_scale(d_model: int, scaled: bool) -> float:
     return math.sqrt(d_model) if scaled else 1.0
+
+
+# Most rows for which a call on the CPU without autograd multiplies by the transposed copy (decode steps:
+# one row per sequence or beam); a prefill or a scored sequence has more and goes through `F.linear`.
+FEW_ROWS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class _Transposed:
+    """A contiguous (d_model, vocab) copy of an output weight and what identifies the weight it was made from."""
+
+    matrix: Tensor
+    storage: weakref.ref
+    data_ptr: int
+    version: int
+    hook: torch.utils.hooks.RemovableHandle | None
+
+    def matches(self, weight: Tensor) -> bool:
+        """Whether `weight` still holds the values the copy was made from."""
+        return (
+            self.storage() is weight.untyped_storage()
+            and self.data_ptr == weight.data_ptr()
+            and self.version == weight._version
+        )
+
+
+class OutputProjection(nn.Linear):
+    """logits = x W^T + b, (..., d_model) -> (..., vocab): the one projection behind `forward` and decoding.
+
+    A decode step on the CPU multiplies a few rows by the whole (vocab, d_model) matrix, which is
+    faster as `x @ W^T` with W^T stored contiguously, (d_model, vocab), than through `F.linear`
+    (`benchmarks/projection.py`). The module makes that copy once, on the first call without autograd on
+    the CPU with at most `FEW_ROWS` rows, and keeps it while the weight holds the same values: an in-place
+    change (`load_state_dict`, a non-fused optimizer) bumps the weight's version, `.to()` or a new weight
+    changes its storage, and a gradient reaching the weight (which any optimizer step needs; fused
+    optimizers change it without bumping its version) drops the copy. While the weight has a gradient the
+    copy is neither used nor made, and every call with autograd goes through `F.linear` on the weight
+    itself. Parameters and state-dict keys are those of `nn.Linear`, so tying the weight to an embedding
+    (`projection.weight = embedding.weight`) works as it does there.
+    """
+
+    def __init__(self, d_model: int, vocab: int, bias: bool) -> None:
+        super().__init__(d_model, vocab, bias=bias)
+        self._transposed: _Transposed | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., d_model) -> (..., vocab)."""
+        if not self._few_rows(x):
+            return F.linear(x, self.weight, self.bias)
+        logits = x @ self._transposed_weight()
+        return logits if self.bias is None else logits + self.bias
+
+    def _few_rows(self, x: Tensor) -> bool:
+        weight = self.weight
+        return (
+            not torch.compiler.is_compiling()
+            and not torch.is_grad_enabled()
+            and weight.device.type == "cpu"
+            and weight.grad is None
+            and x.numel() <= FEW_ROWS * x.size(-1)
+        )
+
+    def _transposed_weight(self) -> Tensor:
+        """The (d_model, vocab) copy of the current weight, made anew when the weight changed."""
+        weight, kept = self.weight, self._transposed
+        if kept is not None and kept.matches(weight):
+            return kept.matrix
+        self._drop()
+        hook = weight.register_post_accumulate_grad_hook(self._on_gradient) if weight.requires_grad else None
+        kept = _Transposed(
+            weight.detach().t().contiguous(), weakref.ref(weight.untyped_storage()), weight.data_ptr(),
+            weight._version, hook,
+        )
+        self._transposed = kept
+        return kept.matrix
+
+    def _on_gradient(self, weight: Tensor) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        kept, self._transposed = self._transposed, None
+        if kept is not None and kept.hook is not None:
+            kept.hook.remove()
