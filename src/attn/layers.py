@@ -107,9 +107,9 @@ def embedding_scale(d_model: int, scaled: bool) -> float:
     return math.sqrt(d_model) if scaled else 1.0
 
 
-# Most rows for which a call on the CPU without autograd multiplies by the transposed copy (decode steps:
-# one row per sequence or beam); a prefill or a scored sequence has more and goes through `F.linear`.
-FEW_ROWS = 32
+# Most rows for which a call on the CPU without autograd (a decode step: one row per sequence or beam; a
+# short prompt) uses the decoding layouts of `OutputProjection`; longer inputs go through `F.linear`.
+DECODE_ROWS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,15 +134,19 @@ class _Transposed:
 class OutputProjection(nn.Linear):
     """logits = x W^T + b, (..., d_model) -> (..., vocab): the one projection behind `forward` and decoding.
 
-    A decode step on the CPU multiplies a few rows by the whole (vocab, d_model) matrix, which is
-    faster as `x @ W^T` with W^T stored contiguously, (d_model, vocab), than through `F.linear`
-    (`benchmarks/projection.py`). The module makes that copy once, on the first call without autograd on
-    the CPU with at most `FEW_ROWS` rows, and keeps it while the weight holds the same values: an in-place
-    change (`load_state_dict`, a non-fused optimizer) bumps the weight's version, `.to()` or a new weight
-    changes its storage, and a gradient reaching the weight (which any optimizer step needs; fused
-    optimizers change it without bumping its version) drops the copy. While the weight has a gradient the
-    copy is neither used nor made, and every call with autograd goes through `F.linear` on the weight
-    itself. Parameters and state-dict keys are those of `nn.Linear`, so tying the weight to an embedding
+    A decode step on the CPU multiplies a few rows by the whole (vocab, d_model) matrix, where `F.linear`
+    is slow (`benchmarks/projection.py`, issue 21): one row is fastest as `x @ W^T` with W^T stored
+    contiguously, (d_model, vocab), and 2 to `DECODE_ROWS` rows as `(W @ x^T)^T`, the weight on the left
+    as it is stored. So without autograd on the CPU the module takes those layouts, and `F.linear` in
+    every other case: with autograd (training: the gradient flows through the weight itself), on a GPU,
+    under `torch.compile`, for longer inputs.
+
+    The transposed copy is made once per model, on the first one-row call, and kept while the weight
+    holds the same values: an in-place change (`load_state_dict`, a non-fused optimizer) bumps the
+    weight's version, `.to()` or a new weight changes its storage, and a gradient reaching the weight
+    (which any optimizer step needs; fused optimizers change the weight without bumping its version)
+    drops the copy. While the weight has a gradient the copy is neither used nor made. Parameters and
+    state-dict keys are those of `nn.Linear`, so tying the weight to an embedding
     (`projection.weight = embedding.weight`) works as it does there.
     """
 
@@ -152,21 +156,22 @@ class OutputProjection(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., d_model) -> (..., vocab)."""
-        if not self._few_rows(x):
+        rows = x.numel() // x.size(-1)
+        if not 0 < rows <= DECODE_ROWS or not self._decoding_on_cpu():
             return F.linear(x, self.weight, self.bias)
-        logits = x @ self._transposed_weight()
+        if rows == 1:
+            logits = x @ self._transposed_weight()
+        else:
+            logits = (self.weight @ x.reshape(rows, -1).t()).t().contiguous().view(*x.shape[:-1], -1)
         return logits if self.bias is None else logits + self.bias
 
-    def _few_rows(self, x: Tensor) -> bool:
-        weight = self.weight
+    def _decoding_on_cpu(self) -> bool:
         return (
             not torch.compiler.is_compiling()
             and not torch.is_grad_enabled()
-            and weight.device.type == "cpu"
-            and weight.grad is None
-            and x.numel() <= FEW_ROWS * x.size(-1)
+            and self.weight.device.type == "cpu"
+            and self.weight.grad is None
         )
-
     def _transposed_weight(self) -> Tensor:
         """The (d_model, vocab) copy of the current weight, made anew when the weight changed."""
         weight, kept = self.weight, self._transposed
