@@ -172,6 +172,7 @@ class OutputProjection(nn.Linear):
             and self.weight.device.type == "cpu"
             and self.weight.grad is None
         )
+
     def _transposed_weight(self) -> Tensor:
         """The (d_model, vocab) copy of the current weight, made anew when the weight changed."""
         weight, kept = self.weight, self._transposed

@@ -39,6 +39,10 @@ def _reference(model: Decoder) -> torch.Tensor:
         return model(TOKENS).detach()
 
 
+def _reference_projection(projection: OutputProjection, x: torch.Tensor) -> torch.Tensor:
+    return x @ projection.weight.detach().t() + (0 if projection.bias is None else projection.bias.detach())
+
+
 def _loss(model: Decoder) -> torch.Tensor:
     return model(TOKENS).logsumexp(-1).mean()
 
@@ -123,6 +127,10 @@ def test_the_copy_is_made_once_per_model_and_kept_across_caches():
     assert copy.shape == (model.lm_head.in_features, model.lm_head.out_features) and copy.is_contiguous()
     _decoded(model)
     assert model.lm_head._transposed.matrix is copy
+    x = torch.randn(1, model.lm_head.in_features)
+    with torch.no_grad():  # the copy was made under inference mode; plain no-grad calls use it too
+        assert_close(model.lm_head(x), _reference_projection(model.lm_head, x), atol=1e-5, rtol=0)
+    assert model.lm_head._transposed.matrix is copy
 
 
 def test_with_autograd_the_gradient_reaches_the_weight_and_no_copy_is_made():
@@ -141,7 +149,7 @@ def test_any_number_of_rows_gives_the_defined_logits(rows):
     torch.manual_seed(0)
     projection = OutputProjection(8, 50, bias=True)
     x = torch.randn(rows, 1, 8)
-    expected = x @ projection.weight.detach().t() + projection.bias.detach()  # the definition
+    expected = _reference_projection(projection, x)
     with torch.no_grad():
         assert_close(projection(x), expected, atol=1e-5, rtol=0)
     assert (projection._transposed is not None) == (rows == 1)  # the copy only for one row
