@@ -58,9 +58,6 @@ class KVCache:
         self.slots = [_Slot(self, i) for i in range(layers)]
         self.memory: list[tuple[Tensor, Tensor]] = []
         self.memory_mask: Tensor | None = None
-        self.vocab: Tensor | None = None
-        self.vocab_t: Tensor | None = None
-        self.vocab_bias: Tensor | None = None
         self.start = 0
         self.length = 0
 
@@ -88,25 +85,6 @@ class KVCache:
         self.positions[:, self.start : self.length] = positions
         self.mask[:, self.start : self.length] = mask
         return self.positions[:, : self.length], self.mask[:, : self.length]
-
-    def keep_projection(self, projection: torch.nn.Linear) -> None:
-        """Keeps the output projection for `project`, with a contiguous (d_model, vocab) copy.
-
-        On CPUs the matrix products behind a decode step are fastest with the copy for one row
-        (a matrix-vector product, about twice as fast as with the (vocab, d_model) layout), and with
-        the (vocab, d_model) weight on the left, vocab x d_model times d_model x rows, for several
-        rows (beams, a batch, a prompt): 1.4-2x faster than either row-major product.
-        """
-        self.vocab = projection.weight.detach()
-        self.vocab_t = self.vocab.t().contiguous()
-        self.vocab_bias = None if projection.bias is None else projection.bias.detach()
-
-    def project(self, x: Tensor) -> Tensor:
-        """(B, T, d_model) -> (B, T, vocab) logits through the kept output projection."""
-        rows = x.reshape(-1, x.size(-1))
-        logits = rows @ self.vocab_t if rows.size(0) == 1 else (self.vocab @ rows.t()).t().contiguous()
-        logits = logits.view(*x.shape[:-1], -1)
-        return logits if self.vocab_bias is None else logits + self.vocab_bias
 
     def next_positions(self) -> Tensor:
         """(B, 1): the position of each row's next token (one past its last real token)."""

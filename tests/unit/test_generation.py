@@ -46,9 +46,10 @@ def seq2seq() -> EncoderDecoder:
 
 
 def _reference_greedy(model: Decoder, prompt: list[int], steps: int) -> list[int]:
-    """Greedy decoding the slow way: the whole sequence through `forward` at every step."""
+    """Greedy decoding the slow way: the whole sequence through `forward` at every step, with autograd on
+    (so the output projection multiplies by its weight with F.linear, not by the copy decoding uses)."""
     tokens = list(prompt)
-    with torch.no_grad():
+    with torch.enable_grad():
         for _ in range(steps):
             tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
     return tokens[len(prompt) :]
@@ -56,7 +57,7 @@ def _reference_greedy(model: Decoder, prompt: list[int], steps: int) -> list[int
 
 def _reference_translation(model: EncoderDecoder, source: list[int], steps: int) -> list[int]:
     output = [START]
-    with torch.no_grad():
+    with torch.enable_grad():
         for _ in range(steps):
             output.append(int(model(torch.tensor([source]), torch.tensor([output]))[0, -1].argmax()))
     return output[1:]

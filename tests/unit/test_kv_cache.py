@@ -1,6 +1,11 @@
 """The KV cache: cached decoding equals the uncached forward pass for every positional scheme and
 norm placement, left padding, the reset lifecycle, overflow, reordering, and the rows of a
-continuous batch (stacking caches, trimming padding)."""
+continuous batch (stacking caches, trimming padding).
+
+Cached decoding runs without autograd, so its steps go through the output projection's decoding layouts
+(the weight on the left; a transposed copy for one row); the uncached reference runs with autograd on,
+through `F.linear` on the weight itself.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,12 @@ def _build(name: str, positional: Positional, norm: NormPlacement) -> Decoder | 
     return build_model(config).eval()
 
 
+def _uncached(model, *inputs) -> torch.Tensor:
+    """The forward pass with autograd on: the output projection multiplies by its weight with F.linear."""
+    with torch.enable_grad():
+        return model(*inputs).detach()
+
+
 def _decode_in_pieces(model, tokens: torch.Tensor, cache, prefix: int) -> torch.Tensor:
     """Prefills `prefix` tokens at once, then feeds the rest one at a time; all logits (B, T, V)."""
     pieces = [model.decode_step(tokens[:, :prefix], cache)]
@@ -34,8 +45,8 @@ def _decode_in_pieces(model, tokens: torch.Tensor, cache, prefix: int) -> torch.
 def test_decoder_cached_equals_uncached(positional, norm):
     model = _build("gpt2-tiny", positional, norm)
     tokens = torch.randint(0, 97, (2, 12))
+    full = _uncached(model, tokens)
     with torch.no_grad():
-        full = model(tokens)
         cached = _decode_in_pieces(model, tokens, model.new_cache(2, 12), prefix=5)
     assert_close(cached, full, atol=1e-5, rtol=0)
 
@@ -46,8 +57,8 @@ def test_encoder_decoder_cached_equals_uncached(positional, norm):
     src = torch.randint(1, 97, (2, 7))
     src_mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
     tgt = torch.randint(0, 97, (2, 9))
+    full = _uncached(model, src, tgt, src_mask)
     with torch.no_grad():
-        full = model(src, tgt, src_mask)
         cache = model.new_cache(model.encode(src, src_mask), src_mask, 9)
         cached = _decode_in_pieces(model, tgt, cache, prefix=3)
     assert_close(cached, full, atol=1e-5, rtol=0)
@@ -66,8 +77,43 @@ def test_left_padded_prompts_decode_as_if_alone(positional, norm):
         first = model.decode_step(batch, cache, mask)[:, -1:]
         batched = torch.cat([first] + [model.decode_step(steps[:, t : t + 1], cache) for t in range(4)], dim=1)
         for row, prompt in enumerate(prompts):
-            alone = model(torch.tensor([prompt + steps[row].tolist()]))[:, len(prompt) - 1 :]
+            alone = _uncached(model, torch.tensor([prompt + steps[row].tolist()]))[:, len(prompt) - 1 :]
             assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=0)
+
+
+def test_encoder_mlm_logits_without_autograd_equal_those_with_it():
+    """The third architecture's output projection (the masked-LM head) takes the same decoding layouts."""
+    torch.manual_seed(0)
+    model = build_model(preset("bert-base-tiny").replace(dropout=0.0, attention_dropout=0.0)).eval()
+    tokens = torch.randint(0, 97, (2, 9))
+    with torch.enable_grad():
+        expected = model.mlm_logits(tokens).detach()
+    with torch.no_grad():
+        assert_close(model.mlm_logits(tokens), expected, atol=1e-5, rtol=0)
+
+
+def _storages(cache: KVCache) -> dict[int, int]:
+    """Bytes of every distinct storage the cache's tensors (its memory included) point into."""
+    tensors = [value for value in vars(cache).values() if isinstance(value, torch.Tensor)]
+    tensors += [tensor for pair in cache.memory for tensor in pair]
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "paper-base-tiny"])
+def test_a_new_cache_holds_keys_values_positions_and_memory_only(name):
+    """No copy of the output matrix: the bytes are those of the cache's own tensors, counted from the config."""
+    model, config = _build(name, Positional.LEARNED, NormPlacement.PRE), preset(name)
+    batch, length, source = 2, 8, 5
+    with torch.no_grad():
+        model(*([torch.tensor([[3]])] * (1 if isinstance(model, Decoder) else 2)))  # one row: makes the copy
+        if isinstance(model, Decoder):
+            cache, memory = model.new_cache(batch, length), 0
+        else:
+            cache = model.new_cache(model.encode(torch.randint(1, 97, (batch, source))), None, length)
+            memory = 2 * config.decoder_layers * batch * source * config.d_model * 4  # keys and values, fp32
+    keys_values = 2 * config.decoder_layers * batch * length * config.d_model * 4
+    positions_and_mask = batch * length * (8 + 1)  # int64 positions, bool mask
+    assert sum(_storages(cache).values()) == keys_values + positions_and_mask + memory
 
 
 def test_reset_empties_the_cache_for_reuse():

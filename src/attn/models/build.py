@@ -25,6 +25,7 @@ from attn.layers import (
     ACTIVATIONS,
     Embeddings,
     FeedForward,
+    OutputProjection,
     PostNorm,
     PreNorm,
     embedding_scale,
@@ -127,8 +128,8 @@ class _Parts:
         cross = CrossAttention(c.d_model, c.heads, c.attention_bias, c.attention_dropout, self.attend)
         return DecoderBlock(self.self_attention(), cross, self.ffn(), self.residual)
 
-    def output(self, tokens: nn.Embedding) -> nn.Linear:
-        projection = nn.Linear(self.c.d_model, self.c.vocab_size, bias=self.c.output_bias)
+    def output(self, tokens: nn.Embedding) -> OutputProjection:
+        projection = OutputProjection(self.c.d_model, self.c.vocab_size, self.c.output_bias)
         if self.c.tying != Tying.NONE:
             projection.weight = tokens.weight
         return projection

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from attn.attention import NO_CACHE, KVSlot
 from attn.blocks import Block, check_tokens, self_attention_inputs
 from attn.kv_cache import KVCache
-from attn.layers import Embeddings
+from attn.layers import Embeddings, OutputProjection
 from attn.masks import positions_from_mask
 
 
@@ -29,7 +29,7 @@ class Decoder(nn.Module):
         embeddings: Embeddings,
         blocks: list[Block],
         final_norm: nn.Module,
-        lm_head: nn.Linear,
+        lm_head: OutputProjection,
         max_positions: int,
     ) -> None:
         super().__init__()
@@ -55,7 +55,6 @@ class Decoder(nn.Module):
         weight = attn.qkv.weight
         head_dim = weight.size(1) // attn.heads
         cache = KVCache(len(self.blocks), batch, attn.heads, max_length, head_dim, weight.dtype, weight.device)
-        cache.keep_projection(self.lm_head)
         return cache
 
     def decode_step(self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None) -> Tensor:
@@ -67,7 +66,7 @@ class Decoder(nn.Module):
         check_tokens(tokens, mask, self.max_positions, offset=cache.length)
         positions = cache.next_positions() + positions_from_mask(mask)  # (B, T)
         key_positions, key_tokens = cache.extend(positions, mask)
-        return cache.project(self._blocks(tokens, positions, key_positions, key_tokens, cache.slots))
+        return self.lm_head(self._blocks(tokens, positions, key_positions, key_tokens, cache.slots))
 
     def _blocks(
         self, tokens: Tensor, positions: Tensor, key_positions: Tensor, key_tokens: Tensor | None,

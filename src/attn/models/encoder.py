@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from attn.blocks import Block, check_tokens, self_attention_inputs
 from attn.errors import AttnError, ShapeError
-from attn.layers import Embeddings
+from attn.layers import Embeddings, OutputProjection
 
 
 class EncoderStack(nn.Module):
@@ -73,7 +73,7 @@ def positions_from_first_token(tokens: Tensor, mask: Tensor | None) -> Tensor:
 class MaskedLMHead(nn.Module):
     """BERT's MLM head: dense -> activation -> LayerNorm -> vocabulary projection (+ bias)."""
 
-    def __init__(self, transform: nn.Linear, act, norm: nn.LayerNorm, output: nn.Linear) -> None:
+    def __init__(self, transform: nn.Linear, act, norm: nn.LayerNorm, output: OutputProjection) -> None:
         super().__init__()
         self.transform = transform
         self.act = act

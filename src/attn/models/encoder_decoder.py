@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from attn.attention import NO_CACHE, KVSlot
 from attn.blocks import DecoderBlock, check_tokens, self_attention_inputs
 from attn.kv_cache import KVCache
-from attn.layers import Embeddings
+from attn.layers import Embeddings, OutputProjection
 from attn.masks import key_mask, positions_from_mask
 from attn.models.encoder import EncoderStack, positions_from_first_token
 
@@ -33,7 +33,7 @@ class EncoderDecoder(nn.Module):
         embeddings: Embeddings,
         blocks: list[DecoderBlock],
         final_norm: nn.Module,
-        generator: nn.Linear,
+        generator: OutputProjection,
         max_positions: int,
     ) -> None:
         super().__init__()
@@ -83,7 +83,6 @@ class EncoderDecoder(nn.Module):
         )
         cache.memory = [block.cross.memory_kv(memory) for block in self.blocks]
         cache.memory_mask = None if src_mask is None else key_mask(src_mask)
-        cache.keep_projection(self.generator)
         return cache
 
     def decode_step(self, tgt: Tensor, cache: KVCache) -> Tensor:
@@ -93,7 +92,7 @@ class EncoderDecoder(nn.Module):
         positions = cache.next_positions() + positions_from_mask(mask)
         key_positions, key_tokens = cache.extend(positions, mask)
         x = self._blocks(tgt, positions, key_positions, None, cache.memory, cache.memory_mask, cache.slots)
-        return cache.project(x)
+        return self.generator(x)
 
     def _blocks(
         self, tgt: Tensor, positions: Tensor, key_positions: Tensor, key_tokens: Tensor | None,
