@@ -146,7 +146,7 @@ def stack_rows(first: KVCache, second: KVCache, max_length: int) -> KVCache:
         max_length: the new cache's capacity, at least the longer of the two lengths.
 
     Returns:
-        A cache of B1 + B2 rows holding every token of both, with `first`'s output projection.
+        A cache of B1 + B2 rows holding every token of both.
 
     Raises:
         GenerationError: a cache with cross-attention memory (an encoder-decoder's), or max_length too small.
@@ -168,6 +168,5 @@ def stack_rows(first: KVCache, second: KVCache, max_length: int) -> KVCache:
         out.positions[block, begin:length] = part.positions[:, : part.length]
         out.mask[block, begin:length] = part.mask[:, : part.length]
         rows += part.batch
-    out.vocab, out.vocab_t, out.vocab_bias = first.vocab, first.vocab_t, first.vocab_bias
     out.start = out.length = length
     return out
