@@ -11,6 +11,7 @@ from attn.app.cli import main
 from attn.artifacts import checkpoint as ckpt
 from attn.artifacts.checkpoint import CheckpointWriteError
 from attn.config import preset
+from attn.data import files
 from attn.errors import CheckpointError, TrainingError
 from attn.models import build_model
 from attn.training import preflight, retention, train
@@ -139,7 +140,7 @@ def failing_rename_of_staging(real_replace):
 def test_a_failed_rename_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     model = tiny(0)
     save(tmp_path, 1, model)
-    monkeypatch.setattr(ckpt.os, "replace", failing_rename_of_staging(ckpt.os.replace))
+    monkeypatch.setattr(files.os, "replace", failing_rename_of_staging(files.os.replace))
     with pytest.raises(CheckpointWriteError, match="Input/output error"):
         save(tmp_path, 2, tiny(1))
     assert_previous_checkpoint_intact(tmp_path, model)
@@ -148,7 +149,7 @@ def test_a_failed_rename_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 def test_a_failed_rename_onto_a_checkpoint_of_the_same_name_puts_the_old_one_back(tmp_path, monkeypatch):
     model = tiny(0)
     save(tmp_path, 1, model)
-    monkeypatch.setattr(ckpt.os, "replace", failing_rename_of_staging(ckpt.os.replace))
+    monkeypatch.setattr(files.os, "replace", failing_rename_of_staging(files.os.replace))
     with pytest.raises(CheckpointWriteError):
         save(tmp_path, 1, tiny(1))  # the old step-00000001 is moved aside before the rename fails
     assert_previous_checkpoint_intact(tmp_path, model)
