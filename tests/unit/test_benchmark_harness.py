@@ -1,6 +1,7 @@
 """The benchmark harness refuses to time contenders that do not compute the same thing."""
 
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -47,3 +48,12 @@ def test_case_3_fails_when_our_beam_search_returns_other_hypotheses(monkeypatch,
     settings = Settings(torch.device("cpu"), torch.float32, 1, False, True, 0, 1, tmp_path, tmp_path / "plot.png")
     with pytest.raises(ContendersDisagree, match="marian-base-tiny beam=4 .* eos\\+0: HF generate and attn differ at row 7"):
         generation.beam(settings)
+
+
+BENCHMARKS = sorted(path.stem for path in (Path(__file__).resolve().parents[2] / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("module", BENCHMARKS)
+def test_every_benchmark_imports(module):
+    """A benchmark is run by hand, never by CI: this keeps a library change from breaking one unseen."""
+    importlib.import_module(f"benchmarks.{module}")
