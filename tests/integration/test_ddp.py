@@ -102,7 +102,17 @@ import faulthandler, json, sys
 faulthandler.dump_traceback_later(90, exit=True)  # a hung rank prints where it waits (seen once under CI load)
 sys.path.insert(0, {here!r})
 from test_ddp import reversal_task, run_config
+import gc
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from attn.training import train
+destroy = dist.destroy_process_group
+def checked_destroy(*args, **kwargs):
+    # The group must not outlive itself in a DDP wrapper: its destructor would then run later with the GIL held.
+    alive = sum(isinstance(item, DistributedDataParallel) for item in gc.get_objects())
+    print("DDP-AT-DESTROY", alive)
+    destroy(*args, **kwargs)
+dist.destroy_process_group = checked_destroy
 result = train(run_config({run_dir!r}, "train.max_steps=2"), task_builder=reversal_task)
 if result.checkpoint is not None:
     print("LOSSES", json.dumps(result.losses))
@@ -117,6 +127,7 @@ def test_torchrun_launch_rendezvous_from_the_environment(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("DDP-AT-DESTROY 0") == 2, done.stdout
     launched = json.loads(done.stdout.split("LOSSES", 1)[1])
     single = train(run_config(tmp_path / "single", "train.max_steps=2"), task_builder=reversal_task).losses
     assert launched == pytest.approx(single, rel=1e-5, abs=1e-5)

@@ -13,6 +13,7 @@ the global mean.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -79,8 +80,15 @@ def init_distributed(device: str = "auto") -> DistContext:
 
 
 def shutdown(ctx: DistContext) -> None:
-    """Leaves the process group if `init_distributed` created it."""
+    """Leaves the process group if `init_distributed` created it.
+
+    A DDP wrapper left in a reference cycle holds the gloo group; were it collected after the group
+    is destroyed, the group's destructor would join its worker threads while holding the GIL, which
+    a worker may need to free a tensor: a deadlock (a rank hung at exit under load). Collecting
+    first makes `destroy_process_group` drop the last reference, with the GIL released.
+    """
     if ctx.owns_group and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
