@@ -101,6 +101,14 @@ def test_stop_string_ends_the_row_after_the_token_that_completes_it(lm):
         generate(lm, [PROMPTS[1]], GenerationConfig(stop=("x",)))
 
 
+def test_a_stop_string_with_tokens_that_render_nothing_inside_is_found(lm):
+    free = generate(lm, [PROMPTS[1]], GenerationConfig(max_new_tokens=24))[0]
+    assert len(free) == 24 and free[:16] == [92, 92, 92, 92, 69, 92, 92, 69, 69, 92, 92, 92, 92, 92, 92, 42]
+    decode = lambda ids: "".join({69: "f", 42: "c"}.get(i, "") for i in ids)  # noqa: E731 - 92 renders nothing
+    config = GenerationConfig(max_new_tokens=24, stop=("fc",))  # "f" at step 8, six silent tokens, "c" at 15
+    assert generate(lm, [PROMPTS[1]], config, decode=decode)[0] == free[:16]
+
+
 def test_stream_yields_the_tokens_of_generate_lazily(lm):
     config = GenerationConfig(max_new_tokens=6)
     tokens = stream(lm, PROMPTS[0], config)

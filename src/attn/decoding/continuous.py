@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from attn.decoding.config import Decode, GenerationConfig
-from attn.decoding.generation import check_call, stop_hits, stop_window
+from attn.decoding.generation import StopStrings, check_call
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import check_prompts, decode_one_token, decoder_limit, start_decoder
 from attn.errors import GenerationError
@@ -64,6 +64,7 @@ class _Row:
     history: list[int]  # the prompt, then every new token
     prompt_length: int
     generator: torch.Generator | None
+    stops: StopStrings | None
 
     @property
     def capacity(self) -> int:
@@ -121,7 +122,9 @@ class RunningBatch:
         check_prompts(self.model, [prompt])
         limit = decoder_limit(config.max_new_tokens, len(prompt), self.model.max_positions)
         device = self.model.lm_head.weight.device
-        self.pending.append(_Row(key, config, limit, list(prompt), len(prompt), seeded_generator(config.seed, device)))
+        stops = StopStrings(config.stop, self.decode) if config.stop and self.decode is not None else None
+        generator = seeded_generator(config.seed, device)
+        self.pending.append(_Row(key, config, limit, list(prompt), len(prompt), generator, stops))
 
     def remove(self, key: Hashable) -> None:
         """Drops a row (e.g. its client went away); an unknown or finished key is ignored."""
@@ -170,11 +173,8 @@ class RunningBatch:
     def _finish(self, row: _Row, token: int, at_limit: bool) -> str | None:
         if token == self.eos_id:
             return "stop"
-        stop = row.config.stop
-        if stop and self.decode is not None:
-            recent = row.history[max(row.prompt_length, len(row.history) - stop_window(stop)) :]
-            if stop_hits([recent], stop, self.decode)[0]:
-                return "stop"
+        if row.stops is not None and row.stops.completed(row.history, row.prompt_length):
+            return "stop"
         return "length" if at_limit else None
 
     def _keep(self, kept: list[int]) -> None:

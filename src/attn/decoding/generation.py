@@ -22,6 +22,7 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -40,17 +41,33 @@ from attn.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder
 
 
-def stop_hits(recent: list[list[int]], stop: tuple[str, ...], decode: Decode) -> list[bool]:
-    """Whether each row's recent new tokens (the last `stop_window(stop)` at most) hold a stop string."""
-    return [any(s in decode(tokens) for s in stop) for tokens in recent]
+class StopStrings:
+    """Tells whether a row's newest token completes one of its stop strings, decoding only its last tokens.
 
+    A stop string of b UTF-8 bytes spans at most b tokens that render text (a byte-level tokenizer
+    splits a character over up to 4) and any tokens between them that render nothing (special
+    tokens, which decoding skips); 4 more tokens give the decoders that render a token by its
+    neighbours (a metaspace, a joined word piece) their context.
 
-def stop_window(stop: tuple[str, ...]) -> int:
-    """How many of a row's last tokens can hold a stop string that its newest token completes."""
-    # A stop string of b UTF-8 bytes spans at most b tokens when every token holds at least one
-    # byte (byte-level tokenizers split a character over up to 4); the slack gives the decoders
-    # that render a token by its neighbours (a metaspace, a joined word piece) their context.
-    return max(len(s.encode("utf-8")) for s in stop) + 4
+    Example:
+        >>> stops = StopStrings(("fc",), lambda ids: "".join(chr(i) for i in ids if i < 128))
+        >>> stops.completed([ord("f"), *[500] * 9, ord("c")])  # nine ids that render nothing between
+        True
+    """
+
+    def __init__(self, stop: tuple[str, ...], decode: Decode) -> None:
+        self.stop, self.decode = stop, decode
+        self.window = max(len(s.encode("utf-8")) for s in stop) + 4
+        self._renders = functools.cache(lambda token: decode([token]) != "")
+
+    def completed(self, tokens: Sequence[int], first: int = 0) -> bool:
+        """Whether `tokens[first:]` (a row's new tokens, oldest first) hold a stop string."""
+        start, need = len(tokens), self.window
+        while start > first and need > 0:
+            start -= 1
+            need -= self._renders(tokens[start])
+        text = self.decode(list(tokens[start:]))
+        return any(s in text for s in self.stop)
 
 
 def decode_rows(
@@ -65,7 +82,8 @@ def decode_rows(
     generator = seeded_generator(config.seed, session.logits.device)
     rows = torch.arange(session.logits.size(0), device=session.logits.device)
     logits, history, limits = session.logits, session.history, session.limits
-    window = stop_window(config.stop) if config.stop else 0
+    stops = StopStrings(config.stop, decode) if config.stop and decode is not None else None
+    new: list[list[int]] = [[] for _ in range(logits.size(0))]  # each row's new tokens, when stops need them
     for step in range(int(limits.max())):
         column = session.offset + step
         logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1)
@@ -75,15 +93,17 @@ def decode_rows(
         done = limits == step + 1
         if eos_id is not None:
             done |= tokens == eos_id
-        if config.stop and decode is not None:
-            recent = history[:, max(session.offset, column + 1 - window) : column + 1].tolist()
-            done |= torch.tensor(stop_hits(recent, config.stop, decode), device=done.device)
+        if stops is not None:
+            for row, token in zip(new, tokens.tolist(), strict=True):
+                row.append(token)
+            done |= torch.tensor([stops.completed(row) for row in new], device=done.device)
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 return
             session.cache.reorder(keep)
             rows, tokens, history, limits = rows[keep], tokens[keep], history[keep], limits[keep]
+            new = [new[i] for i in keep.tolist()] if stops is not None else new
         logits = decode_one_token(session.model, tokens, session.cache)
 
 
