@@ -525,6 +525,9 @@ CASES = [
     Case("attention-kind-not-in-model", "cross-attention of a decoder-only model",
          ("attention", "--model", "{lm}", "--kind", "cross", "x", "-o", "{case}/a.png"), 1,
          "has no 'cross' attention; choose one of decoder"),
+    Case("serve-host-not-local", "`attn serve` on an address that is not this machine's",
+         ("serve", "--model", "{translation}", "--host", "192.0.2.1"), 2,
+         "--host: cannot listen on 192.0.2.1:8000"),
 ]
 
 

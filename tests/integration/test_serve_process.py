@@ -107,3 +107,16 @@ def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
     events = [line.removeprefix("data: ") for line in stream.text.split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] in ("stop", "length")
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_a_port_in_use_is_one_line_before_any_model_loads(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "attn.app.cli", "serve", "--model", str(tmp_path / "no-model"),
+                               "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"attn: error: --port: 127.0.0.1:{port} is already in use (another server?); choose a "
+                           "free port with --port, or stop the program that holds it\n")
+

@@ -38,7 +38,7 @@ from attn.app.runs import (
     train,
     write_run_config,
 )
-from attn.app.serve import ServeOptions, load_served_models, run_server
+from attn.app.serve import ServeOptions, listen, load_served_models, run_server
 from attn.app.tasks import EvalOptions, evaluate, task_names
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
@@ -269,7 +269,8 @@ def cmd_attention(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
                            args.max_batch_tokens)
-    run_server(load_served_models(args.model, args.device), options)
+    bound = listen(options)  # before the models load: a port in use is said at once
+    run_server(load_served_models(args.model, args.device), options, bound)
     return 0
 
 

@@ -7,7 +7,7 @@ answers; `errors` gives every failure one JSON shape; `gate` limits bodies, drai
 and counts requests; `metrics` the Prometheus metrics; `app` puts them together and runs the server.
 """
 
-from attn.app.serve.app import ServeOptions, create_app, run_server
+from attn.app.serve.app import ServeOptions, create_app, listen, run_server
 from attn.app.serve.registry import ServedModel, load_served_models
 
-__all__ = ["ServeOptions", "ServedModel", "create_app", "load_served_models", "run_server"]
+__all__ = ["ServeOptions", "ServedModel", "create_app", "listen", "load_served_models", "run_server"]

@@ -1,7 +1,8 @@
 """The FastAPI application of `attn serve`, and the server that runs it until SIGTERM.
 
 `create_app` puts the routes, the error handlers and the request gate together around the
-served models; `run_server` runs it with uvicorn on one address. On SIGTERM (or Ctrl-C) the
+served models; `listen` takes the address first (before any model loads, so a port in use is
+said at once), and `run_server` runs the app with uvicorn on it. On SIGTERM (or Ctrl-C) the
 server stops taking requests (new ones get 503, /health says "draining"), finishes the ones in
 flight, and returns; a second signal stops it at once.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import socket
 from collections.abc import AsyncIterator, Sequence
 
 import uvicorn
@@ -117,8 +120,31 @@ class _DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def run_server(models: Sequence[ServedModel], options: ServeOptions) -> None:
-    """Serves `models` on `options.host`:`options.port` until SIGTERM or Ctrl-C, then drains and returns."""
+def listen(options: ServeOptions) -> socket.socket:
+    """A socket bound to `options.host`:`options.port`, for `run_server`.
+
+    Raises:
+        ConfigError: the port is taken by another program (--port), or the host is not an address
+            of this machine (--host).
+    """
+    bound = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port left in TIME_WAIT is free
+    try:
+        bound.bind((options.host, options.port))
+    except OSError as error:
+        bound.close()
+        where = f"{options.host}:{options.port}"
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError("--port", f"{where} is already in use (another server?); choose a free port with "
+                              "--port, or stop the program that holds it") from None
+        raise ConfigError("--host", f"cannot listen on {where}: {error.strerror or error}; give an address of "
+                          "this machine, such as 127.0.0.1") from None
+    return bound
+
+
+def run_server(models: Sequence[ServedModel], options: ServeOptions, bound: socket.socket) -> None:
+    """Serves `models` on the socket `listen` bound until SIGTERM or Ctrl-C, then drains and returns."""
     app = create_app(models, options)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info", access_log=False)
-    _DrainingServer(config, app.state.serve.traffic).run()
+    with bound:
+        _DrainingServer(config, app.state.serve.traffic).run(sockets=[bound])
