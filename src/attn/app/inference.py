@@ -14,7 +14,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from attn.app.embeddings import embed_texts
+from attn.app.embeddings import embed_texts, encoder_batches
 from attn.artifacts import Bundle
 from attn.data.corpora import classifier_inputs, pad_batch
 from attn.decoding import PAPER_EXTRA_LENGTH, Decode, GenerationConfig, generate, generate_seq2seq, stream
@@ -435,15 +435,18 @@ def class_probabilities(
     ids, segments = classifier_inputs(loaded.tokenizer, _checked(texts), _checked_pairs(loaded, texts, pairs),
                                       loaded.model.stack.max_positions)
     device = next(loaded.model.parameters()).device
-    rows = []
+    found = []
     with torch.inference_mode():
-        for start in range(0, len(ids), batch_size):
-            tokens, mask = pad_batch(ids[start : start + batch_size], loaded.pad_id)
+        for rows in encoder_batches([len(row) for row in ids], batch_size, device):
+            tokens, mask = pad_batch([ids[i] for i in rows], loaded.pad_id)
             inputs = [tokens, mask]
             if segments is not None:
-                inputs.append(pad_batch(segments[start : start + batch_size], 0)[0])
-            rows.append(loaded.model.classify(*(t.to(device) for t in inputs)).softmax(-1).cpu())
-    return torch.cat(rows)
+                inputs.append(pad_batch([segments[i] for i in rows], 0)[0])
+            found.append((rows, loaded.model.classify(*(t.to(device) for t in inputs)).softmax(-1).cpu()))
+    out = torch.empty(len(ids), found[0][1].size(-1), dtype=found[0][1].dtype)
+    for rows, probabilities in found:
+        out[rows] = probabilities
+    return out
 
 
 def _checked_pairs(loaded: Bundle, texts: Sequence[str], pairs: Sequence[str] | None) -> list[str] | None:

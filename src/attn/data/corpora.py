@@ -249,6 +249,34 @@ def _long(ids: np.ndarray) -> torch.Tensor:
 # -- translation ------------------------------------------------------------------------------
 
 
+def budget_batches(order: Sequence[int], lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """`order` cut greedily into batches whose padded size (rows x longest) stays within `max_tokens`
+    and whose rows stay within `max_rows`; a row longer than `max_tokens` forms a batch of its own.
+
+    Example:
+        >>> budget_batches([0, 1, 2, 3], [2, 3, 3, 9], max_rows=8, max_tokens=9)
+        [[0, 1, 2], [3]]
+    """
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for i in order:
+        grown = max(longest, lengths[i])
+        if batch and (len(batch) + 1 > max_rows or (len(batch) + 1) * grown > max_tokens):
+            batches.append(batch)
+            batch, grown = [], lengths[i]
+        batch.append(i)
+        longest = grown
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def length_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Row indices in batches of similar length: sorted shortest first, then cut by `budget_batches`."""
+    return budget_batches(sorted(range(len(lengths)), key=lengths.__getitem__), lengths, max_rows, max_tokens)
+
+
 class TokenBudgetSampler:
     """Batches of example indices under a token budget, in a fresh order every epoch.
 
@@ -300,20 +328,7 @@ class TokenBudgetSampler:
         # Equal-length examples are ordered at random so batches do not follow the corpus order.
         tie = np.random.default_rng(self.seed).permutation(len(src)) if self.shuffle else range(len(src))
         order = sorted(range(len(src)), key=lambda i: (max(src[i], tgt[i]), src[i], tgt[i], tie[i]))
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        longest_src = longest_tgt = 0
-        for i in order:
-            grown_src, grown_tgt = max(longest_src, src[i]), max(longest_tgt, tgt[i])
-            size = len(batch) + 1
-            if batch and (size > max_sentences or size * max(grown_src, grown_tgt) > max_tokens):
-                batches.append(batch)
-                batch, grown_src, grown_tgt = [], src[i], tgt[i]
-            batch.append(i)
-            longest_src, longest_tgt = grown_src, grown_tgt
-        if batch:
-            batches.append(batch)
-        return batches
+        return budget_batches(order, [max(pair) for pair in zip(src, tgt, strict=True)], max_sentences, max_tokens)
 
     def __len__(self) -> int:
         return len(self._batches)
