@@ -28,6 +28,7 @@ import json
 import os
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -306,9 +307,13 @@ async def soak(models: dict[str, Path], args: argparse.Namespace, extra: list[st
                 memory.append((round(time.monotonic() - started, 1), resident_mb(pid)))
 
         await asyncio.gather(sampler(), *[worker(c) for c in range(args.clients)])
-    settled = [mb for t, mb in memory if t >= 0.25 * 60 * args.soak_minutes] or [memory[-1][1]]
+    quarter = 15 * args.soak_minutes  # seconds
+    settled = [mb for t, mb in memory if t >= quarter] or [memory[-1][1]]
+    second, last = ([mb for t, mb in memory if k * quarter <= t <= (k + 1) * quarter] or [memory[-1][1]]
+                    for k in (1, 3))
     return {**counts, "lost": counts["sent"] - counts["answered"], "minutes": args.soak_minutes,
-            "resident_mb": memory, "resident_growth_after_first_quarter": round(max(settled) / settled[0] - 1, 4)}
+            "resident_mb": memory, "resident_growth_after_first_quarter": round(max(settled) / settled[0] - 1, 4),
+            "resident_mean_drift_second_to_last_quarter": round(statistics.mean(last) / statistics.mean(second) - 1, 4)}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
