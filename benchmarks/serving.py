@@ -9,7 +9,7 @@ quickstart's models: runs/quickstart when it holds them, else stand-ins of the s
 steps (`--model NAME=DIR` names others; the routes need models called translation, lm and classifier).
 For each server (batching on, then off) and route, C async clients (httpx) each send R requests one
 after another: requests/s, p50/p99 latency, errors, and for streamed completions the time to the first
-token. Each request alone (one client) is compared with the library call the CLI makes for it, timed in
+token. Each request alone (one client) alternates with the library call the CLI makes for it, timed in
 this process. Every request is greedy (or beam search), so every answer must equal the one request's
 answer alone: the soak run checks each answer against it (0 lost, 0 different, 0 5xx) and samples the
 server's resident memory (/proc) to see it stay flat.
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,26 +225,34 @@ def quantile(sorted_values: list[float], q: float) -> float:
 # -- the library calls the CLI makes ----------------------------------------------------------------
 
 
-def library_latencies(models: dict[str, Path], texts: dict[str, list[str]], reps: int) -> dict[str, float]:
-    """p99 seconds of the library call behind each route's CLI command, one text at a time, in this process."""
+def library_calls(models: dict[str, Path]) -> dict[str, Callable[[str], Any]]:
+    """The library call behind each route's CLI command, on one text, in this process."""
     translator, lm, classifier = (load_model(models[n], "cpu") for n in ("translation", "lm", "classifier"))
     config = GenerationConfig(beam_size=TRANSLATE["beam_size"], max_new_tokens=TRANSLATE["max_tokens"])
-    calls = {
+    return {
         "translate": lambda t: translate(translator, [t], config),
         "embeddings": lambda t: embed(classifier, [t]),
         "classify": lambda t: classify(classifier, [t]),
         "completions": lambda t: continue_texts(lm, [t], GenerationConfig(max_new_tokens=COMPLETE["max_tokens"])),
+        "stream": lambda t: continue_texts(lm, [t], GenerationConfig(max_new_tokens=COMPLETE["max_tokens"])),
     }
-    found = {}
-    for route, call in calls.items():
-        call(texts[route][0])  # warm-up
-        times = []
-        for text in texts[route][:reps]:
+
+
+async def alone(url: str, route: str, texts: list[str], reps: int, call: Callable[[str], Any]) -> dict[str, Any]:
+    """One client, `reps` requests one after another, each followed by the library call on the same text in
+    this process (alternating, so the machine's drift touches both): both latencies' figures."""
+    served, library = [], []
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        call(texts[0])  # warm-up
+        for r in range(reps):
+            text = texts[r % len(texts)]
+            served.append(await one(client, route, text))
             started = time.perf_counter()
             call(text)
-            times.append(time.perf_counter() - started)
-        found[route] = round(quantile(sorted(times), 0.99), 4)
-    return found
+            library.append(time.perf_counter() - started)
+    latencies = sorted(library)
+    return {"served": summary(served, sum(r["latency"] for r in served)),
+            "library_p50_s": round(quantile(latencies, 0.5), 4), "library_p99_s": round(quantile(latencies, 0.99), 4)}
 
 
 # -- runs -----------------------------------------------------------------------------------------
@@ -252,7 +260,8 @@ def library_latencies(models: dict[str, Path], texts: dict[str, list[str]], reps
 
 async def compare(models: dict[str, Path], args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     texts = inputs(max(args.clients * args.requests, args.alone))
-    results: dict[str, Any] = {"library_p99_s": library_latencies(models, texts, args.alone)}
+    calls = library_calls(models)
+    results: dict[str, Any] = {}
     for batching in (True, False):
         mode = "batched" if batching else "one_at_a_time"
         with server(models, batching, extra) as (url, _):
@@ -262,13 +271,13 @@ async def compare(models: dict[str, Path], args: argparse.Namespace, extra: list
             for route in args.routes:
                 print(f"{mode} {route}: {args.clients} clients x {args.requests}", flush=True)
                 results[mode][route] = {"loaded": await load(url, route, texts[route], args.clients, args.requests),
-                                        "alone": await load(url, route, texts[route], 1, args.alone)}
+                                        "alone": await alone(url, route, texts[route], args.alone, calls[route])}
     results["ratios"] = {route: round(results["batched"][route]["loaded"]["requests_per_s"]
                                       / results["one_at_a_time"][route]["loaded"]["requests_per_s"], 2)
                          for route in args.routes}
-    results["alone_p99_over_library"] = {
-        route: round(results["batched"][route]["alone"]["p99_s"] / results["library_p99_s"][route], 2)
-        for route in args.routes if route in results["library_p99_s"]}
+    results["alone_over_library"] = {
+        route: {q: round(found["alone"]["served"][f"{q}_s"] / found["alone"][f"library_{q}_s"], 2) for q in ("p50", "p99")}
+        for route, found in results["batched"].items()}
     return results
 
 
@@ -369,16 +378,17 @@ def markdown(record: dict[str, Any]) -> str:
         soak_result = {k: v for k, v in record["soak"].items() if k != "resident_mb"}
         return "\n".join([*lines, "```", json.dumps(soak_result, indent=2), "```", ""])
     results = record["results"]
-    lines += ["| route | mode | req/s | p50 s | p99 s | first token p50 s | errors | alone p99 s |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| route | mode | req/s | p50 s | p99 s | first token p50 s | errors | alone p50 / p99 s | "
+              "library p50 / p99 s |", "|---|---|---|---|---|---|---|---|---|"]
     for mode in ("batched", "one_at_a_time"):
         for route, found in results[mode].items():
             loaded, alone = found["loaded"], found["alone"]
             lines.append(f"| {route} | {mode} | {loaded['requests_per_s']} | {loaded['p50_s']} | {loaded['p99_s']} | "
-                         f"{loaded['first_token_p50_s'] or '-'} | {loaded['errors']} | {alone['p99_s']} |")
+                         f"{loaded['first_token_p50_s'] or '-'} | {loaded['errors']} | "
+                         f"{alone['served']['p50_s']} / {alone['served']['p99_s']} | "
+                         f"{alone['library_p50_s']} / {alone['library_p99_s']} |")
     lines += ["", f"batched / one at a time (req/s): {results['ratios']}",
-              f"library p99 s (the CLI's call, in process): {results['library_p99_s']}",
-              f"p99 alone through the server / library: {results['alone_p99_over_library']}", ""]
+              f"alone through the batched server / the library call, alternating: {results['alone_over_library']}", ""]
     return "\n".join(lines)
 
 
