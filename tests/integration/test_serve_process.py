@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -120,3 +121,21 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(tmp_path: Path) -> Non
     assert done.stderr == (f"attn: error: --port: 127.0.0.1:{port} is already in use (another server?); choose a "
                            "free port with --port, or stop the program that holds it\n")
 
+
+def test_port_zero_serves_on_a_free_port_that_the_log_names(tmp_path: Path) -> None:
+    lm = save_model(tiny_bundles()["lm"], tmp_path / "lm")
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "attn.app.cli", "serve", "--model", str(lm), "--port", "0",
+                                   "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (found := re.search(r"attn serve: http://127\.0\.0\.1:(\d+) ", log_path.read_text())):
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        port = int(found.group(1))
+        assert port != 0 and httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["models"] == ["lm"]
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import socket
 from collections.abc import AsyncIterator, Sequence
 
@@ -113,6 +114,15 @@ class _DrainingServer(uvicorn.Server):
         if self.traffic.draining:
             super().handle_exit(sig, frame)
         self.traffic.draining = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, then the address it serves (uvicorn names none for a socket it was given)."""
+        await super().startup(sockets)
+        if sockets and not self.should_exit:
+            host, port = sockets[0].getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            logging.getLogger("uvicorn.error").info(
+                "attn serve: http://%s:%d (the page at /, the API at /docs; Ctrl-C or SIGTERM stops)", shown, port)
 
     async def on_tick(self, counter: int) -> bool:
         if self.traffic.draining and self.traffic.in_flight == 0:
