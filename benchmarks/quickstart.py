@@ -276,12 +276,15 @@ def peer_step(name: str, trainer: Trainer) -> Callable[[], None]:
 
 
 def step_flops(trainer: Trainer) -> float:
-    """Matmul FLOPs of the forward and backward of attn's model on the trainer's batch (meta device)."""
+    """Matmul FLOPs of the forward and backward of attn's model on the trainer's batch.
+
+    Counted on the CPU with real tensors, not on the meta device: the model reads its masks on the
+    host (is any row left-padded or all padding?), which a meta tensor cannot answer.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.device("meta"):
-        model = build_model(trainer.task.model_config)
-    batch = trainer.task.train.next_batch().to("meta")
+    model = build_model(trainer.task.model_config)
+    batch = trainer.task.train.next_batch()
     counter = FlopCounterMode(display=False)
     with counter:
         getattr(model, trainer.task.head)(*batch.inputs).sum().backward()

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from attn.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
 from attn.errors import ShapeError
 from attn.layers import FeedForward
-from attn.masks import CAUSAL, Mask, causal_mask, key_mask
+from attn.masks import CAUSAL, Mask, causal_mask, padded_keys
 from attn.positional import NoPositions
 
 
@@ -93,7 +93,7 @@ def self_attention_inputs(
         to queries and keys, and the additive score bias (B, h, Tq, Tk) or None.
     """
     queries, keys = positions.size(1), key_positions.size(1)
-    mask = None if key_tokens is None else key_mask(key_tokens)
+    mask = padded_keys(key_tokens)
     if causal and queries > 1:  # a single newest query may see every key
         mask = _causal_part(mask, queries, keys, positions.device)
     return mask, positional.rotation(positions), positional.bias(positions, key_positions)

@@ -186,3 +186,30 @@ def test_left_padded_prefill_keeps_nan_out_of_the_cache_whatever_the_kernel(monk
     assert not logits[:, 2:].isnan().any() and not step.isnan().any()
     torch.testing.assert_close(logits[0, -1], expected[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(step[0], expected_step[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no padding", "padding"])
+def test_masked_training_step_equals_the_reference_attention(padded):
+    """The fast path leaves out an all-True mask and the zeroing of rows that are not empty: the logits and
+    gradients stay those of the written-out attention with its masks materialised."""
+    from attn.config import preset
+    from attn.models import build_model
+
+    config = preset("paper-base").tiny().replace(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, config.vocab_size, (3, 7), generator=g)
+    tgt = torch.randint(4, config.vocab_size, (3, 6), generator=g)
+    src_mask, tgt_mask = torch.ones_like(src, dtype=torch.bool), torch.ones_like(tgt, dtype=torch.bool)
+    if padded:
+        src_mask[1, 5:], tgt_mask[2, 4:] = False, False
+    results = []
+    for attention in ("fast", "reference"):
+        torch.manual_seed(1)
+        model = build_model(config, attention).train()
+        logits = model(src, tgt, src_mask, tgt_mask)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
+        results.append((logits.detach(), [p.grad for p in model.parameters()]))
+    (fast, fast_grads), (reference, reference_grads) = results
+    torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
+    for got, expected in zip(fast_grads, reference_grads):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

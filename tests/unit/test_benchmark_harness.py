@@ -57,3 +57,22 @@ BENCHMARKS = sorted(path.stem for path in (Path(__file__).resolve().parents[2] /
 def test_every_benchmark_imports(module):
     """A benchmark is run by hand, never by CI: this keeps a library change from breaking one unseen."""
     importlib.import_module(f"benchmarks.{module}")
+
+
+def test_case_8_counts_the_flops_of_a_masked_translation_batch():
+    """Case 8's MFU needs the model's FLOPs on the recipe's batch, whose masks the model reads on the host."""
+    from types import SimpleNamespace
+
+    from attn.config import preset
+    from benchmarks.quickstart import RepeatedBatch, full_batch, step_flops
+
+    config = preset("paper-base").tiny()
+    rows, source, target = 2, 5, 4
+    batch = full_batch("translation", (rows, source, target), config)
+    trainer = SimpleNamespace(task=SimpleNamespace(model_config=config, train=RepeatedBatch(batch), head="forward"))
+    d, d_ff = config.d_model, config.d_ff
+    # The weight matrices alone, forward (2 per multiply-add) and backward (twice that).
+    encoder = config.encoder_layers * rows * source * (4 * d * d + 2 * d * d_ff + 2 * d * d)  # + cross K, V
+    decoder = config.decoder_layers * rows * target * (6 * d * d + 2 * d * d_ff)
+    output = rows * target * d * config.vocab_size
+    assert step_flops(trainer) >= 3 * 2 * (encoder + decoder + output)

@@ -2,7 +2,7 @@
 
 import torch
 
-from attn.masks import causal_mask, key_mask, padding_mask, positions_from_mask
+from attn.masks import causal_mask, key_mask, padded_keys, padding_mask, positions_from_mask
 
 
 def test_causal_mask_definition():
@@ -17,6 +17,13 @@ def test_padding_and_key_mask():
     pad = padding_mask(tokens, 0)
     assert pad.tolist() == [[True, True, False], [False, True, True]]
     assert key_mask(pad).shape == (2, 1, 1, 3)
+
+
+def test_a_token_mask_without_padding_is_no_key_mask():
+    assert padded_keys(None) is None
+    assert padded_keys(torch.ones(2, 3, dtype=torch.bool)) is None
+    pad = torch.tensor([[True, True, True], [True, True, False]])
+    assert padded_keys(pad).tolist() == [[[[True, True, True]]], [[[True, True, False]]]]
 
 
 def test_positions_count_real_tokens_only():

@@ -203,7 +203,9 @@ def test_self_attention_mask_is_padding_and_causality_combined(
     mask, _, bias = self_attention_inputs(NoPositions(), positions, torch.zeros_like(real, dtype=torch.long), real,
                                           causal=True)
     expected = key_mask(real) & causal_mask(width, keys) if width > 1 else key_mask(real)
-    assert bias is None and torch.equal(materialize(mask, width, keys, None).expand_as(expected), expected)
+    allowed = materialize(mask, width, keys, None)  # None: every key allowed (no padding, one query)
+    allowed = torch.ones_like(expected) if allowed is None else allowed.expand_as(expected)
+    assert bias is None and torch.equal(allowed, expected)
     unpadded, _, _ = self_attention_inputs(NoPositions(), positions, positions, None, causal=True)
     assert unpadded is (CAUSAL if width > 1 else None)
 

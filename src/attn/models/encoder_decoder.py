@@ -20,7 +20,7 @@ from attn.attention import NO_CACHE, KVSlot
 from attn.blocks import DecoderBlock, check_tokens, self_attention_inputs
 from attn.kv_cache import KVCache
 from attn.layers import Embeddings, OutputProjection
-from attn.masks import key_mask, positions_from_mask
+from attn.masks import key_mask, padded_keys, positions_from_mask
 from attn.models.encoder import EncoderStack, positions_from_first_token
 
 
@@ -61,7 +61,7 @@ class EncoderDecoder(nn.Module):
         check_tokens(tgt, tgt_mask, self.max_positions)
         positions = positions_from_first_token(tgt, tgt_mask)
         memory_kv = [block.cross.memory_kv(memory) for block in self.blocks]
-        memory_mask = None if src_mask is None else key_mask(src_mask)
+        memory_mask = padded_keys(src_mask)
         slots = [NO_CACHE] * len(self.blocks)
         key_tokens = tgt_mask if _padded_before_tokens(tgt_mask) else None
         x = self._blocks(tgt, positions, positions, key_tokens, memory_kv, memory_mask, slots)
