@@ -52,10 +52,12 @@ def padded_keys(mask: Tensor | None) -> Tensor | None:
 
     Attention without a mask computes the same as with an all-True one, and skips the masked
     kernel path and the zeroing of empty rows (37-56 % of the quickstart translator's and
-    classifier's batches have no padding). Reading the mask on the host is skipped inside
-    `torch.compile`, whose graph would break on it.
+    classifier's batches have no padding). The mask is read on the host only on the CPU: on a GPU
+    the read would wait for the device, and inside `torch.compile` it would break the graph.
     """
-    if mask is None or (not torch.compiler.is_compiling() and bool(mask.all())):
+    if mask is None:
+        return None
+    if mask.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all()):
         return None
     return key_mask(mask)
 

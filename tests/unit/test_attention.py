@@ -10,7 +10,9 @@ from attn.attention import (
     fast_attention,
     scaled_dot_product_attention,
 )
+from attn.config import preset
 from attn.masks import causal_mask, key_mask, padding_mask
+from attn.models import build_model
 
 
 def loop_attention(q, k, v, mask):
@@ -192,9 +194,6 @@ def test_left_padded_prefill_keeps_nan_out_of_the_cache_whatever_the_kernel(monk
 def test_masked_training_step_equals_the_reference_attention(padded):
     """The fast path leaves out an all-True mask and the zeroing of rows that are not empty: the logits and
     gradients stay those of the written-out attention with its masks materialised."""
-    from attn.config import preset
-    from attn.models import build_model
-
     config = preset("paper-base").tiny().replace(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, config.vocab_size, (3, 7), generator=g)

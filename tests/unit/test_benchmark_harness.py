@@ -4,11 +4,15 @@ import dataclasses
 import importlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from attn.config import preset
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, where benchmarks/ lies
 from benchmarks.harness import ContendersDisagree, require_same  # noqa: E402
+from benchmarks.quickstart import RepeatedBatch, full_batch, step_flops  # noqa: E402
 
 
 def test_equal_outputs_pass():
@@ -61,11 +65,6 @@ def test_every_benchmark_imports(module):
 
 def test_case_8_counts_the_flops_of_a_masked_translation_batch():
     """Case 8's MFU needs the model's FLOPs on the recipe's batch, whose masks the model reads on the host."""
-    from types import SimpleNamespace
-
-    from attn.config import preset
-    from benchmarks.quickstart import RepeatedBatch, full_batch, step_flops
-
     config = preset("paper-base").tiny()
     rows, source, target = 2, 5, 4
     batch = full_batch("translation", (rows, source, target), config)

@@ -24,6 +24,8 @@ def test_a_token_mask_without_padding_is_no_key_mask():
     assert padded_keys(torch.ones(2, 3, dtype=torch.bool)) is None
     pad = torch.tensor([[True, True, True], [True, True, False]])
     assert padded_keys(pad).tolist() == [[[[True, True, True]]], [[[True, True, False]]]]
+    off_cpu = torch.ones(2, 3, dtype=torch.bool, device="meta")  # never read on the host (a GPU would wait)
+    assert padded_keys(off_cpu).shape == (2, 1, 1, 3)
 
 
 def test_positions_count_real_tokens_only():
