@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import torch
 from serve_models import TEXTS, tiny_bundles
 
 from attn.app.inference import embed
+from attn.app.serve import ServeOptions, listen
 from attn.artifacts import save_model
 
 READY_S = 120  # the machine may be busy: starting Python and torch can take a while
@@ -139,3 +141,28 @@ def test_port_zero_serves_on_a_free_port_that_the_log_names(tmp_path: Path) -> N
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_connections_to_the_bound_socket_send_without_delay() -> None:
+    """Small answers go out at once (TCP_NODELAY): with Nagle's algorithm a response written in two parts
+    waited for the client's delayed ACK, 40 ms a request."""
+    found: list[int] = []
+
+    class Probe(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            found.append(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    async def accept_one() -> None:
+        bound = listen(ServeOptions(port=0))
+        server = await asyncio.get_running_loop().create_server(Probe, sock=bound)
+        port = bound.getsockname()[1]
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            while not found:
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    asyncio.run(asyncio.wait_for(accept_one(), 30))
+    assert found == [1]
+
