@@ -128,7 +128,8 @@ def test_torchrun_launch_rendezvous_from_the_environment(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("DDP-AT-DESTROY 0") == 2, done.stdout
-    launched = json.loads(done.stdout.split("LOSSES", 1)[1])
+    (losses,) = [line for line in done.stdout.splitlines() if line.startswith("LOSSES ")]  # the ranks' lines interleave
+    launched = json.loads(losses.removeprefix("LOSSES "))
     single = train(run_config(tmp_path / "single", "train.max_steps=2"), task_builder=reversal_task).losses
     assert launched == pytest.approx(single, rel=1e-5, abs=1e-5)
 
