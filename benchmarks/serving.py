@@ -276,7 +276,8 @@ async def compare(models: dict[str, Path], args: argparse.Namespace, extra: list
                                       / results["one_at_a_time"][route]["loaded"]["requests_per_s"], 2)
                          for route in args.routes}
     results["alone_over_library"] = {
-        route: {q: round(found["alone"]["served"][f"{q}_s"] / found["alone"][f"library_{q}_s"], 2) for q in ("p50", "p99")}
+        route: {q: round(found["alone"]["served"][f"{q}_s"] / found["alone"][f"library_{q}_s"], 2)
+                for q in ("p50", "p99")}
         for route, found in results["batched"].items()}
     return results
 
