@@ -16,11 +16,10 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.masks import CausalMask, Mask, materialize, with_bias
+from attn.masks import CausalMask, Mask, cheap_to_read, materialize, with_bias
 
 
 class AttentionFn(Protocol):
@@ -104,22 +103,12 @@ def fast_attention(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=with_bias(mask, bias), dropout_p=dropout)
     # What a kernel returns for a fully masked row differs (0 on CPU, NaN on others): make it 0.
+    # Training batches have no row without keys; where the flags are cheap to read, the zeroing (a pass
+    # over the output and one over its gradient) runs only when a row is empty.
     empty = empty_rows(mask)
-    if _may_be_empty(empty):
+    if not cheap_to_read(empty) or bool(empty.any()):
         out = out.masked_fill(empty, 0.0)
     return out
-
-
-def _may_be_empty(empty: Tensor) -> bool:
-    """Whether rows flagged in `empty` (..., Tq, 1) must be zeroed: on the CPU only when one is.
-
-    Training batches have no row without keys, and on the CPU the zeroing (a pass over the output,
-    and one over its gradient) costs more than reading the flags on the host; elsewhere the read
-    would wait for the device, and inside `torch.compile` it would break the graph.
-    """
-    if empty.device.type != "cpu" or torch.compiler.is_compiling():
-        return True
-    return bool(empty.any())
 
 
 ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {"fast": fast_attention, "reference": scaled_dot_product_attention}

@@ -52,14 +52,17 @@ def padded_keys(mask: Tensor | None) -> Tensor | None:
 
     Attention without a mask computes the same as with an all-True one, and skips the masked
     kernel path and the zeroing of empty rows (37-56 % of the quickstart translator's and
-    classifier's batches have no padding). The mask is read on the host only on the CPU: on a GPU
-    the read would wait for the device, and inside `torch.compile` it would break the graph.
+    classifier's batches have no padding). The mask is read only where `cheap_to_read`.
     """
-    if mask is None:
-        return None
-    if mask.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all()):
+    if mask is None or (cheap_to_read(mask) and bool(mask.all())):
         return None
     return key_mask(mask)
+
+
+def cheap_to_read(tensor: Tensor) -> bool:
+    """Whether reading `tensor` on the host costs little: on the CPU, outside `torch.compile` (on a GPU
+    the read waits for the device; in a compiled graph it breaks the graph)."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def causal_mask(queries: int, keys: int | None = None, device: torch.device | None = None) -> Tensor:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -17,11 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 from serve_models import TEXTS, tiny_bundles
 
 from attn.app.inference import embed
 from attn.app.serve import ServeOptions, listen
+from attn.app.serve import app as serve_app
+from attn.errors import ConfigError
 from attn.artifacts import save_model
 
 READY_S = 120  # the machine may be busy: starting Python and torch can take a while
@@ -165,4 +169,17 @@ def test_connections_to_the_bound_socket_send_without_delay() -> None:
 
     asyncio.run(asyncio.wait_for(accept_one(), 30))
     assert found == [1]
+
+
+def test_a_port_that_needs_privileges_is_named_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user without root meets port 80 (these tests may run as root, where the bind succeeds)."""
+
+    class Refusing(socket.socket):
+        def bind(self, address: object) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(serve_app.socket, "socket", Refusing)
+    with pytest.raises(ConfigError, match=r"^--port: cannot listen on 127\.0\.0\.1:80: permission denied \(ports "
+                                          r"below 1024 need privileges\); choose a port of 1024 or above$"):
+        listen(ServeOptions(port=80))
 

@@ -13,9 +13,9 @@ from attn.errors import ConfigError
 from attn.models import Encoder
 
 # Padded tokens per forward pass of an encoder on a CPU. all-MiniLM-L6-v2 on fortune quotes (2-core AMD EPYC,
-# AVX2, 1 thread, batches of 32 quotes of 7-91 tokens): 23.3 ms a quote one at a time; 16.8 ms within 256
-# or 512 padded tokens a pass, 17.1 at 1024, 23.5 at 2048, 27.5 at 4096 (the whole 32 in one pass). On a
-# CPU a large padded pass costs more per token than it saves; a GPU wants large passes.
+# AVX2, batches of 32 quotes of 7-91 tokens), ms a quote at 1 / 2 threads: one at a time 23.3 / 18.2; within
+# 256 padded tokens a pass 16.8 / 10.0, 512: 16.8 / 10.7, 1024: 17.1 / 13.8, 2048: 23.5 / 18.5. On a CPU a
+# large padded pass costs more per token than it saves; a GPU wants large passes.
 CPU_BATCH_TOKENS = 512
 
 

@@ -83,7 +83,7 @@ def decode_rows(
     rows = torch.arange(session.logits.size(0), device=session.logits.device)
     logits, history, limits = session.logits, session.history, session.limits
     stops = StopStrings(config.stop, decode) if config.stop and decode is not None else None
-    new: list[list[int]] = [[] for _ in range(logits.size(0))]  # each row's new tokens, when stops need them
+    new: list[list[int]] = [[] for _ in range(logits.size(0))] if stops is not None else []  # rows' new tokens
     for step in range(int(limits.max())):
         column = session.offset + step
         logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1)
@@ -103,7 +103,7 @@ def decode_rows(
                 return
             session.cache.reorder(keep)
             rows, tokens, history, limits = rows[keep], tokens[keep], history[keep], limits[keep]
-            new = [new[i] for i in keep.tolist()] if stops is not None else new
+            new = [new[i] for i in keep.tolist()] if stops is not None else []
         logits = decode_one_token(session.model, tokens, session.cache)
 
 

@@ -134,8 +134,8 @@ def listen(options: ServeOptions) -> socket.socket:
     """A socket bound to `options.host`:`options.port`, for `run_server`.
 
     Raises:
-        ConfigError: the port is taken by another program (--port), or the host is not an address
-            of this machine (--host).
+        ConfigError: the port is taken by another program or needs privileges (--port), or the host
+            is not an address of this machine (--host).
     """
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections of a socket that names it, and
     # without it Nagle's algorithm and delayed ACKs added 40 ms to every small answer.
@@ -150,6 +150,9 @@ def listen(options: ServeOptions) -> socket.socket:
         if error.errno == errno.EADDRINUSE:
             raise ConfigError("--port", f"{where} is already in use (another server?); choose a free port with "
                               "--port, or stop the program that holds it") from None
+        if error.errno == errno.EACCES:
+            raise ConfigError("--port", f"cannot listen on {where}: permission denied (ports below 1024 need "
+                              "privileges); choose a port of 1024 or above") from None
         raise ConfigError("--host", f"cannot listen on {where}: {error.strerror or error}; give an address of "
                           "this machine, such as 127.0.0.1") from None
     return bound
