@@ -226,6 +226,8 @@ class TrainConfig:
     checkpoint ("" = the task's: val_loss, or val_accuracy for classification); `patience` is
     how many evaluations without improvement stop the run (0 = never). `peak_tflops` is one
     accelerator's peak, for the model-FLOPs utilisation in the metrics (0 = not reported).
+    `threads` pins the CPU threads of the training loop; 0 measures the fastest count while a
+    time-budgeted run trains (`attn.training.threads`).
     """
 
     max_steps: int = 1000
@@ -239,6 +241,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.training.precision)
     compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
+    threads: int = 0  # CPU threads of the loop; 0 = auto: measured under a time budget, else torch's count
     label_smoothing: float = 0.1
     patience: int = 0
     metric: str = ""
@@ -251,7 +254,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self)
-        minimums = {"max_steps": 1, "keep_last": 1, "log_interval": 1, "peak_tflops": 0.0, "max_minutes": 0.0}
+        minimums = {"max_steps": 1, "keep_last": 1, "log_interval": 1, "peak_tflops": 0.0, "max_minutes": 0.0,
+                    "threads": 0}
         minimums.update(dict.fromkeys(("eval_interval", "eval_batches", "checkpoint_interval", "patience"), 0))
         _check_at_least(self, minimums)
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -75,6 +75,7 @@ from attn.training.signals import (
     recording_stop_signals,
 )
 from attn.training.tasks import TaskData
+from attn.training.threads import Choice, threads_for_training
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
@@ -367,7 +368,7 @@ class Trainer:
         stopped = False
         window, run = LogWindow(), LogWindow()
         self._announce_precision()
-        with recording_stop_signals() as received:
+        with recording_stop_signals() as received, self._threads() as after_update:
             with self._progress() as bar:
                 while self.step < train.max_steps and not stopped and (used := self._budget_used()) < 1.0:
                     if halt := agreed_stop_signal(received, self.ctx):
@@ -376,6 +377,8 @@ class Trainer:
                     stats = self.train_step(used)
                     seconds = time.perf_counter() - started
                     self.elapsed += seconds
+                    if choice := after_update(seconds, stats.tokens):
+                        self.metrics_log.write({"step": self.step, **choice.record()})
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
                     run.add(stats.loss, stats.tokens, seconds)
@@ -403,6 +406,12 @@ class Trainer:
             print(f"attn: warning: {self.precision.warning}", file=sys.stderr, flush=True)
         elif not self.config.train.quiet:
             print(f"attn: {self.precision.describe()}", file=sys.stderr, flush=True)
+
+    def _threads(self) -> contextlib.AbstractContextManager[Callable[[float, int], Choice | None]]:
+        """`train.threads` for the loop; auto measures only a time-budgeted, uncompiled run in one CPU process."""
+        train, ctx = self.config.train, self.ctx
+        adaptive = bool(train.max_minutes) and not train.compile and ctx.device.type == "cpu" and ctx.world_size == 1
+        return threads_for_training(train.threads, adaptive)
 
     def _budget_used(self) -> float:
         """The fraction of `train.max_minutes` spent so far (0 without a time budget).
