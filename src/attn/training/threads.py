@@ -9,8 +9,10 @@ threads and 320-420 ms on one (270 ms on 2 threads when idle; benchmarks/results
 `train.threads` = N pins N threads for the training loop. `train.threads` = 0 ("auto") lets a run
 that has a time budget (`train.max_minutes`), on the CPU, in one process, measure its own updates:
 it times `PROBE_STEPS` updates at each candidate count (all cores, then halves down to one; seconds
-per input token, their median), trains on the fastest, and measures again after every `REVISIT_S`
-seconds of training, so it follows the machine's load. A run without a time budget keeps torch's
+per input token, their median), trains on the fastest, and measures again after `REVISIT_S` seconds
+of training, so it follows the machine's load; when updates are slow (a round of measurement took
+more than a tenth of that), it waits `ROUND_SHARE` times the round instead, so that measuring the
+slower counts costs at most about a tenth of the budget. A run without a time budget keeps torch's
 count, because a different thread count changes the last bits of a matmul and so the weights: such
 a run gives the same numbers every time (a time-budgeted run does not anyway: the clock decides its
 learning rate and its last step).
@@ -26,7 +28,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 PROBE_STEPS = 3  # updates timed at each candidate count; their median decides
-REVISIT_S = 60.0  # seconds of training on the chosen count before measuring again
+REVISIT_S = 60.0  # seconds of training on the chosen count before measuring again, at least
+ROUND_SHARE = 10.0  # and at least this many times the last round of measurement took
 
 
 def candidate_counts(threads: int) -> tuple[int, ...]:
@@ -70,15 +73,18 @@ class ThreadChooser:
         self._queue = list(counts)  # counts still to measure in this round, the current one first
         self._samples: list[float] = []
         self._rates: dict[int, float] = {}
+        self._round_s = 0.0  # seconds of the round being measured
         self._settled_for = 0.0
+        self._settle_s = revisit_s
 
     def observe(self, seconds: float, tokens: int) -> Choice | None:
         """Records one update that ran on `self.threads`; afterwards `self.threads` is the next update's count."""
-        if not self._queue:  # settled: train on, and measure again after revisit_s
+        if not self._queue:  # settled: train on, and measure again after _settle_s
             self._settled_for += seconds
-            if self._settled_for >= self.revisit_s:
+            if self._settled_for >= self._settle_s:
                 self._queue = [self.threads, *(n for n in self.counts if n != self.threads)]
             return None
+        self._round_s += seconds
         self._samples.append(seconds / max(tokens, 1))
         if len(self._samples) < self.probe_steps:
             return None
@@ -88,7 +94,8 @@ class ThreadChooser:
             self.threads = self._queue[0]
             return None
         self.threads = max(self._rates, key=self._rates.__getitem__)
-        self._settled_for = 0.0
+        self._settled_for, self._settle_s = 0.0, max(self.revisit_s, ROUND_SHARE * self._round_s)
+        self._round_s = 0.0
         choice = Choice(self.threads, dict(sorted(self._rates.items(), reverse=True)))
         self._rates = {}
         return choice

@@ -47,14 +47,13 @@ def test_the_median_of_the_probe_ignores_one_descheduled_update():
 
 
 def test_it_measures_again_after_revisit_seconds_and_follows_the_load():
-    chooser = ThreadChooser((2, 1), probe_steps=3, revisit_s=10.0)
+    chooser = ThreadChooser((2, 1), probe_steps=3, revisit_s=30.0)
     idle, busy = {2: 2.7e-4, 1: 4.0e-4}, {2: 8.0e-4, 1: 3.5e-4}
     assert [c.threads for c in feed(chooser, idle, 6)] == [2]
-    assert feed(chooser, idle, 38) == [] and chooser.threads == 2  # the 38th 0.27 s update passes 10 s
-    ran = [chooser.threads]
+    assert feed(chooser, idle, 112) == [] and chooser.threads == 2  # the 112th 0.27 s update passes 30 s
     (choice,) = feed(chooser, busy, 6)  # then the machine gets busy: 3 + 3 probe updates
-    assert ran == [2] and choice.threads == chooser.threads == 1
-    assert feed(chooser, busy, 20) == [] and chooser.threads == 1  # 7 s: not yet time to measure again
+    assert choice.threads == chooser.threads == 1
+    assert feed(chooser, busy, 80) == [] and chooser.threads == 1  # 28 s: not yet time to measure again
 
 
 def test_a_probe_of_more_than_two_counts_ends_on_the_best_of_all():
@@ -113,3 +112,12 @@ def test_a_pinned_count_holds_for_the_loop_and_is_undone_after(tmp_path, monkeyp
 def test_a_negative_thread_count_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="threads"):
         quick_config(tmp_path, "train.threads=-1")
+
+
+def test_after_a_slow_round_it_waits_ten_rounds_before_measuring_again():
+    chooser = ThreadChooser((2, 1), probe_steps=3, revisit_s=10.0)
+    slow = {2: 4.0e-3, 1: 1.0e-3}  # 4 s and 1 s updates: the round takes 15 s
+    assert [c.threads for c in feed(chooser, slow, 6)] == [1]
+    # 150 s of 1 s updates, then 3 measured ones; with revisit_s alone 2 threads would come back after 13
+    assert feed(chooser, slow, 152) == [] and chooser.threads == 1
+    assert feed(chooser, slow, 1) == [] and chooser.threads == 2
