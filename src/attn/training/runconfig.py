@@ -227,7 +227,8 @@ class TrainConfig:
     how many evaluations without improvement stop the run (0 = never). `peak_tflops` is one
     accelerator's peak, for the model-FLOPs utilisation in the metrics (0 = not reported).
     `threads` pins the CPU threads of the training loop; 0 measures the fastest count while a
-    time-budgeted run trains (`attn.training.threads`).
+    time-budgeted run trains (`attn.training.threads`). `keep_memory` has a CPU run keep freed
+    memory for the next step instead of giving it back to the system (`attn.training.allocator`).
     """
 
     max_steps: int = 1000
@@ -242,6 +243,7 @@ class TrainConfig:
     precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.training.precision)
     compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
     threads: int = 0  # CPU threads of the loop; 0 = auto: measured under a time budget, else torch's count
+    keep_memory: bool = True  # CPU: freed memory stays in the process for the next step (glibc's malloc)
     label_smoothing: float = 0.1
     patience: int = 0
     metric: str = ""

@@ -39,6 +39,7 @@ from attn.data.batches import Batch
 from attn.errors import CheckpointError, ConfigError, TrainingError
 from attn.faults import fault_point
 from attn.models import Model, build_model, count_parameters
+from attn.training.allocator import keep_freed_memory
 from attn.training.distributed import (
     DistContext,
     all_gather_objects,
@@ -368,6 +369,8 @@ class Trainer:
         stopped = False
         window, run = LogWindow(), LogWindow()
         self._announce_precision()
+        if train.keep_memory and self.ctx.device.type == "cpu":
+            keep_freed_memory()
         with recording_stop_signals() as received, self._threads() as after_update:
             with self._progress() as bar:
                 while self.step < train.max_steps and not stopped and (used := self._budget_used()) < 1.0:

@@ -1,0 +1,59 @@
+"""Freed CPU memory kept for the next step: page faults of repeated training steps, with and without."""
+
+import platform
+import subprocess
+import sys
+
+import pytest
+from training_helpers import quick_config, reversal_builder
+
+from attn.training import train
+from attn.training import trainer as trainer_module
+
+# Sixteen updates of a small MLP whose activations and gradients are 2-8 MiB each; prints the minor
+# page faults of the last eight.
+STEPS = """
+import resource, sys, torch
+from attn.training.allocator import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+optimizer = torch.optim.AdamW(model.parameters())
+x = torch.randn(2048, 256)
+faults = []
+for _ in range(16):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    model(x).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(sum(faults[8:]))
+"""
+
+
+def faults_of_late_steps(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's malloc's")
+def test_kept_memory_spares_later_steps_their_page_faults():
+    default, kept = faults_of_late_steps("default"), faults_of_late_steps("keep")
+    assert default > 10_000  # glibc's defaults map the large tensors afresh every step
+    assert kept < default / 10
+
+
+def spy_on_keep(monkeypatch) -> list[bool]:
+    calls = []
+    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(True) or True)
+    return calls
+
+
+def test_a_cpu_run_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
+    calls = spy_on_keep(monkeypatch)
+    train(quick_config(tmp_path / "keep", "train.max_steps=2"), task_builder=reversal_builder())
+    assert calls == [True]
+    train(quick_config(tmp_path / "system", "train.max_steps=2", "train.keep_memory=false"),
+          task_builder=reversal_builder())
+    assert calls == [True]
