@@ -19,6 +19,7 @@ from typing import Protocol
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn.dropout import dropout as drop
 from attn.masks import CausalMask, Mask, cheap_to_read, materialize, with_bias
 
 
@@ -80,7 +81,7 @@ def scaled_dot_product_attention(
     Returns:
         (B, h, Tq, d_v).
     """
-    weights = F.dropout(attention_weights(q, k, mask, bias), p=dropout, training=dropout > 0)
+    weights = drop(attention_weights(q, k, mask, bias), dropout)
     return weights @ v
 
 
@@ -95,7 +96,11 @@ def fast_attention(
     """The same function as `scaled_dot_product_attention`, through PyTorch's fused SDPA kernels.
 
     A query row whose keys are all masked gives exactly 0, as in the reference, whatever the kernel.
+    With dropout on the CPU it is the reference: torch's CPU kernels have no dropout of their own and
+    fall back to the same written-out softmax, with a costlier mask (`attn.dropout`).
     """
+    if dropout > 0 and q.device.type == "cpu":
+        return scaled_dot_product_attention(q, k, v, mask, bias, dropout)
     if isinstance(mask, CausalMask) and bias is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     mask = materialize(mask, q.size(-2), k.size(-2), q.device)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.config import Activation
+from attn.dropout import Dropout
 from attn.positional import NoPositions
 
 ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
@@ -37,7 +38,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model)."""
@@ -50,7 +51,7 @@ class PostNorm(nn.Module):
     def __init__(self, d_model: int, eps: float, dropout: float) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         return self.norm(x + self.dropout(sublayer(x)))
@@ -62,7 +63,7 @@ class PreNorm(nn.Module):
     def __init__(self, d_model: int, eps: float, dropout: float) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         return x + self.dropout(sublayer(self.norm(x)))
@@ -89,7 +90,7 @@ class Embeddings(nn.Module):
         self.positions = positions
         self.segments = segments
         self.norm = norm
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, positions: Tensor, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) long, positions (B, T) long -> (B, T, d_model)."""

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.blocks import Block, check_tokens, self_attention_inputs
+from attn.dropout import Dropout
 from attn.errors import AttnError, ShapeError
 from attn.layers import Embeddings, OutputProjection
 
@@ -134,7 +135,7 @@ class Encoder(nn.Module):
         self.mlm = mlm
         self.pooler = pooler
         self.classifier = classifier
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> hidden states (B, T, d_model)."""
