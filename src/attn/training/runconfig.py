@@ -227,8 +227,11 @@ class TrainConfig:
     how many evaluations without improvement stop the run (0 = never). `peak_tflops` is one
     accelerator's peak, for the model-FLOPs utilisation in the metrics (0 = not reported).
     `threads` pins the CPU threads of the training loop; 0 measures the fastest count while a
-    time-budgeted run trains (`attn.training.threads`). `keep_memory` has a CPU run keep freed
-    memory for the next step instead of giving it back to the system (`attn.training.allocator`).
+    time-budgeted run trains (`attn.training.threads`). `workers` splits each batch's rows between
+    that many threads of one CPU process, which train on their parts at the same time and add their
+    gradients (`attn.training.cores`); 0 lets the same measurement decide, and is 1 otherwise.
+    `keep_memory` has a CPU run keep freed memory for the next step instead of giving it back to the
+    system (`attn.training.allocator`).
     """
 
     max_steps: int = 1000
@@ -243,6 +246,7 @@ class TrainConfig:
     precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.training.precision)
     compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
     threads: int = 0  # CPU threads of the loop; 0 = auto: measured under a time budget, else torch's count
+    workers: int = 0  # CPU: parts of each batch trained at once on the cores; 0 = auto (as threads), else 1
     keep_memory: bool = True  # CPU: freed memory stays in the process for the next step (glibc's malloc)
     label_smoothing: float = 0.1
     patience: int = 0
@@ -257,7 +261,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         coerce_fields(self)
         minimums = {"max_steps": 1, "keep_last": 1, "log_interval": 1, "peak_tflops": 0.0, "max_minutes": 0.0,
-                    "threads": 0}
+                    "threads": 0, "workers": 0}
         minimums.update(dict.fromkeys(("eval_interval", "eval_batches", "checkpoint_interval", "patience"), 0))
         _check_at_least(self, minimums)
         if not 0.0 <= self.label_smoothing < 1.0:

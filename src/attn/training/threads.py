@@ -6,16 +6,22 @@ process holds a core, a thread of ours is descheduled mid-kernel and the others 
 again: on 2 cores with one busy process the quickstart's translation step took 790-830 ms on 2
 threads and 320-420 ms on one (270 ms on 2 threads when idle; benchmarks/results/issue22-small-cpu).
 
-`train.threads` = N pins N threads for the training loop. `train.threads` = 0 ("auto") lets a run
-that has a time budget (`train.max_minutes`), on the CPU, in one process, measure its own updates:
-it times `PROBE_STEPS` updates at each candidate count (all cores, then halves down to one; seconds
-per input token, their median), trains on the fastest, and measures again after `REVISIT_S` seconds
-of training, so it follows the machine's load; when updates are slow (a round of measurement took
-more than a tenth of that), it waits `ROUND_SHARE` times the round instead, so that measuring the
-slower counts costs at most about a tenth of the budget. A run without a time budget keeps torch's
-count, because a different thread count changes the last bits of a matmul and so the weights: such
-a run gives the same numbers every time (a time-budgeted run does not anyway: the clock decides its
-learning rate and its last step).
+The cores can also be used another way: split each batch's rows between two threads that train
+on their halves at the same time, each on half of the cores (`attn.training.cores`); on 2 cores that
+keeps each kernel on one core and the threads meet once a batch.
+
+`train.threads` = N pins N threads for the training loop, and `train.workers` = W splits the rows
+into W parts (N // W threads each). Both at 0 ("auto") let a run that has a time budget
+(`train.max_minutes`), uncompiled, on the CPU, in one process, measure its own updates: it times
+`PROBE_STEPS` updates at each candidate `Layout` (all cores; all cores as two row halves; then
+halves of the cores down to one; seconds per input token, their median), trains on the fastest,
+and measures again after `REVISIT_S` seconds of training, so it follows the machine's load; when
+updates are slow (a round of measurement took more than a tenth of that), it waits `ROUND_SHARE`
+times the round instead, so that measuring the slower layouts costs at most about a tenth of the
+budget. A run without a time budget keeps torch's count and the whole batch, because another
+thread count or split changes the last bits of the sums and so the weights: such a run gives the
+same numbers every time (a time-budgeted run does not anyway: the clock decides its learning rate
+and its last step).
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import statistics
 from collections.abc import Callable, Iterator
 
 import torch
+from torch import nn
+
+from attn.training.cores import CoreSplit
 
 PROBE_STEPS = 3  # updates timed at each candidate count; their median decides
 REVISIT_S = 60.0  # seconds of training on the chosen count before measuring again, at least
@@ -45,44 +54,68 @@ def candidate_counts(threads: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Choice:
-    """The outcome of one round of measurement: the count chosen and each count's tokens per second."""
+class Layout:
+    """How the training loop uses the CPU: `workers` threads, each training on its share of a batch's rows
+    (`attn.training.cores`; 1 = the whole batch at once), each running torch's kernels on `threads` threads."""
 
     threads: int
-    tokens_per_s: dict[int, float]
+    workers: int = 1
+
+    def __str__(self) -> str:
+        return str(self.threads) if self.workers == 1 else f"{self.workers}x{self.threads}"
+
+
+def candidate_layouts(threads: int) -> tuple[Layout, ...]:
+    """The layouts `auto` tries: all `threads` on the whole batch, the rows split between two halves of
+    them, then fewer threads (`candidate_counts`).
+
+    >>> [str(layout) for layout in candidate_layouts(2)], [str(layout) for layout in candidate_layouts(8)]
+    (['2', '2x1', '1'], ['8', '2x4', '4', '2', '1'])
+    """
+    counts = candidate_counts(threads)
+    split = (Layout(threads // 2, 2),) if threads >= 2 else ()
+    return (Layout(counts[0]), *split, *(Layout(count) for count in counts[1:]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The outcome of one round of measurement: the layout chosen and each layout's tokens per second."""
+
+    layout: Layout
+    tokens_per_s: dict[Layout, float]
 
     def record(self) -> dict[str, object]:
         """The metrics-log fields of this choice."""
-        rates = {str(count): round(rate, 1) for count, rate in self.tokens_per_s.items()}
-        return {"threads": self.threads, "threads_tokens_per_s": rates}
+        rates = {str(layout): round(rate, 1) for layout, rate in self.tokens_per_s.items()}
+        return {"threads": self.layout.threads, "workers": self.layout.workers, "threads_tokens_per_s": rates}
 
 
 class ThreadChooser:
-    """Measures seconds per token at each candidate count in turn and settles on the fastest.
+    """Measures seconds per token at each candidate layout in turn and settles on the fastest.
 
-    `observe` is told of every update (its seconds and input tokens) and says which count the next
+    `observe` is told of every update (its seconds and input tokens) and says which layout the next
     update runs on; it returns a `Choice` when a round of measurement ends. It never calls torch
-    (`threads_for_training` applies its counts), so its decisions are tested on made-up timings.
+    (`threads_for_training` applies its layouts), so its decisions are tested on made-up timings.
     """
 
-    def __init__(self, counts: tuple[int, ...], probe_steps: int = PROBE_STEPS, revisit_s: float = REVISIT_S) -> None:
-        if not counts or probe_steps < 1:
-            raise ValueError("a thread chooser needs at least one count and one probe step")
-        self.counts, self.probe_steps, self.revisit_s = counts, probe_steps, revisit_s
-        self.threads = counts[0]
-        self._queue = list(counts)  # counts still to measure in this round, the current one first
+    def __init__(self, layouts: tuple[Layout, ...], probe_steps: int = PROBE_STEPS, revisit_s: float = REVISIT_S) -> None:
+        if not layouts or probe_steps < 1:
+            raise ValueError("a thread chooser needs at least one layout and one probe step")
+        self.layouts, self.probe_steps, self.revisit_s = layouts, probe_steps, revisit_s
+        self.layout = layouts[0]
+        self._queue = list(layouts)  # layouts still to measure in this round, the current one first
         self._samples: list[float] = []
-        self._rates: dict[int, float] = {}
+        self._rates: dict[Layout, float] = {}
         self._round_s = 0.0  # seconds of the round being measured
         self._settled_for = 0.0
         self._settle_s = revisit_s
 
     def observe(self, seconds: float, tokens: int) -> Choice | None:
-        """Records one update that ran on `self.threads`; afterwards `self.threads` is the next update's count."""
+        """Records one update that ran on `self.layout`; afterwards `self.layout` is the next update's."""
         if not self._queue:  # settled: train on, and measure again after _settle_s
             self._settled_for += seconds
             if self._settled_for >= self._settle_s:
-                self._queue = [self.threads, *(n for n in self.counts if n != self.threads)]
+                self._queue = [self.layout, *(n for n in self.layouts if n != self.layout)]
             return None
         self._round_s += seconds
         self._samples.append(seconds / max(tokens, 1))
@@ -91,38 +124,72 @@ class ThreadChooser:
         self._rates[self._queue.pop(0)] = 1.0 / statistics.median(self._samples)
         self._samples = []
         if self._queue:
-            self.threads = self._queue[0]
+            self.layout = self._queue[0]
             return None
-        self.threads = max(self._rates, key=self._rates.__getitem__)
+        self.layout = max(self._rates, key=self._rates.__getitem__)
         self._settled_for, self._settle_s = 0.0, max(self.revisit_s, ROUND_SHARE * self._round_s)
         self._round_s = 0.0
-        choice = Choice(self.threads, dict(sorted(self._rates.items(), reverse=True)))
+        choice = Choice(self.layout, dict(self._rates))
         self._rates = {}
         return choice
 
 
-@contextlib.contextmanager
-def threads_for_training(setting: int, adaptive: bool) -> Iterator[Callable[[float, int], Choice | None]]:
-    """Runs the block on `setting` threads (0: torch's count) and restores torch's count afterwards.
+class CoreUse:
+    """The layout the training loop runs on: torch's thread count and the core split of `train_step`.
 
-    Yields the function the loop calls after each update with its seconds and input tokens: with
-    `setting` 0 and `adaptive`, a `ThreadChooser`'s `observe` that also moves torch to the count
-    it picks for the next update (returning its `Choice` at the end of a round); otherwise a no-op.
+    `after_update` is called after each update with its seconds and input tokens: with a chooser it
+    moves to the layout the chooser picks for the next update (returning its `Choice` at the end of
+    a round); without one it does nothing. `split` is the current layout's `CoreSplit`, or None.
     """
-    before = torch.get_num_threads()
-    if setting:
-        torch.set_num_threads(setting)
-    chooser = ThreadChooser(candidate_counts(before)) if adaptive and not setting and before > 1 else None
 
-    def after_update(seconds: float, tokens: int) -> Choice | None:
-        if chooser is None:
+    def __init__(self, module: nn.Module, layout: Layout, chooser: ThreadChooser | None) -> None:
+        self.module, self.chooser = module, chooser
+        self.split: CoreSplit | None = None
+        self._splits: dict[Layout, CoreSplit] = {}
+        self._apply(chooser.layout if chooser else layout)
+
+    def after_update(self, seconds: float, tokens: int) -> Choice | None:
+        if self.chooser is None:
             return None
-        choice = chooser.observe(seconds, tokens)
-        if chooser.threads != torch.get_num_threads():
-            torch.set_num_threads(chooser.threads)
+        choice = self.chooser.observe(seconds, tokens)
+        self._apply(self.chooser.layout)
         return choice
 
+    def close(self) -> None:
+        for split in self._splits.values():
+            split.close()
+
+    def _apply(self, layout: Layout) -> None:
+        # The loop's own thread (optimizer, clipping, evaluation) runs while the workers wait: on all of them.
+        if layout.threads * layout.workers != torch.get_num_threads():
+            torch.set_num_threads(layout.threads * layout.workers)
+        if layout.workers > 1 and layout not in self._splits:
+            self._splits[layout] = CoreSplit(self.module, layout.workers, layout.threads)
+        self.split = self._splits.get(layout)
+
+
+@contextlib.contextmanager
+def threads_for_training(setting: int, workers: int, adaptive: bool, module: nn.Module) -> Iterator[CoreUse]:
+    """Runs the block on a layout and restores torch's thread count afterwards.
+
+    Args:
+        setting: `train.threads`: the threads of the loop (0: torch's count, or chosen by measurement).
+        workers: `train.workers`: the parts a batch's rows are split into (0: 1, or chosen by measurement).
+        adaptive: whether "auto" may measure (a time-budgeted, uncompiled run in one CPU process).
+        module: whose parameters a core split gives gradients.
+
+    Yields:
+        The `CoreUse` of the loop: with `setting` and `workers` 0 and `adaptive`, a `ThreadChooser`
+        over `candidate_layouts` picks the layout; otherwise `setting` threads (split between the
+        workers) for the whole loop.
+    """
+    before = torch.get_num_threads()
+    threads, parts = setting or before, max(workers, 1)
+    measure = adaptive and not setting and not workers and before > 1
+    chooser = ThreadChooser(candidate_layouts(before)) if measure else None
+    use = CoreUse(module, Layout(max(1, threads // parts), parts), chooser)
     try:
-        yield after_update
+        yield use
     finally:
+        use.close()
         torch.set_num_threads(before)

@@ -40,6 +40,7 @@ from attn.errors import CheckpointError, ConfigError, TrainingError
 from attn.faults import fault_point
 from attn.models import Model, build_model, count_parameters
 from attn.training.allocator import keep_freed_memory
+from attn.training.cores import CoreSplit
 from attn.training.distributed import (
     DistContext,
     all_gather_objects,
@@ -76,7 +77,7 @@ from attn.training.signals import (
     recording_stop_signals,
 )
 from attn.training.tasks import TaskData
-from attn.training.threads import Choice, threads_for_training
+from attn.training.threads import CoreUse, threads_for_training
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
@@ -170,6 +171,7 @@ def accumulate_gradients(
     scale: Callable[[Tensor], Tensor] = lambda loss: loss,
     sync_module: nn.Module | None = None,
     loss_of: Callable[..., tuple[Tensor, Tensor]] = batch_loss,
+    split: CoreSplit | None = None,
 ) -> tuple[LossSums, int]:
     """Forward and backward over the micro-batches of one update, leaving the gradients in `.grad`.
 
@@ -188,6 +190,7 @@ def accumulate_gradients(
         sync_module: the DDP/FSDP module whose gradient all-reduce is skipped on all but the
             last micro-batch (default: `engine`).
         loss_of: `batch_loss`, or its compiled form.
+        split: runs each micro-batch in row parts on the CPU's cores (`attn.training.cores`; one process).
 
     Returns:
         The sums over all ranks (loss, nll, scored targets) and the number of input tokens on all ranks.
@@ -203,10 +206,15 @@ def accumulate_gradients(
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, nll, input tokens
     for i, batch in enumerate(batches):
         batch = batch.to(ctx.device)
-        with gradient_sync(sync_module or engine, enabled=i == len(batches) - 1):
-            loss, nll = loss_of(engine, batch.inputs, batch.targets, smoothing, ignore_id, autocast)
-            loss, nll = loss * batch.weight, nll * batch.weight
-            scale(loss * factor).backward()
+        if split is not None:
+            loss, nll = split.backward(
+                batch, lambda inputs, targets: loss_of(engine, inputs, targets, smoothing, ignore_id, autocast), factor
+            )
+        else:
+            with gradient_sync(sync_module or engine, enabled=i == len(batches) - 1):
+                loss, nll = loss_of(engine, batch.inputs, batch.targets, smoothing, ignore_id, autocast)
+                loss, nll = loss * batch.weight, nll * batch.weight
+                scale(loss * factor).backward()
         sums += torch.stack([loss.detach(), nll.detach(), loss.new_tensor(batch.n_tokens)]).double()
     sums = all_reduce_sum(sums, ctx)
     return LossSums(sums[0], sums[1], torch.tensor(total)), int(sums[2].item())
@@ -309,6 +317,10 @@ class Trainer:
         self.autocast = autocast_factory(ctx.device, self.precision.used)
         self.tracker = _Tracker(train.metric or task.metric)
         self.step = 0
+        # The row split of `train_step` on the CPU's cores (`attn.training.cores`): set by `fit` from
+        # `train.workers` and the thread measurement, or by a caller that times steps itself.
+        self.split: CoreSplit | None = None
+        self._may_split()
         self.elapsed = 0.0
         self.metrics_log = MetricsLog(Path(config.run_dir) / METRICS_FILE, enabled=ctx.is_main)
         self._saved: tuple[int, Path | None] = (-1, None)
@@ -371,16 +383,17 @@ class Trainer:
         self._announce_precision()
         if train.keep_memory and self.ctx.device.type == "cpu":
             keep_freed_memory()
-        with recording_stop_signals() as received, self._threads() as after_update:
+        with recording_stop_signals() as received, self._threads() as cores:
             with self._progress() as bar:
                 while self.step < train.max_steps and not stopped and (used := self._budget_used()) < 1.0:
                     if halt := agreed_stop_signal(received, self.ctx):
                         raise TrainingInterrupted(halt, self.step, self._save_once())
                     started = time.perf_counter()
+                    self.split = cores.split
                     stats = self.train_step(used)
                     seconds = time.perf_counter() - started
                     self.elapsed += seconds
-                    if choice := after_update(seconds, stats.tokens):
+                    if choice := cores.after_update(seconds, stats.tokens):
                         self.metrics_log.write({"step": self.step, **choice.record()})
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
@@ -395,6 +408,7 @@ class Trainer:
             if self._evaluated_step != self.step:
                 metrics, stopped = self._evaluate_and_track(stopped)
             checkpoint = self._save_once()
+        self.split = None
         tracker = self.tracker
         run_dir = Path(self.config.run_dir)
         return RunResult(run_dir, self.step, losses, metrics, tracker.best, tracker.best_step, checkpoint, stopped,
@@ -410,11 +424,21 @@ class Trainer:
         elif not self.config.train.quiet:
             print(f"attn: {self.precision.describe()}", file=sys.stderr, flush=True)
 
-    def _threads(self) -> contextlib.AbstractContextManager[Callable[[float, int], Choice | None]]:
-        """`train.threads` for the loop; auto measures only a time-budgeted, uncompiled run in one CPU process."""
+    def _threads(self) -> contextlib.AbstractContextManager[CoreUse]:
+        """`train.threads` and `train.workers` for the loop; auto measures only a time-budgeted run (see `_may_split`)."""
+        train = self.config.train
+        return threads_for_training(train.threads, train.workers, bool(train.max_minutes) and self._may_split(),
+                                    self.head)
+
+    def _may_split(self) -> bool:
+        """Whether this run can split its batches between threads (and so measure layouts): one uncompiled
+        CPU process. A split asked for where it cannot run is a config error."""
         train, ctx = self.config.train, self.ctx
-        adaptive = bool(train.max_minutes) and not train.compile and ctx.device.type == "cpu" and ctx.world_size == 1
-        return threads_for_training(train.threads, adaptive)
+        possible = not train.compile and ctx.device.type == "cpu" and ctx.world_size == 1
+        if train.workers > 1 and not possible:
+            raise ConfigError("train.workers", f"{train.workers} workers split batches between the threads of one "
+                              "uncompiled CPU process; set it to 0 or 1 with train.compile, a GPU or torchrun")
+        return possible
 
     def _budget_used(self) -> float:
         """The fraction of `train.max_minutes` spent so far (0 without a time budget).
@@ -445,7 +469,7 @@ class Trainer:
         batches = [self.task.train.next_batch() for _ in range(self.config.batch.grad_accum)]
         sums, tokens = accumulate_gradients(
             self.train_engine, batches, self.task.ignore_id, self.config.train.label_smoothing, self.ctx,
-            self.autocast, self.scaler.scale, self.wrapped, self.loss_of,
+            self.autocast, self.scaler.scale, self.wrapped, self.loss_of, self.split,
         )
         fault_point("step")
         self._flops.add(sum(b.inputs[0].size(-1) for b in batches) / len(batches), tokens)
