@@ -2,7 +2,7 @@
 
 On a few cores torch runs every kernel of a step on all of them, and the small kernels of a small
 model (elementwise ops, LayerNorm, softmax, the many short matmuls) do not divide well: on 2 AVX2
-cores the d256 translator's step ran at 1.6-1.8x the speed of one thread. Here the batch's rows are
+cores the d256 translator's step ran at 1.6-1.8x the speed of one thread (benchmarks/README, issue 22). Here the batch's rows are
 cut into W parts and W threads each run the forward and backward pass of one part on
 `threads // W` intra-op threads, at the same time; every kernel is then as long as one core's share
 of the work, and the threads meet once a micro-batch instead of at every kernel.
@@ -10,8 +10,7 @@ of the work, and the threads meet once a micro-batch instead of at every kernel.
 How the numbers stay those of the whole batch: each part's summed loss is scaled by the update's
 total of scored targets (as `accumulate_gradients` does for micro-batches), each thread returns its
 gradients (`torch.autograd.grad`), and the caller's thread adds them in part order and accumulates
-the sums into `.grad` through autograd.
-So the gradient is that of the whole batch up to float32 rounding (sums in another order), and a
+the sums into `.grad` through autograd. So the gradient is that of the whole batch up to float32 rounding (sums in another order), and a
 run with the same W repeats itself exactly. Dropout in a part draws from a generator of its own
 (`attn.dropout.thread_generator`), seeded from torch's default generator in part order: the masks
 do not depend on which thread runs first, and a checkpoint's RNG state resumes them.
@@ -22,7 +21,6 @@ inside its kernels and the autograd engine, so the threads' Python code is what 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -83,7 +81,8 @@ class CoreSplit:
                 totals.append(functools.reduce(torch.Tensor.add_, present[1:], present[0]))
         # Through autograd, not by setting .grad: accumulation and its hooks (e.g. the output
         # projection's, which drops its decoding copy of a weight about to change) run as in backward().
-        torch.autograd.backward(reached, totals)
+        if reached:
+            torch.autograd.backward(reached, totals)
         loss = torch.stack([loss for loss, _, _ in results]).sum()
         nll = torch.stack([nll for _, nll, _ in results]).sum()
         return loss, nll
@@ -94,16 +93,3 @@ class CoreSplit:
             loss, nll = loss_of(*part)
             grads = torch.autograd.grad(loss * factor, self.params, allow_unused=True)
         return loss.detach(), nll.detach(), grads
-
-
-@contextlib.contextmanager
-def core_split(module: nn.Module, workers: int, threads: int):
-    """A `CoreSplit` for the block (None for one worker), its threads ended afterwards."""
-    if workers < 2:
-        yield None
-        return
-    split = CoreSplit(module, workers, threads)
-    try:
-        yield split
-    finally:
-        split.close()
