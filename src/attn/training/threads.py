@@ -14,7 +14,8 @@ keeps each kernel on one core and the threads meet once a batch.
 into W parts (N // W threads each). Both at 0 ("auto") let a run that has a time budget
 (`train.max_minutes`), uncompiled, on the CPU, in one process, measure its own updates: it times
 `PROBE_STEPS` updates at each candidate `Layout` (all cores; all cores as two row halves; then
-halves of the cores down to one; seconds per input token, their median), trains on the fastest,
+halves of the cores down to one), taking the layouts in turn update by update (seconds per input
+token, their median), trains on the fastest,
 and measures again after `REVISIT_S` seconds of training, so it follows the machine's load; when
 updates are slow (a round of measurement took more than a tenth of that), it waits `ROUND_SHARE`
 times the round instead, so that measuring the slower layouts costs at most about a tenth of the
@@ -91,11 +92,16 @@ class Choice:
 
 
 class ThreadChooser:
-    """Measures seconds per token at each candidate layout in turn and settles on the fastest.
+    """Measures seconds per token at each candidate layout, taking them in turn update by update, and
+    settles on the fastest.
 
-    `observe` is told of every update (its seconds and input tokens) and says which layout the next
-    update runs on; it returns a `Choice` when a round of measurement ends. It never calls torch
-    (`threads_for_training` applies its layouts), so its decisions are tested on made-up timings.
+    A round runs the layouts in rotation (A B C A B C ...) until each has `probe_steps` updates, as
+    the benchmarks alternate their contenders: a machine whose speed changes during the round (other
+    programs, the run's first updates filling the optimizer's state and memory) then slows every
+    layout alike instead of the one measured at that moment. `observe` is told of every update (its
+    seconds and input tokens) and says which layout the next update runs on; it returns a `Choice`
+    when a round of measurement ends. It never calls torch (`threads_for_training` applies its
+    layouts), so its decisions are tested on made-up timings.
     """
 
     def __init__(self, layouts: tuple[Layout, ...], probe_steps: int = PROBE_STEPS, revisit_s: float = REVISIT_S) -> None:
@@ -103,35 +109,31 @@ class ThreadChooser:
             raise ValueError("a thread chooser needs at least one layout and one probe step")
         self.layouts, self.probe_steps, self.revisit_s = layouts, probe_steps, revisit_s
         self.layout = layouts[0]
-        self._queue = list(layouts)  # layouts still to measure in this round, the current one first
-        self._samples: list[float] = []
-        self._rates: dict[Layout, float] = {}
+        self._round = list(layouts)  # the round's rotation, the current layout first; empty when settled
+        self._samples: dict[Layout, list[float]] = {}
         self._round_s = 0.0  # seconds of the round being measured
         self._settled_for = 0.0
         self._settle_s = revisit_s
 
     def observe(self, seconds: float, tokens: int) -> Choice | None:
         """Records one update that ran on `self.layout`; afterwards `self.layout` is the next update's."""
-        if not self._queue:  # settled: train on, and measure again after _settle_s
+        if not self._round:  # settled: train on, and measure again after _settle_s
             self._settled_for += seconds
             if self._settled_for >= self._settle_s:
-                self._queue = [self.layout, *(n for n in self.layouts if n != self.layout)]
+                self._round = [self.layout, *(n for n in self.layouts if n != self.layout)]
             return None
         self._round_s += seconds
-        self._samples.append(seconds / max(tokens, 1))
-        if len(self._samples) < self.probe_steps:
+        self._samples.setdefault(self.layout, []).append(seconds / max(tokens, 1))
+        pending = [n for n in self._round if len(self._samples.get(n, ())) < self.probe_steps]
+        if pending:
+            after = self._round[(self._round.index(self.layout) + 1) % len(self._round):] + self._round
+            self.layout = next(n for n in after if n in pending)
             return None
-        self._rates[self._queue.pop(0)] = 1.0 / statistics.median(self._samples)
-        self._samples = []
-        if self._queue:
-            self.layout = self._queue[0]
-            return None
-        self.layout = max(self._rates, key=self._rates.__getitem__)
+        rates = {n: 1.0 / statistics.median(self._samples[n]) for n in self._round}
+        self.layout = max(rates, key=rates.__getitem__)
         self._settled_for, self._settle_s = 0.0, max(self.revisit_s, ROUND_SHARE * self._round_s)
-        self._round_s = 0.0
-        choice = Choice(self.layout, dict(self._rates))
-        self._rates = {}
-        return choice
+        self._round, self._samples, self._round_s = [], {}, 0.0
+        return Choice(self.layout, rates)
 
 
 class CoreUse:
