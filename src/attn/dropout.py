@@ -17,6 +17,7 @@ Departure from torch: the mask, not the function, differs; p' instead of p as sa
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
 
@@ -56,9 +57,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, generator: torch.Ge
     Returns:
         bool tensor of `shape`.
     """
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     bits = torch.empty((n + 3) // 4, dtype=torch.int64)
     bits.random_(INT64_MIN, None, generator=generator or getattr(_local, "generator", None))  # all 64 bits
     lanes = bits.view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)

@@ -2,18 +2,19 @@
 
 On a few cores torch runs every kernel of a step on all of them, and the small kernels of a small
 model (elementwise ops, LayerNorm, softmax, the many short matmuls) do not divide well: on 2 AVX2
-cores the d256 translator's step ran at 1.6-1.8x the speed of one thread (benchmarks/README, issue 22). Here the batch's rows are
-cut into W parts and W threads each run the forward and backward pass of one part on
-`threads // W` intra-op threads, at the same time; every kernel is then as long as one core's share
-of the work, and the threads meet once a micro-batch instead of at every kernel.
+cores the d256 translator's step ran at 1.6-1.8x the speed of one thread (benchmarks/README, issue
+22). Here the batch's rows are cut into W parts and W threads each run the forward and backward
+pass of one part on `threads // W` intra-op threads, at the same time; every kernel is then as long
+as one core's share of the work, and the threads meet once a micro-batch instead of at every kernel.
 
 How the numbers stay those of the whole batch: each part's summed loss is scaled by the update's
 total of scored targets (as `accumulate_gradients` does for micro-batches), each thread returns its
 gradients (`torch.autograd.grad`), and the caller's thread adds them in part order and accumulates
-the sums into `.grad` through autograd. So the gradient is that of the whole batch up to float32 rounding (sums in another order), and a
-run with the same W repeats itself exactly. Dropout in a part draws from a generator of its own
-(`attn.dropout.thread_generator`), seeded from torch's default generator in part order: the masks
-do not depend on which thread runs first, and a checkpoint's RNG state resumes them.
+the sums into `.grad` through autograd. So the gradient is that of the whole batch up to float32
+rounding (sums in another order), and a run with the same W repeats itself exactly. Dropout in a
+part draws from a generator of its own (`attn.dropout.thread_generator`), seeded from torch's
+default generator in part order: the masks do not depend on which thread runs first, and a
+checkpoint's RNG state resumes them.
 
 Only for one process on the CPU, without `torch.compile` (`Trainer` checks); torch releases the GIL
 inside its kernels and the autograd engine, so the threads' Python code is what they share.

@@ -229,7 +229,8 @@ class TrainConfig:
     `threads` pins the CPU threads of the training loop; 0 measures the fastest count while a
     time-budgeted run trains (`attn.training.threads`). `workers` splits each batch's rows between
     that many threads of one CPU process, which train on their parts at the same time and add their
-    gradients (`attn.training.cores`); 0 lets the same measurement decide, and is 1 otherwise.
+    gradients (`attn.training.cores`); 0 lets the same measurement decide, and is 1 otherwise; 1
+    keeps the whole batch.
     `keep_memory` has a CPU run keep freed memory for the next step instead of giving it back to the
     system (`attn.training.allocator`).
     """
@@ -246,7 +247,7 @@ class TrainConfig:
     precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.training.precision)
     compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
     threads: int = 0  # CPU threads of the loop; 0 = auto: measured under a time budget, else torch's count
-    workers: int = 0  # CPU: parts of each batch trained at once on the cores; 0 = auto (as threads), else 1
+    workers: int = 0  # CPU: parts of each batch trained at once on the cores; 0 = auto (with threads), 1 = whole
     keep_memory: bool = True  # CPU: freed memory stays in the process for the next step (glibc's malloc)
     label_smoothing: float = 0.1
     patience: int = 0

@@ -10,12 +10,12 @@ The cores can also be used another way: split each batch's rows between two thre
 on their halves at the same time, each on half of the cores (`attn.training.cores`); on 2 cores that
 keeps each kernel on one core and the threads meet once a batch.
 
-`train.threads` = N pins N threads for the training loop, and `train.workers` = W splits the rows
-into W parts (N // W threads each). Both at 0 ("auto") let a run that has a time budget
-(`train.max_minutes`), uncompiled, on the CPU, in one process, measure its own updates: it times
-`PROBE_STEPS` updates at each candidate `Layout` (all cores; all cores as two row halves; then
-halves of the cores down to one), taking the layouts in turn update by update (seconds per input
-token, their median), trains on the fastest,
+`train.threads` = N pins N threads for the training loop, and `train.workers` = W >= 2 splits the
+rows into W parts (N // W threads each) for the whole run. `train.threads` = 0 ("auto") lets a run
+that has a time budget (`train.max_minutes`), uncompiled, on the CPU, in one process, measure its
+own updates: it times `PROBE_STEPS` updates at each candidate `Layout` (all cores; all cores as two
+row halves, left out when `train.workers` = 1; then halves of the cores down to one), taking the
+layouts in turn update by update (seconds per input token, their median), trains on the fastest,
 and measures again after `REVISIT_S` seconds of training, so it follows the machine's load; when
 updates are slow (a round of measurement took more than a tenth of that), it waits `ROUND_SHARE`
 times the round instead, so that measuring the slower layouts costs at most about a tenth of the
@@ -66,15 +66,17 @@ class Layout:
         return str(self.threads) if self.workers == 1 else f"{self.workers}x{self.threads}"
 
 
-def candidate_layouts(threads: int) -> tuple[Layout, ...]:
+def candidate_layouts(threads: int, split: bool = True) -> tuple[Layout, ...]:
     """The layouts `auto` tries: all `threads` on the whole batch, the rows split between two halves of
-    them, then fewer threads (`candidate_counts`).
+    them (unless `split` is False: `train.workers` = 1), then fewer threads (`candidate_counts`).
 
     >>> [str(layout) for layout in candidate_layouts(2)], [str(layout) for layout in candidate_layouts(8)]
     (['2', '2x1', '1'], ['8', '2x4', '4', '2', '1'])
+    >>> [str(layout) for layout in candidate_layouts(2, split=False)]
+    ['2', '1']
     """
     counts = candidate_counts(threads)
-    split = (Layout(threads // 2, 2),) if threads >= 2 else ()
+    split = (Layout(threads // 2, 2),) if split and threads >= 2 else ()
     return (Layout(counts[0]), *split, *(Layout(count) for count in counts[1:]))
 
 
@@ -176,19 +178,20 @@ def threads_for_training(setting: int, workers: int, adaptive: bool, module: nn.
 
     Args:
         setting: `train.threads`: the threads of the loop (0: torch's count, or chosen by measurement).
-        workers: `train.workers`: the parts a batch's rows are split into (0: 1, or chosen by measurement).
+        workers: `train.workers`: the parts a batch's rows are split into (0: 1, or chosen by measurement;
+            1 keeps the whole batch but still lets the thread count be measured).
         adaptive: whether "auto" may measure (a time-budgeted, uncompiled run in one CPU process).
         module: whose parameters a core split gives gradients.
 
     Yields:
-        The `CoreUse` of the loop: with `setting` and `workers` 0 and `adaptive`, a `ThreadChooser`
+        The `CoreUse` of the loop: with `setting` 0, `workers` 0 or 1 and `adaptive`, a `ThreadChooser`
         over `candidate_layouts` picks the layout; otherwise `setting` threads (split between the
         workers) for the whole loop.
     """
     before = torch.get_num_threads()
     threads, parts = setting or before, max(workers, 1)
-    measure = adaptive and not setting and not workers and before > 1
-    chooser = ThreadChooser(candidate_layouts(before)) if measure else None
+    measure = adaptive and not setting and workers <= 1 and before > 1
+    chooser = ThreadChooser(candidate_layouts(before, split=not workers)) if measure else None
     use = CoreUse(module, Layout(max(1, threads // parts), parts), chooser)
     try:
         yield use

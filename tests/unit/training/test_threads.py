@@ -143,9 +143,18 @@ def test_a_pinned_count_holds_for_the_loop_and_is_undone_after(tmp_path, monkeyp
 
 
 def test_pinned_workers_split_every_update_with_or_without_a_budget(tmp_path, monkeypatch, two_threads):
-    config = quick_config(tmp_path, "train.max_steps=5", "train.workers=2")
+    config = quick_config(tmp_path / "steps", "train.max_steps=5", "train.workers=2")
     _, used, _ = run_counting_layouts(monkeypatch, config, {"2x1": 1.0})
     assert used == ["2x1"] * 5
+    config = quick_config(tmp_path / "budget", "train.max_steps=1000", "train.max_minutes=0.2", "train.workers=2")
+    _, used, _ = run_counting_layouts(monkeypatch, config, {"2x1": 1.0})
+    assert used == ["2x1"] * 12
+
+
+def test_one_worker_keeps_the_whole_batch_and_still_measures_the_thread_count(tmp_path, monkeypatch, two_threads):
+    config = quick_config(tmp_path, "train.max_steps=1000", "train.max_minutes=0.5", "train.workers=1")
+    _, used, _ = run_counting_layouts(monkeypatch, config, {"2": 3.0, "1": 1.0})
+    assert used[:6] == ["2", "1"] * 3 and set(used[6:]) == {"1"}
 
 
 def test_a_negative_thread_count_is_a_config_error(tmp_path):
