@@ -9,6 +9,7 @@ gradient clipping, the optimizer step) exactly as training runs it.
 
     python -m benchmarks.quickstart                      # profile every recipe, print the shares
     python -m benchmarks.quickstart --recipes lm --rows 25 --trace /tmp/lm.json
+    python -m benchmarks.quickstart --peers --threads 1 # case 8's shapes, peers too: how far a ratio can go
     python -m benchmarks.run --cases 7,8                  # case 8 against the peers, with MFU
 
 Case 8 times each recipe's step at a fixed batch of its shape (translation 32 pairs x 36 + 36
@@ -175,6 +176,7 @@ def full_batch(task: str, shape: tuple[int, int, int], model_config: ModelConfig
     return Batch((tokens, torch.ones_like(tokens, dtype=torch.bool)), labels, rows, rows * source)
 
 
+MATMUL = "matmul"
 # Operator or autograd-node name (lower case) -> category; the first match wins.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimizer (AdamW, zero_grad)", ("optimizer.",)),
@@ -182,7 +184,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention (SDPA)", ("scaled_dot_product", "flash_attention")),
     ("layernorm", ("layer_norm",)),
     ("softmax / loss", ("softmax", "nll_loss", "cross_entropy", "gather")),
-    ("matmul", ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul")),
+    (MATMUL, ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul")),
     ("embedding", ("embedding",)),
     ("copies / reshapes", ("copy_", "clone", "contiguous", "aten::cat", "aten::stack", "_to_copy")),
 )
@@ -363,24 +365,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, help="write a Chrome trace (one recipe only)")
     parser.add_argument("--pad-batches", type=int, default=100,
                         help="batches of the recipe's own data whose padding share is reported (default 100)")
+    parser.add_argument("--peers", action="store_true",
+                        help="at case 8's shapes, also profile the peers and print the ratio attn would reach if "
+                             "everything in its step but the matmuls took no time")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
     for name in args.recipes.split(","):
-        recipe = RECIPES[name]
+        recipe = (BENCHMARK_RECIPES if args.peers else RECIPES)[name]
         with tempfile.TemporaryDirectory() as folder:
             trainer = build_trainer(recipe, Path(folder) / "run")
             batch = trainer.task.train.next_batch()
             shares, wall, prof = profile_step(trainer.train_step, args.steps)
             own = args.pad_batches and recipe.shape is None  # a fixed shape has no padding
             padding = recipe_pad_share(recipe, Path(folder) / "pad", args.pad_batches) if own else 0.0
+            peers = {peer: profile_step(peer_step(peer, trainer), args.steps)[:2] for peer in PEERS[name]
+                     if args.peers}
         total = sum(shares.values())
         print(f"\n## {name}: {wall:.1f} ms/step, {batch.n_tokens / wall * 1e3:,.0f} tokens/s, "
               f"input shapes {[tuple(t.shape) for t in batch.inputs]}; padding in the recipe's first "
               f"{args.pad_batches if own else 0} batches: {padding:.1%}")
         for label, ms in sorted(shares.items(), key=lambda item: -item[1]):
             print(f"  {label:32s} {ms:8.2f} ms  {100 * ms / total:5.1f} %")
+        for peer, (peer_shares, peer_wall) in peers.items():
+            print(f"  {peer}: {peer_wall:.1f} ms/step, matmul {peer_shares.get(MATMUL, 0.0):.1f} ms; attn / peer "
+                  f"{peer_wall / wall:.2f}, and {peer_wall / shares[MATMUL]:.2f} if attn's step were its matmuls alone")
         if args.rows:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
         if args.trace:

@@ -75,3 +75,23 @@ def test_case_8_counts_the_flops_of_a_masked_translation_batch():
     decoder = config.decoder_layers * rows * target * (6 * d * d + 2 * d * d_ff)
     output = rows * target * d * config.vocab_size
     assert step_flops(trainer) >= 3 * 2 * (encoder + decoder + output)
+
+
+def test_the_profile_with_peers_bounds_attns_ratio_by_its_matmul_time(capsys):
+    """`--peers` profiles case 8's peer at the recipe's shape; attn's step without everything but its
+    matmuls is faster than the step itself, so the bound is above the measured ratio."""
+    pytest.importorskip("transformers")
+    import re
+
+    from benchmarks.quickstart import main
+
+    assert main(["--recipes", "lm", "--peers", "--threads", "1", "--steps", "1", "--pad-batches", "0"]) == 0
+    out = capsys.readouterr().out
+    attn_ms = float(re.search(r"## lm: ([\d.]+) ms/step", out).group(1))
+    matmul_ms = float(re.search(r"^  matmul +([\d.]+) ms", out, re.M).group(1))
+    found = re.search(r"HF GPT2LMHeadModel: ([\d.]+) ms/step, matmul ([\d.]+) ms; attn / peer ([\d.]+), "
+                      r"and ([\d.]+) if attn's step were its matmuls alone", out)
+    peer_ms, peer_matmul, ratio, bound = map(float, found.groups())
+    assert 0 < matmul_ms < attn_ms and 0 < peer_matmul < peer_ms
+    assert ratio == pytest.approx(peer_ms / attn_ms, abs=0.01)
+    assert bound == pytest.approx(peer_ms / matmul_ms, abs=0.01) and bound > ratio
