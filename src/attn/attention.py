@@ -131,6 +131,19 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * d)
 
 
+def first_queries(
+    q: Tensor, k: Tensor, mask: Mask, bias: Tensor | None, queries: int
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The queries (B, h, T, d_k), mask and score bias cut to the first `queries` query positions."""
+    mask = materialize(mask, q.size(-2), k.size(-2), q.device)
+    return q[:, :, :queries], _query_rows(mask, queries), _query_rows(bias, queries)
+
+
+def _query_rows(scores: Tensor | None, queries: int) -> Tensor | None:
+    """A mask or bias broadcastable to (B, h, Tq, Tk), cut to its first query rows where it has rows."""
+    return scores if scores is None or scores.size(-2) == 1 else scores[..., :queries, :]
+
+
 class KVSlot(Protocol):
     """Where a self-attention layer keeps its past keys and values (see `attn.kv_cache`)."""
 
@@ -171,10 +184,18 @@ class SelfAttention(nn.Module):
         rotate: Callable[[Tensor], Tensor],
         bias: Tensor | None = None,
         cache: KVSlot = NO_CACHE,
+        queries: int | None = None,
     ) -> Tensor:
-        """(B, T, d_model) -> (B, T, d_model). `cache` prepends past keys/values when decoding."""
+        """(B, T, d_model) -> (B, T, d_model). `cache` prepends past keys/values when decoding.
+
+        `queries`: only the first that many positions ask (every position is still a key), and the
+        output is (B, queries, d_model); a classifier that reads the first token needs no more of
+        its last layer.
+        """
         q, k, v = self.project(x, rotate)
         k, v = cache.update(k, v)  # (B, h, Tk, d_k) with Tk >= T when cached
+        if queries is not None:
+            q, mask, bias = first_queries(q, k, mask, bias, queries)
         p = self.dropout if self.training else 0.0
         return self.out(merge_heads(self.attend(q, k, v, mask, bias, p)))
 

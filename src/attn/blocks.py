@@ -37,9 +37,10 @@ class Block(nn.Module):
         rotate: Callable[[Tensor], Tensor],
         bias: Tensor | None = None,
         cache: KVSlot = NO_CACHE,
+        queries: int | None = None,
     ) -> Tensor:
-        """(B, T, d_model) -> (B, T, d_model)."""
-        x = self.attn_residual(x, lambda h: self.attn(h, mask, rotate, bias, cache))
+        """(B, T, d_model) -> (B, T, d_model); (B, queries, d_model) for the first `queries` positions."""
+        x = self.attn_residual(x, lambda h: self.attn(h, mask, rotate, bias, cache, queries), queries)
         return self.ffn_residual(x, self.ffn)
 
 

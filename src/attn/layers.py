@@ -45,6 +45,11 @@ class FeedForward(nn.Module):
         return self.w2(self.dropout(self.act(self.w1(x))))
 
 
+def first_rows(x: Tensor, rows: int | None) -> Tensor:
+    """(B, T, ...) -> its first `rows` positions (B, rows, ...), a view; all of x when rows is None."""
+    return x if rows is None else x[:, :rows]
+
+
 class PostNorm(nn.Module):
     """LayerNorm(x + Dropout(Sublayer(x))): the paper's arrangement."""
 
@@ -53,8 +58,9 @@ class PostNorm(nn.Module):
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return self.norm(x + self.dropout(sublayer(x)))
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], rows: int | None = None) -> Tensor:
+        """`rows`: the sublayer returns only the first `rows` positions, and so does this."""
+        return self.norm(first_rows(x, rows) + self.dropout(sublayer(x)))
 
 
 class PreNorm(nn.Module):
@@ -65,8 +71,9 @@ class PreNorm(nn.Module):
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return x + self.dropout(sublayer(self.norm(x)))
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], rows: int | None = None) -> Tensor:
+        """`rows`: the sublayer returns only the first `rows` positions, and so does this."""
+        return first_rows(x, rows) + self.dropout(sublayer(self.norm(x)))
 
 
 class Embeddings(nn.Module):

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from attn.attention import (
+    SelfAttention,
     attention_weights,
     fast_attention,
     scaled_dot_product_attention,
 )
 from attn.config import preset
-from attn.masks import causal_mask, key_mask, padding_mask
+from attn.masks import CAUSAL, causal_mask, key_mask, padding_mask
 from attn.models import build_model
 
 
@@ -212,3 +213,22 @@ def test_masked_training_step_equals_the_reference_attention(padded):
     torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
     for got, expected in zip(fast_grads, reference_grads):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "padding", "bias"])
+def test_self_attention_for_the_first_queries_is_the_first_rows(mask_kind):
+    torch.manual_seed(0)
+    layer = SelfAttention(16, 4, bias=True, dropout=0.0, attend=fast_attention).eval()
+    x = torch.randn(2, 7, 16)
+    bias = None
+    if mask_kind == "causal":
+        mask = CAUSAL
+    elif mask_kind == "padding":
+        mask = key_mask(torch.tensor([[True] * 7, [True] * 4 + [False] * 3]))
+    else:
+        mask, bias = None, torch.randn(2, 4, 7, 7)
+    with torch.no_grad():
+        whole = layer(x, mask, lambda t: t, bias)
+        first = layer(x, mask, lambda t: t, bias, queries=3)
+    assert first.shape == (2, 3, 16)
+    torch.testing.assert_close(first, whole[:, :3], atol=1e-5, rtol=1e-5)

@@ -89,3 +89,19 @@ def test_bad_requests_say_what_exists():
         attention_maps(decoder, [1, 2], layer=2, kind="decoder")
     with pytest.raises(AttnError, match="pass target="):
         attention_maps(seq2seq, [1, 2], layer=0, kind="cross")
+
+
+def test_capture_of_the_classifier_s_last_layer_holds_the_first_query_only():
+    # classify runs the last block for the first position's queries; the captured weights are the
+    # first row of the whole forward's map.
+    torch.manual_seed(0)
+    model = build_model(preset("bert-base-tiny").replace(num_labels=3)).eval()
+    tokens = torch.randint(1, 97, (2, 8))
+    tokens[1, 5:] = 0
+    module = attention_module(model, "self", -1)
+    with torch.no_grad():
+        first = capture_attention(module, lambda: model.classify(tokens, tokens != 0))
+        whole = capture_attention(module, lambda: model(tokens, tokens != 0))
+    assert first.weights.shape[-2] == 1
+    torch.testing.assert_close(first.weights, whole.weights[..., :1, :], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first.output, whole.output[:, :1], atol=1e-5, rtol=1e-5)

@@ -229,3 +229,30 @@ def test_first_token_pooling_reads_only_the_first_vector():
 def test_mean_pooling_with_a_pooler_is_refused():
     with pytest.raises(ConfigError, match="set pooler=false"):
         preset("bert-base-tiny").replace(pooling="mean")
+
+
+@pytest.mark.parametrize("positional", SCHEMES)
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_first_token_classifier_skips_only_work_it_never_reads(positional, norm):
+    # classify runs the last block for the first position's queries only; the logits and every
+    # parameter's gradient are those of the whole stack's first vector, with a padded row.
+    model = model_for("bert-base-tiny", positional=positional, norm=norm, num_labels=3)
+    tokens = torch.randint(1, 97, (3, 9))
+    tokens[1, 6:] = 0
+    mask = tokens != 0
+
+    def gradients(logits):
+        model.zero_grad()
+        (logits * torch.arange(1.0, 4.0)).sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    cut = model.classify(tokens, mask)
+    cut_grads = gradients(cut)
+    whole = model.classifier(model.pooler(model(tokens, mask), mask))
+    whole_grads = gradients(whole)
+    torch.testing.assert_close(cut, whole, atol=1e-5, rtol=1e-5)
+    assert cut_grads.keys() == whole_grads.keys()
+    for name, grad in whole_grads.items():  # sums over every position: 1e-5 of the tensor's scale
+        scale = max(1.0, grad.abs().max().item())
+        torch.testing.assert_close(cut_grads[name], grad, atol=1e-5 * scale, rtol=1e-5, msg=name)
+    assert model.stack(tokens, mask, rows=1).shape == (3, 1, model.stack.embeddings.tokens.embedding_dim)

@@ -23,6 +23,7 @@ from attn.attention import (
     CrossAttention,
     SelfAttention,
     attention_weights,
+    first_queries,
     split_heads,
 )
 from attn.errors import AttnError
@@ -52,10 +53,13 @@ class AttentionCapture:
 
 
 def _self_weights(module: SelfAttention, x: Tensor, mask: Tensor | None, rotate: Callable[[Tensor], Tensor],
-                  bias: Tensor | None = None, cache: Any = NO_CACHE) -> tuple[Tensor, Tensor]:
+                  bias: Tensor | None = None, cache: Any = NO_CACHE,
+                  queries: int | None = None) -> tuple[Tensor, Tensor]:
     if cache is not NO_CACHE:
         raise AttnError("attention maps are recomputed from a full forward pass, not from cached decoding")
     q, k, v = module.project(x, rotate)  # (B, h, T, d_k) each
+    if queries is not None:
+        q, mask, bias = first_queries(q, k, mask, bias, queries)
     return attention_weights(q, k, mask, bias), v
 
 

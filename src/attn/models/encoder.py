@@ -32,11 +32,17 @@ class EncoderStack(nn.Module):
         self.final_norm = final_norm
         self.max_positions = max_positions
 
-    def forward(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
-        """tokens (B, T) long, mask (B, T) bool (True = real token) -> (B, T, d_model)."""
+    def forward(
+        self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None, rows: int | None = None
+    ) -> Tensor:
+        """tokens (B, T) long, mask (B, T) bool (True = real token) -> (B, T, d_model).
+
+        `rows`: the output of only the first that many positions, (B, rows, d_model); the last
+        block then computes no more than their queries, residuals and FFN.
+        """
         check_tokens(tokens, mask, self.max_positions)
         positions = positions_from_first_token(tokens, mask)
-        return self._blocks(self.embeddings(tokens, positions, segments), positions, mask)
+        return self._blocks(self.embeddings(tokens, positions, segments), positions, mask, rows)
 
     def features(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Input vectors x (B, N, d_model) instead of token ids -> (B, N, d_model)."""
@@ -47,12 +53,13 @@ class EncoderStack(nn.Module):
         positions = positions_from_first_token(x[..., 0], mask)
         return self._blocks(self.embeddings.vectors(x, positions), positions, mask)
 
-    def _blocks(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
+    def _blocks(self, x: Tensor, positions: Tensor, mask: Tensor | None, rows: int | None = None) -> Tensor:
         attn_mask, rotate, bias = self_attention_inputs(
             self.embeddings.positions, positions, positions, mask, causal=False
         )
-        for block in self.blocks:
-            x = block(x, attn_mask, rotate, bias)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask, rotate, bias, queries=rows if i == last else None)
         return self.final_norm(x)
 
 
@@ -89,6 +96,8 @@ class MaskedLMHead(nn.Module):
 class Pooler(nn.Module):
     """tanh(W h_0 + b): BERT's summary of the first ([CLS]) token."""
 
+    rows = 1  # the hidden states it reads: the first position's (None: all)
+
     def __init__(self, d_model: int) -> None:
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
@@ -100,6 +109,8 @@ class Pooler(nn.Module):
 
 class FirstToken(nn.Module):
     """The first token's vector, unchanged: the pooler of a model built without one."""
+
+    rows = 1
 
     def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         return hidden[:, 0]
@@ -114,6 +125,8 @@ def mean_pool(hidden: Tensor, mask: Tensor | None) -> Tensor:
 
 class MeanPool(nn.Module):
     """The mean of the real tokens' vectors: the pooler of pooling='mean'."""
+
+    rows = None
 
     def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         return mean_pool(hidden, mask)
@@ -153,7 +166,7 @@ class Encoder(nn.Module):
 
     def pooled(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> the pooled vector (B, d_model): the first token's or the mean (config.pooling)."""
-        return self.pooler(self.stack(tokens, mask, segments), mask)
+        return self.pooler(self.stack(tokens, mask, segments, rows=self.pooler.rows), mask)
 
     def classify(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> class logits (B, num_labels), from the pooled vector."""
