@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -63,30 +62,36 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     The gradient of a counted row's smoothed loss with respect to its logits is p - q (softmax
     minus the target distribution, which sums to 1), and that of its NLL is p - onehot(y). Autograd
     would instead build three (N, V) gradients (of the gather, the row sum and the pad column),
-    add them and run the log-softmax backward over the sum; here it is one exp and two in-place
-    passes, which on 2 CPU cores is most of the loss's cost at a 4k vocabulary.
+    add them and run the log-softmax backward over the sum; here it is one scaling of the softmax
+    the forward kept and two in-place passes. The forward takes the log-probabilities it needs
+    from the softmax's row maxima (at a row's largest logit m, log p = m - logsumexp and p >= 1/V,
+    so the log is exact to rounding): one exponential per logit in all, where a log-softmax and
+    its backward took two, and on 2 CPU cores the loss is mostly exponentials at a 4k vocabulary.
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, smoothing: float, pad_id: int | None):
         vocab = logits.size(-1)
-        log_probs = F.log_softmax(logits.float(), dim=-1).reshape(-1, vocab)  # (N, V)
+        z = logits.float().reshape(-1, vocab)  # (N, V)
+        probs = torch.softmax(z, dim=-1)
+        lse = z.amax(1) - probs.amax(1).log()  # (N,): log Σ_k exp z_k
         flat = targets.reshape(-1)  # (N,)
         counted = torch.ones_like(flat, dtype=torch.bool) if pad_id is None else flat != pad_id
-        nll = -log_probs.gather(1, flat[:, None]).squeeze(1)  # (N,)
+        nll = lse - z.gather(1, flat[:, None]).squeeze(1)  # (N,): -log p_y
         loss = nll
         share = 0.0
         if smoothing > 0:
-            # Σ over the classes that share ε: all of them but the target and the padding class.
-            others = -log_probs.sum(1) - nll
+            # Σ over the classes that share ε: all of them but the target and the padding class;
+            # -Σ_k log p_k = V lse - Σ_k z_k.
+            others = vocab * lse - z.sum(1) - nll
             sharing = vocab - 1
             if pad_id is not None:
-                others = others + log_probs[:, pad_id]
+                others = others + (z[:, pad_id] - lse)
                 sharing -= 1
             share = smoothing / sharing
             loss = (1.0 - smoothing) * nll + share * others
         zero = loss.new_zeros(())
-        ctx.save_for_backward(log_probs, flat, counted)
+        ctx.save_for_backward(probs, flat, counted)
         ctx.smoothing, ctx.share, ctx.pad_id = smoothing, share, pad_id
         ctx.shape, ctx.dtype = logits.shape, logits.dtype
         ctx.mark_non_differentiable(counted)
@@ -95,9 +100,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor, _: Tensor):
-        log_probs, flat, counted = ctx.saved_tensors
-        weight = counted.to(log_probs.dtype)[:, None]  # (N, 1): uncounted rows get no gradient
-        grad = log_probs.exp().mul_(weight * (grad_loss + grad_nll))  # p, times each row's total weight
+        probs, flat, counted = ctx.saved_tensors
+        weight = counted.to(probs.dtype)[:, None]  # (N, 1): uncounted rows get no gradient
+        grad = probs * (weight * (grad_loss + grad_nll))  # p, times each row's total weight
         if ctx.share:
             grad.sub_(weight * (grad_loss * ctx.share))  # q's ε share on every class ...
             if ctx.pad_id is not None:

@@ -131,3 +131,23 @@ def test_low_precision_logits_get_a_gradient_of_their_own_dtype():
     label_smoothed_cross_entropy(logits, torch.randint(1, 5, (2, 3)), 0.1, PAD).loss.backward()
     assert logits.grad.dtype == torch.bfloat16 and logits.grad.shape == (2, 3, 5)
     assert torch.allclose(logits.grad.float().sum(-1), torch.zeros(2, 3), atol=1e-2)  # p - q sums to 0 per row
+
+
+@pytest.mark.parametrize("offset", [0.0, 60.0])
+def test_confident_mistakes_and_shifted_logits_match_torch_in_float64(offset):
+    # A target 200 logits below the row's best (p_y underflows in float32) and logits shifted by a
+    # constant: the loss, the NLL and the gradient stay those of torch's float64 cross-entropy.
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3 + offset
+    targets = torch.tensor([3, 7, 1, 0, 9, 2])
+    logits[0, 3] -= 200.0
+    logits = logits.requires_grad_()
+    sums = label_smoothed_cross_entropy(logits, targets, 0.1)
+    sums.loss.backward()
+    reference = logits.detach().double().requires_grad_()
+    expected = F.cross_entropy(reference, targets, label_smoothing=0.1 * 50 / 49, reduction="sum")
+    expected.backward()
+    nll = F.cross_entropy(reference.detach(), targets, reduction="sum")
+    assert torch.isfinite(sums.loss) and sums.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert sums.nll.item() == pytest.approx(nll.item(), rel=1e-5)
+    torch.testing.assert_close(logits.grad.double(), reference.grad, atol=1e-5, rtol=1e-5)
