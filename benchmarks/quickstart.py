@@ -12,6 +12,13 @@ gradient clipping, the optimizer step) exactly as training runs it.
     python -m benchmarks.quickstart --peers --threads 1 # case 8's shapes, peers too: how far a ratio can go
     python -m benchmarks.run --cases 7,8                  # case 8 against the peers, with MFU
 
+The profiles keep freed memory for the next step, as `attn train` does (`train.keep_memory`): under
+the C library's defaults every step faults its large tensors in afresh, and the profile charges
+that to whichever operator touches the pages first (the translator's softmax over its logits took
+16-21 ms a step instead of 6-8, benchmarks/results/issue22-bounds). `--system-malloc` profiles
+under the defaults; case 8 runs every contender under them, and `benchmarks.allocator` compares
+the two settings process by process.
+
 Case 8 times each recipe's step at a fixed batch of its shape (translation 32 pairs x 36 + 36
 tokens, char LM 16 x 128, MiniLM fine-tune 32 x 40 tokens) against the same model in its peers:
 `torch.nn.Transformer` (pre-norm, like the recipe) and HF `MarianMTModel` (post-norm, the only
@@ -45,6 +52,7 @@ from attn.artifacts.loading import packaged_model_dir
 from attn.config import ModelConfig, NormPlacement
 from attn.data.batches import Batch
 from attn.models import build_model
+from attn.training.allocator import keep_freed_memory
 from attn.training.cores import CoreSplit
 from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.run import seed_everything
@@ -95,6 +103,7 @@ BENCHMARK_RECIPES = {
     "classification": Recipe("classification", "quickstart-classification.toml", shape=(32, 40, 0)),
     "d256": RECIPES["d256"],
 }
+WARMUP_STEPS = 3  # untimed steps before a profile: kept memory stops faulting in pages after the second
 QUICK_SHAPE = (2, 16, 16)  # --quick: the same models at a tiny batch
 TORCH = "torch.nn.Transformer"
 WHOLE = "attn, whole batch"
@@ -221,7 +230,8 @@ def profile_step(step: Callable[[], Any], steps: int) -> tuple[dict[str, float],
 
     from torch.profiler import ProfilerActivity, profile
 
-    step()  # warm-up: allocator, optimizer state, lazy inits
+    for _ in range(WARMUP_STEPS):  # the allocator's pages, the optimizer's state, lazy inits
+        step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
@@ -365,13 +375,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, help="write a Chrome trace (one recipe only)")
     parser.add_argument("--pad-batches", type=int, default=100,
                         help="batches of the recipe's own data whose padding share is reported (default 100)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="profile under the C library's default malloc instead of keeping freed memory as "
+                             "`attn train` does (train.keep_memory); it is the process's setting, so the peers share it")
     parser.add_argument("--peers", action="store_true",
                         help="at case 8's shapes, also profile the peers and print the ratio attn would reach if "
                              "everything in its step but the matmuls took no time")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    kept = not args.system_malloc and keep_freed_memory()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"{'freed memory kept' if kept else 'default malloc'}")
     for name in args.recipes.split(","):
         recipe = (BENCHMARK_RECIPES if args.peers else RECIPES)[name]
         with tempfile.TemporaryDirectory() as folder:
