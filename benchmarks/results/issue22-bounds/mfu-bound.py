@@ -3,7 +3,7 @@
 For each of case 8's recipes (`benchmarks.quickstart.BENCHMARK_RECIPES`), on one thread with freed
 memory kept: the step's model FLOPs (case 8's count, attention in full), the step's wall time and its
 matmul time (`mm`, `addmm`, `bmm` self time, torch.profiler, `benchmarks.quickstart.profile_step`),
-and the fp32 matmul peak of the same thread (a 4096 x 4096 `torch.mm`, best of 5). MFU now =
+and the fp32 matmul peak of the same thread (case 7's 4096 x 4096 `torch.mm`, best of 5). MFU now =
 FLOPs / wall / peak; the bound = FLOPs / matmul time / peak, the MFU of a step that were its matmuls
 alone (generous: SDPA's own GEMMs are left out of the matmul time while their FLOPs are counted).
 
@@ -14,26 +14,13 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from attn.training.allocator import keep_freed_memory
-from benchmarks.quickstart import BENCHMARK_RECIPES, MATMUL, build_trainer, profile_step, step_flops
-
-
-def matmul_peak(size: int = 4096, reps: int = 5) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = min(_seconds(lambda: torch.mm(a, b)) for _ in range(reps))
-    return 2 * size**3 / best
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+from benchmarks.harness import Settings
+from benchmarks.quickstart import BENCHMARK_RECIPES, MATMUL, build_trainer, fp32_peak, profile_step, step_flops
 
 
 def main() -> None:
@@ -41,7 +28,9 @@ def main() -> None:
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     torch.set_num_threads(1)
     keep_freed_memory()
-    peak = matmul_peak()
+    with tempfile.TemporaryDirectory() as folder:
+        peak = fp32_peak(Settings(torch.device("cpu"), torch.float32, 1, compile=False, quick=False, warmup=1, reps=5,
+                                  out_dir=Path(folder), plot=Path(folder) / "plot.png"))
     print(f"torch {torch.__version__}, 1 thread, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s")
     for name in names:
