@@ -13,23 +13,39 @@ The names a user needs, from the layers that define them (docs/architecture.md):
 Each has an example in its docstring, run as a doctest by the test suite.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     __version__ = version("attn")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-from attn.app.inference import classify, embed, translate
-from attn.app.runs import load_run_config, train
-from attn.artifacts import Bundle, load_model, save_model
-from attn.config import ModelConfig, preset
-from attn.data.tokenizers import Tokenizer
-from attn.decoding import GenerationConfig, generate
-from attn.models import build_model
-from attn.training import RunConfig
+# Each public name and the module that defines it. They are imported on first use (PEP 562), so that
+# `import attn.models` (or any layer) loads that layer and the ones below it, not the application.
+_PUBLIC = {
+    "Bundle": "attn.artifacts", "load_model": "attn.artifacts", "save_model": "attn.artifacts",
+    "GenerationConfig": "attn.decoding", "generate": "attn.decoding",
+    "ModelConfig": "attn.config", "preset": "attn.config",
+    "RunConfig": "attn.training",
+    "Tokenizer": "attn.data.tokenizers",
+    "build_model": "attn.models",
+    "classify": "attn.app.inference", "embed": "attn.app.inference", "translate": "attn.app.inference",
+    "load_run_config": "attn.app.runs", "train": "attn.app.runs",
+}
 
-__all__ = [
-    "Bundle", "GenerationConfig", "ModelConfig", "RunConfig", "Tokenizer", "build_model", "classify", "embed",
-    "generate", "load_model", "load_run_config", "preset", "save_model", "train", "translate",
-]
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    """Imports a public name from its module the first time it is asked for."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'attn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

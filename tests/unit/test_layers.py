@@ -2,6 +2,9 @@
 layers below it, at the top of the module, with no import cycle."""
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -104,3 +107,20 @@ def test_a_module_that_imports_upward_is_caught():
     assert layer_of(imported) > layer_of("attn.models.build") and at_top
     inner = ast.parse("def f():\n    from attn.app import cli\n")
     assert imports(inner) == [("attn.app.cli", False)]
+
+
+def test_importing_a_layer_loads_no_layer_above_it():
+    """In a fresh interpreter, `import attn.<layer>` loads no module of a higher layer: the package's face
+    (`attn/__init__.py`) imports its public names lazily."""
+    tops = {"base": "attn.config", "model core": "attn.models", "decoding": "attn.decoding", "data": "attn.data",
+            "model loading": "attn.artifacts", "training": "attn.training"}
+    script = ("import json, sys, importlib; importlib.import_module(sys.argv[1]); "
+              "print(json.dumps(sorted(m for m in sys.modules if m == 'attn' or m.startswith('attn.'))))")
+    for index, (layer, _) in enumerate(LAYERS[:-1]):
+        loaded = json.loads(subprocess.run([sys.executable, "-c", script, tops[layer]], check=True,
+                                           capture_output=True, text=True).stdout)
+        above = [m for m in loaded if m != "attn" and layer_of(m) > index]
+        assert not above, f"import {tops[layer]} loads {above}"
+    public = subprocess.run([sys.executable, "-c", "import attn; print(attn.translate.__module__, attn.__all__)"],
+                            check=True, capture_output=True, text=True).stdout
+    assert public.startswith("attn.app.") and "'train'" in public

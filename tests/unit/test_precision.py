@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+from attn.errors import ConfigError
 from attn.training.precision import (
+    AUTO_ENV,
     BF16_MIN_SPEEDUP,
     Precision,
     choose_precision,
@@ -13,6 +15,12 @@ from attn.training.precision import (
 
 CPU = torch.device("cpu")
 SHAPE = (128, 128, 512)
+
+
+@pytest.fixture(autouse=True)
+def probe_decides(monkeypatch):
+    """These tests are about the probe: the suite's own choice of "auto" (ATTN_AUTO_PRECISION) is set aside."""
+    monkeypatch.delenv(AUTO_ENV, raising=False)
 
 
 def fake_timer(fp32_s, bf16_s):
@@ -87,3 +95,24 @@ def test_the_real_probe_times_both_precisions_and_restores_the_thread_count():
     threads = torch.get_num_threads()
     seconds = [time_matmul(CPU, (16, 16, 16), dtype) for dtype in (None, torch.bfloat16)]
     assert all(0 < s < 10 for s in seconds) and torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("value, expected", [("bf16", Precision.BF16), ("FP32 ", Precision.FP32)])
+def test_the_environment_makes_auto_choose_without_a_probe(monkeypatch, value, expected):
+    monkeypatch.setenv(AUTO_ENV, value)
+    timer, asked = fake_timer(1e-3, 9e-2)  # the probe would say fp32; it is not asked
+    choice = choose_precision("auto", CPU, SHAPE, timer)
+    assert choice.used is expected and asked == [] and choice.reason == f"{AUTO_ENV}={expected.value}"
+    assert choose_precision("fp32", CPU, SHAPE, timer).used is Precision.FP32  # explicit choices are obeyed
+    assert choose_precision("bf16", CPU, SHAPE, timer).used is Precision.BF16
+
+
+def test_the_environment_set_to_probe_or_empty_measures_and_anything_else_is_an_error(monkeypatch):
+    timer, asked = fake_timer(1e-3, 4e-4)
+    for value in ("probe", ""):
+        monkeypatch.setenv(AUTO_ENV, value)
+        assert choose_precision("auto", CPU, SHAPE, timer).used is Precision.BF16
+    assert len(asked) == 4
+    monkeypatch.setenv(AUTO_ENV, "fp16")
+    with pytest.raises(ConfigError, match="ATTN_AUTO_PRECISION.*bf16, fp32 or probe"):
+        choose_precision("auto", CPU, SHAPE, timer)

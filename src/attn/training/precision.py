@@ -13,6 +13,10 @@ nothing. So `precision = "auto"` decides by measurement:
 
 An explicit "bf16" is obeyed, with a warning when the probe finds it slower than fp32; "fp16"
 needs a GPU's gradient scaler, and on a CPU training runs in fp32 and says so.
+
+The environment variable `ATTN_AUTO_PRECISION` (`bf16` or `fp32`) makes "auto" choose that precision
+on a CPU without probing, so that a test suite can run every precision-dependent path the way a CPU
+with (or without) bf16 units would take it, on any CPU. Unset or `probe`, "auto" measures.
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from attn.errors import ConfigError
+
+AUTO_ENV = "ATTN_AUTO_PRECISION"  # "bf16" or "fp32": what "auto" chooses on a CPU instead of probing
 BF16_MIN_SPEEDUP = 1.1  # "measurably faster": bf16 must beat fp32 by this factor to be chosen
 _PROBE_BUDGET_S = 0.05  # the timed repetitions of one dtype stop once they have taken this long
 _PROBE_REPS = 5
@@ -152,6 +160,8 @@ def choose_precision(
         return PrecisionChoice(requested, Precision.FP32, "fp16 needs a GPU", warning=(
             "train.precision = fp16 needs a GPU's gradient scaler; this run trains in fp32 on the CPU "
             "(set precision = \"auto\" or \"fp32\" to silence this)"))
+    if requested == Precision.AUTO and (forced := auto_override()) is not None:
+        return PrecisionChoice(requested, forced, f"{AUTO_ENV}={forced.value}")
     fp32_s, bf16_s = _probe(device, shape) if timer is None else (timer(device, shape, None),
                                                                    timer(device, shape, torch.bfloat16))
     speedup = fp32_s / bf16_s
@@ -165,6 +175,20 @@ def choose_precision(
         return PrecisionChoice(requested, Precision.BF16, reason, warning=warning, **figures)
     used = Precision.BF16 if speedup >= BF16_MIN_SPEEDUP else Precision.FP32
     return PrecisionChoice(requested, used, reason, **figures)
+
+
+def auto_override() -> Precision | None:
+    """The precision `ATTN_AUTO_PRECISION` makes "auto" choose on a CPU, or None to probe.
+
+    Raises:
+        ConfigError: the variable holds anything but bf16, fp32, probe or nothing.
+    """
+    value = os.environ.get(AUTO_ENV, "").strip().lower()
+    if value in ("", "probe"):
+        return None
+    if value not in (Precision.BF16.value, Precision.FP32.value):
+        raise ConfigError(AUTO_ENV, f"{value!r} is not a choice; set it to bf16, fp32 or probe, or unset it")
+    return Precision(value)
 
 
 def _choose_on_gpu(requested: Precision, device: torch.device) -> PrecisionChoice:
