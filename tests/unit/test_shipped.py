@@ -9,6 +9,7 @@ from attn.data.readers import load_labelled
 from attn.errors import DataFormatError
 from attn.shipped import folder, locate
 from attn import load_run_config
+from attn.app.quickstart import TUNED_UPDATES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,3 +45,12 @@ def test_configs_and_corpora_are_read_from_another_directory(tmp_path, monkeypat
     assert len(load_labelled(config.data.valid).texts) == 358
     with pytest.raises(DataFormatError, match=r"^data/fortunes-topics/missing\.tsv: cannot be read"):
         read_text("data/fortunes-topics/missing.tsv")
+
+
+@pytest.mark.parametrize("name", ["translation", "lm"])
+def test_a_time_budgeted_quickstart_recipe_is_ended_by_its_budget_on_a_much_faster_cpu(name):
+    """The schedule decays with whichever of steps and time runs out first: a step cap within reach of a faster
+    CPU would end the run early, with its budget unspent."""
+    config = load_run_config(f"configs/quickstart-{name}.toml")
+    assert config.train.max_minutes > 0
+    assert config.train.max_steps >= 10 * TUNED_UPDATES[name]
