@@ -115,7 +115,7 @@ def _until_eos(tokens: list[int]) -> tuple[list[int], bool]:
 def _raise_eos(ours: nn.Module, hf: nn.Module, amount: float) -> None:
     """Adds `amount` to the EOS logit of both models (our output bias is Marian's final-logits bias)."""
     with torch.no_grad():
-        ours.generator.bias[EOS] += amount
+        ours.lm_head.bias[EOS] += amount
         hf.final_logits_bias[0, EOS] += amount
 
 
@@ -123,7 +123,7 @@ def beam(settings: Settings) -> CaseResult:
     """Case 3."""
     ours, hf = _pair("marian-base", "marian", "MarianMTModel", SpecialIds(pad=PAD, eos=EOS), settings)
     new = QUICK_NEW_TOKENS if settings.quick else NEW_TOKENS["beam"]
-    sources = _sources(SOURCES, ours.generator.out_features)
+    sources = _sources(SOURCES, ours.lm_head.out_features)
     forced = hf.generation_config.forced_eos_token_id is not None
     config = huggingface_config(BEAMS, new, length_penalty=1.0, early_stopping=False, forced_eos=forced)
 

@@ -1,4 +1,4 @@
-"""The output projection's layout on the CPU for the few rows of a decode step (issue 21).
+"""Layouts of the output projection on the CPU for the few rows of a decode step.
 
     python -m benchmarks.projection --threads 1 --out benchmarks/results/projection-cpu-1thread
 
@@ -9,9 +9,10 @@ marian-base's (512 x 58,101), for 1 to 256 rows (256: case 2's prefill at batch 
 
 - `F.linear`: `F.linear(x, W)`, what `nn.Linear` does;
 - `x @ W^T copy`: `x @ Wt` with Wt a contiguous (d_model, vocab) copy of W^T;
-- `(W @ x^T)^T`: the (vocab, d_model) weight on the left, the result transposed back into place;
-- `OutputProjection`: the module as decoding calls it (the copy for one row, the weight on the left up to
-  `DECODE_ROWS` rows, `F.linear` above).
+- `(W @ x^T)^T`: the (vocab, d_model) weight on the left, the result transposed back into place.
+
+The model's `lm_head` is a plain `nn.Linear` (`F.linear`): the faster layouts were not worth a second copy
+of the output matrix and the code that keeps it in step with the weight.
 
 Speed-up = time of `F.linear` / time of the contender, from the medians of the rounds and from the best
 round (the least disturbed on a shared machine). Writes `projection.json` and `projection.md`.
@@ -31,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from attn.layers import DECODE_ROWS, OutputProjection
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit
 
 SHAPES = {"gpt2": (768, 50257), "marian-base": (512, 58101)}
@@ -39,14 +39,12 @@ ROWS = (1, 4, 8, 32, 256)  # one sequence; a small batch; 8 sources x beam 4 (ca
 BASELINE = "F.linear"
 
 
-def _contenders(projection: OutputProjection) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    weight = projection.weight.detach()
+def _contenders(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     copy = weight.t().contiguous()
     return {
         BASELINE: lambda x: F.linear(x, weight),
         "x @ W^T copy": lambda x: x @ copy,
         "(W @ x^T)^T": lambda x: (weight @ x.t()).t().contiguous(),
-        "OutputProjection": projection,
     }
 
 
@@ -70,12 +68,12 @@ def measure(rounds: int, seconds: float) -> list[dict]:
     rows = []
     for name, (d_model, vocab) in SHAPES.items():
         torch.manual_seed(0)
-        projection = OutputProjection(d_model, vocab, bias=False)
-        contenders = _contenders(projection)
+        weight = torch.nn.init.xavier_uniform_(torch.empty(vocab, d_model))
+        contenders = _contenders(weight)
         for count in ROWS:
             x = torch.randn(count, d_model)
             with torch.no_grad():
-                expected = F.linear(x, projection.weight)
+                expected = F.linear(x, weight)
                 for fn in contenders.values():
                     torch.testing.assert_close(fn(x), expected, atol=1e-4, rtol=1e-4)
                 times = _alternating(contenders, x, rounds, seconds)
@@ -91,7 +89,7 @@ def markdown(rows: Sequence[dict], info: dict) -> str:
     lines = [
         f"Measured {info['date']} (commit {info['commit']}) on {info['device']}; torch {info['torch']}, "
         f"{info['threads']} threads, fp32, no autograd, {info['rounds']} alternating rounds of at least "
-        f"{info['seconds']} s per contender; DECODE_ROWS = {info['decode_rows']}; "
+        f"{info['seconds']} s per contender; "
         f"load average before {info['load_before']}, after {info['load_after']}",
         "",
         "| shape | rows | contender | median ms | best ms | speed-up (medians) | speed-up (bests) |",
@@ -120,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "device": device_name(torch.device("cpu")), "torch": torch.__version__,
-        "python": platform.python_version(), "threads": torch.get_num_threads(), "decode_rows": DECODE_ROWS,
+        "python": platform.python_version(), "threads": torch.get_num_threads(),
         "rounds": args.rounds, "seconds": args.seconds, "load_before": load_before, "load_after": _load(),
     }
     args.out.mkdir(parents=True, exist_ok=True)

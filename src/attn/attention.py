@@ -8,18 +8,22 @@ model picks one of the two once, in the builder. Masks follow `attn.masks`: True
 Departures from the paper: self-attention projects Q, K and V with one fused (d_model x 3 d_model)
 matrix, which is the same as three separate projections stacked; an optional additive score bias
 carries relative position information (T5), and rotary positions rotate Q and K (RoFormer).
+
+Attention maps are opt-in: inside `module.capture()` an attention module computes its weights with
+the written-out formula and records them; outside it, `forward` never forms them on the fast path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.dropout import dropout as drop
 from attn.masks import CausalMask, Mask, cheap_to_read, materialize, with_bias
 
 
@@ -81,8 +85,7 @@ def scaled_dot_product_attention(
     Returns:
         (B, h, Tq, d_v).
     """
-    weights = drop(attention_weights(q, k, mask, bias), dropout)
-    return weights @ v
+    return F.dropout(attention_weights(q, k, mask, bias), dropout) @ v
 
 
 def fast_attention(
@@ -96,11 +99,7 @@ def fast_attention(
     """The same function as `scaled_dot_product_attention`, through PyTorch's fused SDPA kernels.
 
     A query row whose keys are all masked gives exactly 0, as in the reference, whatever the kernel.
-    With dropout on the CPU it is the reference: torch's CPU kernels have no dropout of their own and
-    fall back to the same written-out softmax, with a costlier mask (`attn.dropout`).
     """
-    if dropout > 0 and q.device.type == "cpu":
-        return scaled_dot_product_attention(q, k, v, mask, bias, dropout)
     if isinstance(mask, CausalMask) and bias is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     mask = materialize(mask, q.size(-2), k.size(-2), q.device)
@@ -131,19 +130,6 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * d)
 
 
-def first_queries(
-    q: Tensor, k: Tensor, mask: Mask, bias: Tensor | None, queries: int
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """The queries (B, h, T, d_k), mask and score bias cut to the first `queries` query positions."""
-    mask = materialize(mask, q.size(-2), k.size(-2), q.device)
-    return q[:, :, :queries], _query_rows(mask, queries), _query_rows(bias, queries)
-
-
-def _query_rows(scores: Tensor | None, queries: int) -> Tensor | None:
-    """A mask or bias broadcastable to (B, h, Tq, Tk), cut to its first query rows where it has rows."""
-    return scores if scores is None or scores.size(-2) == 1 else scores[..., :queries, :]
-
-
 class KVSlot(Protocol):
     """Where a self-attention layer keeps its past keys and values (see `attn.kv_cache`)."""
 
@@ -160,14 +146,66 @@ class NoCache:
 NO_CACHE = NoCache()
 
 
-class SelfAttention(nn.Module):
-    """Multi-head self-attention: h heads of size d_k = d_model / h over one sequence."""
+@dataclasses.dataclass(frozen=True)
+class AttentionCapture:
+    """What one attention module computed in one forward pass.
 
-    def __init__(self, d_model: int, heads: int, bias: bool, dropout: float, attend: AttentionFn) -> None:
+    Attributes:
+        weights: (B, h, Tq, Tk) attention probabilities; rows of masked-out queries are zero.
+        values: (B, h, Tk, d_k) the values they weight.
+        output: (B, Tq, d_model) what the module returned: out(merge_heads(weights @ values)).
+    """
+
+    weights: Tensor
+    values: Tensor
+    output: Tensor
+
+
+class MultiHead(nn.Module):
+    """What self- and cross-attention share: attending with h heads, then the output projection W^O.
+
+    Subclasses add their input projections and then `out` (d_model x d_model), and call `combine`.
+    """
+
+    out: nn.Linear
+    _captures: list[AttentionCapture] | None = None
+
+    def __init__(self, heads: int, dropout: float, attend: AttentionFn) -> None:
+        """`dropout`: the probability of dropping an attention weight in training mode."""
         super().__init__()
         self.heads = heads
         self.dropout = dropout
         self.attend = attend
+
+    def combine(self, q: Tensor, k: Tensor, v: Tensor, mask: Mask, bias: Tensor | None) -> Tensor:
+        """q (B, h, Tq, d_k), k and v (B, h, Tk, d_k) -> (B, Tq, d_model)."""
+        p = self.dropout if self.training else 0.0
+        if self._captures is None:
+            return self.out(merge_heads(self.attend(q, k, v, mask, bias, p)))
+        weights = attention_weights(q, k, mask, bias)  # (B, h, Tq, Tk)
+        output = self.out(merge_heads(F.dropout(weights, p) @ v))
+        self._captures.append(AttentionCapture(weights, v, output))
+        return output
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[list[AttentionCapture]]:
+        """Records every forward pass of this module inside the block, in a list it yields.
+
+        The recorded passes compute the written-out weights (the fast kernels never form them), from
+        the inputs the module's own forward prepared; what `forward` returns is the same function.
+        """
+        self._captures = captures = []
+        try:
+            yield captures
+        finally:
+            del self._captures  # back to the class's None
+
+
+class SelfAttention(MultiHead):
+    """Multi-head self-attention: h heads of size d_k = d_model / h over one sequence."""
+
+    def __init__(self, d_model: int, heads: int, bias: bool, dropout: float, attend: AttentionFn) -> None:
+        super().__init__(heads, dropout, attend)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
 
@@ -184,30 +222,18 @@ class SelfAttention(nn.Module):
         rotate: Callable[[Tensor], Tensor],
         bias: Tensor | None = None,
         cache: KVSlot = NO_CACHE,
-        queries: int | None = None,
     ) -> Tensor:
-        """(B, T, d_model) -> (B, T, d_model). `cache` prepends past keys/values when decoding.
-
-        `queries`: only the first that many positions ask (every position is still a key), and the
-        output is (B, queries, d_model); a classifier that reads the first token needs no more of
-        its last layer.
-        """
+        """(B, T, d_model) -> (B, T, d_model). `cache` prepends past keys/values when decoding."""
         q, k, v = self.project(x, rotate)
         k, v = cache.update(k, v)  # (B, h, Tk, d_k) with Tk >= T when cached
-        if queries is not None:
-            q, mask, bias = first_queries(q, k, mask, bias, queries)
-        p = self.dropout if self.training else 0.0
-        return self.out(merge_heads(self.attend(q, k, v, mask, bias, p)))
+        return self.combine(q, k, v, mask, bias)
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(MultiHead):
     """Multi-head attention of decoder queries over the encoder output ("memory")."""
 
     def __init__(self, d_model: int, heads: int, bias: bool, dropout: float, attend: AttentionFn) -> None:
-        super().__init__()
-        self.heads = heads
-        self.dropout = dropout
-        self.attend = attend
+        super().__init__(heads, dropout, attend)
         self.q = nn.Linear(d_model, d_model, bias=bias)
         self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
@@ -221,5 +247,4 @@ class CrossAttention(nn.Module):
         """x (B, T, d_model), memory k/v (B, h, S, d_k), mask (B, 1, 1, S) -> (B, T, d_model)."""
         q = split_heads(self.q(x), self.heads)  # (B, h, T, d_k)
         k, v = memory_kv
-        p = self.dropout if self.training else 0.0
-        return self.out(merge_heads(self.attend(q, k, v, mask, bias=None, dropout=p)))
+        return self.combine(q, k, v, mask, bias=None)

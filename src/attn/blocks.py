@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from attn.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
 from attn.errors import ShapeError
 from attn.layers import FeedForward
-from attn.masks import CAUSAL, Mask, causal_mask, padded_keys
+from attn.masks import CAUSAL, Mask, causal_mask, padded_keys, positions_from_mask
 from attn.positional import NoPositions
 
 
@@ -37,10 +37,9 @@ class Block(nn.Module):
         rotate: Callable[[Tensor], Tensor],
         bias: Tensor | None = None,
         cache: KVSlot = NO_CACHE,
-        queries: int | None = None,
     ) -> Tensor:
-        """(B, T, d_model) -> (B, T, d_model); (B, queries, d_model) for the first `queries` positions."""
-        x = self.attn_residual(x, lambda h: self.attn(h, mask, rotate, bias, cache, queries), queries)
+        """(B, T, d_model) -> (B, T, d_model)."""
+        x = self.attn_residual(x, lambda h: self.attn(h, mask, rotate, bias, cache))
         return self.ffn_residual(x, self.ffn)
 
 
@@ -118,3 +117,11 @@ def check_tokens(tokens: Tensor, mask: Tensor | None, max_positions: int, offset
     if tokens.size(1) + offset > max_positions:
         raise ShapeError(f"{tokens.size(1) + offset} positions exceed the model's max_positions="
                          f"{max_positions}; truncate the input or use a model with more positions")
+
+
+def token_positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
+    """(B, T) tokens, (B, T) bool mask or None -> (B, T) long positions: 0..T-1, or `positions_from_mask`."""
+    if mask is None:
+        b, t = tokens.shape
+        return torch.arange(t, device=tokens.device).expand(b, t)
+    return positions_from_mask(mask)

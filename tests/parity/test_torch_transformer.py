@@ -116,7 +116,7 @@ def test_whole_model_matches_nn_transformer(norm, activation):
             src_key_padding_mask=~src_mask, tgt_key_padding_mask=~tgt_mask, memory_key_padding_mask=~src_mask,
             tgt_is_causal=True,
         )
-        expected = ours.generator(hidden)
+        expected = ours.lm_head(hidden)
         got = ours(src, tgt, src_mask, tgt_mask)
     real = tgt_mask
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attn.attention import (
     SelfAttention,
@@ -11,7 +12,8 @@ from attn.attention import (
     fast_attention,
     scaled_dot_product_attention,
 )
-from attn.config import preset
+from attn.config import Activation, preset
+from attn.layers import FeedForward
 from attn.masks import CAUSAL, causal_mask, key_mask, padding_mask
 from attn.models import build_model
 
@@ -215,20 +217,27 @@ def test_masked_training_step_equals_the_reference_attention(padded):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mask_kind", ["causal", "padding", "bias"])
-def test_self_attention_for_the_first_queries_is_the_first_rows(mask_kind):
+def test_attention_dropout_drops_the_weights_as_f_dropout_does():
+    q, k, v = random_qkv(tq=7, tk=7, seed=3)
+    mask = torch.ones(2, 1, 7, 7, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    torch.manual_seed(7)
+    expected = F.dropout(attention_weights(q, k, mask), 0.3) @ v
+    for attend in (fast_attention, scaled_dot_product_attention):
+        torch.manual_seed(7)
+        torch.testing.assert_close(attend(q, k, v, mask, dropout=0.3), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_is_torch_s_in_training_and_off_in_eval_mode():
     torch.manual_seed(0)
-    layer = SelfAttention(16, 4, bias=True, dropout=0.0, attend=fast_attention).eval()
-    x = torch.randn(2, 7, 16)
-    bias = None
-    if mask_kind == "causal":
-        mask = CAUSAL
-    elif mask_kind == "padding":
-        mask = key_mask(torch.tensor([[True] * 7, [True] * 4 + [False] * 3]))
-    else:
-        mask, bias = None, torch.randn(2, 4, 7, 7)
-    with torch.no_grad():
-        whole = layer(x, mask, lambda t: t, bias)
-        first = layer(x, mask, lambda t: t, bias, queries=3)
-    assert first.shape == (2, 3, 16)
-    torch.testing.assert_close(first, whole[:, :3], atol=1e-5, rtol=1e-5)
+    ffn = FeedForward(8, 16, Activation.RELU, bias=True, dropout=0.4)
+    x = torch.randn(2, 5, 8)
+    torch.manual_seed(3)
+    dropped = ffn(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(dropped, ffn.w2(F.dropout(F.relu(ffn.w1(x)), 0.4)), atol=1e-5, rtol=1e-5)
+    assert torch.equal(ffn.eval()(x), ffn.w2(F.relu(ffn.w1(x))))
+    layer = SelfAttention(8, 2, bias=True, dropout=0.5, attend=fast_attention)
+    assert not torch.equal(layer(x, None, lambda t: t), layer(x, None, lambda t: t))
+    layer.eval()
+    assert torch.equal(layer(x, None, lambda t: t), layer(x, None, lambda t: t))

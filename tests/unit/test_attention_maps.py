@@ -1,4 +1,4 @@
-"""Recomputed attention maps: probabilities per row, zero on masked keys, and exactly the weights
+"""Captured attention maps: probabilities per row, zero on masked keys, and exactly the weights
 that produced the layer's output."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.attention import merge_heads
+from attn.attention import MultiHead, merge_heads
 from attn.config import Positional, preset
 from attn.decoding.attention_maps import (
     attention_maps,
@@ -70,7 +70,7 @@ def test_encoder_self_attention_of_an_encoder_only_model():
     assert attention_maps(model, tokens[0].tolist(), layer=0, kind="encoder").shape == (4, 7, 7)
 
 
-def test_forward_is_unchanged_and_no_hook_is_left_behind():
+def test_forward_is_unchanged_and_no_capture_is_left_behind():
     model = _model("paper-base-tiny")
     src, tgt = torch.randint(1, 97, (1, 5)), torch.randint(0, 97, (1, 4))
     with torch.no_grad():
@@ -78,7 +78,7 @@ def test_forward_is_unchanged_and_no_hook_is_left_behind():
         attention_maps(model, src[0].tolist(), layer=1, kind="decoder", target=tgt[0].tolist())
         after = model(src, tgt)
     assert_close(after, before, atol=0, rtol=0)
-    assert all(not m._forward_hooks for m in model.modules())
+    assert all(m._captures is None for m in model.modules() if isinstance(m, MultiHead))
 
 
 def test_bad_requests_say_what_exists():
@@ -91,17 +91,27 @@ def test_bad_requests_say_what_exists():
         attention_maps(seq2seq, [1, 2], layer=0, kind="cross")
 
 
-def test_capture_of_the_classifier_s_last_layer_holds_the_first_query_only():
-    # classify runs the last block for the first position's queries; the captured weights are the
-    # first row of the whole forward's map.
+def test_capture_of_the_classifier_s_last_layer_is_the_forward_map():
     torch.manual_seed(0)
     model = build_model(preset("bert-base-tiny").replace(num_labels=3)).eval()
     tokens = torch.randint(1, 97, (2, 8))
     tokens[1, 5:] = 0
     module = attention_module(model, "self", -1)
     with torch.no_grad():
-        first = capture_attention(module, lambda: model.classify(tokens, tokens != 0))
+        classified = capture_attention(module, lambda: model.classify(tokens, tokens != 0))
         whole = capture_attention(module, lambda: model(tokens, tokens != 0))
-    assert first.weights.shape[-2] == 1
-    torch.testing.assert_close(first.weights, whole.weights[..., :1, :], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(first.output, whole.output[:, :1], atol=1e-5, rtol=1e-5)
+    _assert_reproduces_output(module, classified)
+    torch.testing.assert_close(classified.weights, whole.weights, atol=0, rtol=0)
+
+
+def test_the_capture_records_the_cached_decoding_step_too():
+    model = _model("gpt2-tiny")
+    tokens = torch.randint(0, 97, (1, 6))
+    module = attention_module(model, "self", 0)
+    with torch.no_grad():
+        whole = capture_attention(module, lambda: model(tokens))
+        cache = model.new_cache(1, 6)
+        model.decode_step(tokens[:, :5], cache)
+        step = capture_attention(module, lambda: model.decode_step(tokens[:, 5:], cache))
+    assert step.weights.shape == (1, 4, 1, 6)
+    assert_close(step.weights[0, :, 0], whole.weights[0, :, 5], atol=1e-5, rtol=0)

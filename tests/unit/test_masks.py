@@ -29,5 +29,6 @@ def test_a_token_mask_without_padding_is_no_key_mask():
 
 
 def test_positions_count_real_tokens_only():
-    mask = torch.tensor([[False, False, True, True, True], [True, True, True, True, False]])
-    assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3]]
+    mask = torch.tensor([[False, False, True, True, True], [True, True, True, True, False],
+                         [True, False, False, True, True]])
+    assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3], [0, 0, 0, 1, 2]]

@@ -70,10 +70,29 @@ def left_pad(tokens, pads):
     return padded, padded != 0
 
 
+@pytest.mark.parametrize("name", ["paper-base-tiny", "bert-base-tiny", "gpt2-tiny"])
+@pytest.mark.parametrize("positional", SCHEMES)
+def test_padding_between_real_tokens_changes_no_real_output(name, positional):
+    """Positions count real tokens only and padding is masked out of attention, wherever it sits."""
+    model = model_for(name, positional=positional)
+    tokens = torch.randint(1, 89, (2, 6))
+    gapped = torch.cat([tokens[:, :2], torch.zeros(2, 3, dtype=torch.long), tokens[:, 2:]], dim=1)
+    real = gapped != 0
+    with torch.no_grad():
+        if name == "paper-base-tiny":  # the target side of the encoder-decoder, and its encoder
+            src = torch.randint(1, 89, (2, 5))
+            plain, padded = model(src, tokens), model(src, gapped, None, real)
+            torch.testing.assert_close(model.encoder(gapped, real)[real], model.encoder(tokens).flatten(0, 1),
+                                       atol=1e-5, rtol=1e-5)
+        else:
+            plain, padded = model(tokens), model(gapped, real)
+    torch.testing.assert_close(padded[real], plain.flatten(0, 1), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["paper-base-tiny", "bert-base-tiny"])
 @pytest.mark.parametrize("positional", SCHEMES)
 def test_left_padding_in_the_encoder_gives_the_unpadded_outputs(name, positional):
-    """Positions count from each row's first real token, so padding on the left changes nothing."""
+    """Positions count real tokens only, so padding on the left changes nothing."""
     model = model_for(name, positional=positional)
     encoder = model.encoder if name.startswith("paper") else model.stack
     tokens = torch.randint(1, 89, (2, 6))
@@ -163,10 +182,10 @@ def test_reference_presets_have_their_published_sizes():
 
 def test_weight_tying_shares_one_matrix():
     model = build_model(preset("paper-base-tiny"))
-    assert model.generator.weight is model.embeddings.tokens.weight
+    assert model.lm_head.weight is model.embeddings.tokens.weight
     assert model.encoder.embeddings.tokens.weight is model.embeddings.tokens.weight
     untied = build_model(preset("paper-base-tiny").replace(tying="none"))
-    assert untied.generator.weight is not untied.embeddings.tokens.weight
+    assert untied.lm_head.weight is not untied.embeddings.tokens.weight
 
 
 def test_embedding_scale_is_sqrt_d_model():
@@ -233,9 +252,8 @@ def test_mean_pooling_with_a_pooler_is_refused():
 
 @pytest.mark.parametrize("positional", SCHEMES)
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_first_token_classifier_skips_only_work_it_never_reads(positional, norm):
-    # classify runs the last block for the first position's queries only; the logits and every
-    # parameter's gradient are those of the whole stack's first vector, with a padded row.
+def test_first_token_classifier_reads_the_whole_stacks_first_vector(positional, norm):
+    # The logits and every parameter's gradient are those of the whole stack's first vector, with a padded row.
     model = model_for("bert-base-tiny", positional=positional, norm=norm, num_labels=3)
     tokens = torch.randint(1, 97, (3, 9))
     tokens[1, 6:] = 0
@@ -255,4 +273,3 @@ def test_first_token_classifier_skips_only_work_it_never_reads(positional, norm)
     for name, grad in whole_grads.items():  # sums over every position: 1e-5 of the tensor's scale
         scale = max(1.0, grad.abs().max().item())
         torch.testing.assert_close(cut_grads[name], grad, atol=1e-5 * scale, rtol=1e-5, msg=name)
-    assert model.stack(tokens, mask, rows=1).shape == (3, 1, model.stack.embeddings.tokens.embedding_dim)

@@ -262,6 +262,7 @@ def load_weights(model: nn.Module, file: str | Path) -> None:
     if not file.is_file():
         raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
     _check_shapes(model, file)
+    renaming = model.register_load_state_dict_pre_hook(_rename_old_keys)
     try:
         missing, unexpected = safetensors.torch.load_model(model, str(file), strict=False)
     except (RuntimeError, OSError, safetensors.SafetensorError) as err:
@@ -269,11 +270,22 @@ def load_weights(model: nn.Module, file: str | Path) -> None:
         raise CheckpointError(
             f"{file}: cannot be loaded into the model ({reason[:300]}); use another checkpoint"
         ) from err
+    finally:
+        renaming.remove()
     if missing or unexpected:
         raise CheckpointError(
             f"{file}: missing keys {sorted(missing)[:5]}, unexpected keys {sorted(unexpected)[:5]}; "
             f"the weights do not belong to the model described by {MODEL_CONFIG_FILE}"
         )
+
+
+# Where checkpoints written by older versions of attn keep the vocabulary projection, now `lm_head`.
+_OLD_PREFIXES = ("generator.", "mlm.output.")
+
+
+def _rename_old_keys(module: nn.Module, state_dict: dict[str, torch.Tensor], *args: Any) -> None:
+    for key in [key for key in state_dict if key.startswith(_OLD_PREFIXES)]:
+        state_dict["lm_head." + key.split(".")[-1]] = state_dict.pop(key)
 
 
 def _check_shapes(model: nn.Module, file: Path) -> None:

@@ -1,34 +1,24 @@
-"""Attention probabilities of one layer, recomputed on request (opt-in).
+"""Attention probabilities of one layer, captured on request (opt-in).
 
 The fast attention path (PyTorch's fused SDPA) never forms the weights, and `forward` returns
-only what it always returns. `capture_attention` puts a forward hook on one attention module,
-runs the model once, and recomputes softmax(Q K^T / sqrt(d_k) + bias) from the very inputs the
-module received, with `attn.attention.attention_weights`. `attention_maps` does this for one
+only what it always returns. `capture_attention` runs the model once inside one attention module's
+`capture()`, where that module computes softmax(Q K^T / sqrt(d_k) + bias) written out from the
+inputs its own forward prepared, and returns what it recorded. `attention_maps` does this for one
 example and one layer.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attn.attention import (
-    NO_CACHE,
-    CrossAttention,
-    SelfAttention,
-    attention_weights,
-    first_queries,
-    split_heads,
-)
+from attn.attention import AttentionCapture, CrossAttention, SelfAttention
 from attn.errors import AttnError
 from attn.models import Decoder, Encoder, EncoderDecoder, Model
-
 
 class AttentionKind(str, enum.Enum):
     ENCODER = "encoder"  # self-attention of an encoder stack (Encoder, EncoderDecoder)
@@ -37,67 +27,18 @@ class AttentionKind(str, enum.Enum):
     SELF = "self"  # the only self-attention of an encoder-only or decoder-only model (Encoder, Decoder)
 
 
-@dataclasses.dataclass(frozen=True)
-class AttentionCapture:
-    """What one attention module computed in one forward pass.
-
-    Attributes:
-        weights: (B, h, Tq, Tk) attention probabilities; rows of masked-out queries are zero.
-        values: (B, h, Tk, d_k) the values they weight.
-        output: (B, Tq, d_model) what the module returned: out(merge_heads(weights @ values)).
-    """
-
-    weights: Tensor
-    values: Tensor
-    output: Tensor
-
-
-def _self_weights(module: SelfAttention, x: Tensor, mask: Tensor | None, rotate: Callable[[Tensor], Tensor],
-                  bias: Tensor | None = None, cache: Any = NO_CACHE,
-                  queries: int | None = None) -> tuple[Tensor, Tensor]:
-    if cache is not NO_CACHE:
-        raise AttnError("attention maps are recomputed from a full forward pass, not from cached decoding")
-    q, k, v = module.project(x, rotate)  # (B, h, T, d_k) each
-    if queries is not None:
-        q, mask, bias = first_queries(q, k, mask, bias, queries)
-    return attention_weights(q, k, mask, bias), v
-
-
-def _cross_weights(module: CrossAttention, x: Tensor, memory_kv: tuple[Tensor, Tensor],
-                   mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    q = split_heads(module.q(x), module.heads)  # (B, h, Tq, d_k)
-    k, v = memory_kv
-    return attention_weights(q, k, mask), v
-
-
-_RECOMPUTE: dict[type[nn.Module], Callable[..., tuple[Tensor, Tensor]]] = {
-    SelfAttention: _self_weights,
-    CrossAttention: _cross_weights,
-}
-
-
 def capture_attention(module: SelfAttention | CrossAttention, run: Callable[[], object]) -> AttentionCapture:
-    """Runs `run()` once and recomputes the attention weights of `module` from its inputs.
+    """Runs `run()` once and returns the attention weights that `module` computed in it.
 
     Args:
         module: one attention module of the model that `run` calls.
         run: a call of the model, e.g. `lambda: model(tokens)`.
     """
-    calls: list[tuple[inspect.BoundArguments, Tensor]] = []
-
-    def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
-        calls.append((inspect.signature(mod.forward).bind(*args, **kwargs), output))
-
-    handle = module.register_forward_hook(hook, with_kwargs=True)
-    try:
+    with module.capture() as captures:
         run()
-    finally:
-        handle.remove()
-    if len(calls) != 1:
-        raise AttnError(f"the chosen attention module ran {len(calls)} times; capture one forward pass")
-    bound, output = calls[0]
-    weights, values = _RECOMPUTE[type(module)](module, *bound.args, **bound.kwargs)
-    return AttentionCapture(weights, values, output)
+    if len(captures) != 1:
+        raise AttnError(f"the chosen attention module ran {len(captures)} times; capture one forward pass")
+    return captures[0]
 
 
 def _kind(kind: AttentionKind | str) -> AttentionKind:

@@ -138,7 +138,7 @@ def start_seq2seq(
     limits = _seq2seq_limits(config.max_new_tokens, [len(s) for s in sources], model.max_positions)
     check_token_ids(sources, _embedding_rows(model, "encoder", "embeddings"), "source")
     check_token_ids([[start_id]], _embedding_rows(model, "embeddings"), "start_id")
-    device = model.generator.weight.device
+    device = model.lm_head.weight.device
     longest = max(map(len, sources))
     src = torch.tensor([list(s) + [pad_id] * (longest - len(s)) for s in sources], dtype=torch.long, device=device)
     lengths = torch.tensor([len(s) for s in sources], device=device)

@@ -25,7 +25,6 @@ from attn.layers import (
     ACTIVATIONS,
     Embeddings,
     FeedForward,
-    OutputProjection,
     PostNorm,
     PreNorm,
     embedding_scale,
@@ -35,7 +34,7 @@ from attn.models.encoder import (
     Encoder,
     EncoderStack,
     FirstToken,
-    MaskedLMHead,
+    MaskedLMTransform,
     MeanPool,
     Pooler,
 )
@@ -128,8 +127,9 @@ class _Parts:
         cross = CrossAttention(c.d_model, c.heads, c.attention_bias, c.attention_dropout, self.attend)
         return DecoderBlock(self.self_attention(), cross, self.ffn(), self.residual)
 
-    def output(self, tokens: nn.Embedding) -> OutputProjection:
-        projection = OutputProjection(self.c.d_model, self.c.vocab_size, self.c.output_bias)
+    def lm_head(self, tokens: nn.Embedding) -> nn.Linear:
+        """The vocabulary projection, logits = x W^T + b; W is the token embedding when tied (section 3.4)."""
+        projection = nn.Linear(self.c.d_model, self.c.vocab_size, bias=self.c.output_bias)
         if self.c.tying != Tying.NONE:
             projection.weight = tokens.weight
         return projection
@@ -145,26 +145,27 @@ class _Parts:
         blocks = [self.decoder_block() for _ in range(c.decoder_layers)]
         return EncoderDecoder(
             self.encoder_stack(src_tokens), self.embeddings(tgt_tokens, False), blocks, self.final_norm(),
-            self.output(tgt_tokens), c.max_positions,
+            self.lm_head(tgt_tokens), c.max_positions,
         )
 
     def encoder(self) -> Encoder:
         c = self.c
         tokens = nn.Embedding(c.vocab_size, c.d_model)
-        mlm = None
+        mlm = lm_head = None
         if c.mlm_head:
             norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
-            mlm = MaskedLMHead(nn.Linear(c.d_model, c.d_model), ACTIVATIONS[c.activation], norm, self.output(tokens))
+            mlm = MaskedLMTransform(nn.Linear(c.d_model, c.d_model), ACTIVATIONS[c.activation], norm)
+            lm_head = self.lm_head(tokens)
         pooler = MeanPool() if c.pooling == Pooling.MEAN else Pooler(c.d_model) if c.pooler else FirstToken()
         classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
-        return Encoder(self.encoder_stack(tokens), mlm, pooler, classifier, c.dropout)
+        return Encoder(self.encoder_stack(tokens), mlm, lm_head, pooler, classifier, c.dropout)
 
     def decoder(self) -> Decoder:
         c = self.c
         tokens = nn.Embedding(c.vocab_size, c.d_model)
         blocks = [self.block() for _ in range(c.decoder_layers)]
         return Decoder(
-            self.embeddings(tokens, False), blocks, self.final_norm(), self.output(tokens), c.max_positions
+            self.embeddings(tokens, False), blocks, self.final_norm(), self.lm_head(tokens), c.max_positions
         )
 
 

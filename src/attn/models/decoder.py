@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import Block, check_tokens, self_attention_inputs
+from attn.blocks import Block, check_tokens, self_attention_inputs, token_positions
 from attn.kv_cache import KVCache
-from attn.layers import Embeddings, OutputProjection
+from attn.layers import Embeddings
 from attn.masks import positions_from_mask
 
 
@@ -29,7 +29,7 @@ class Decoder(nn.Module):
         embeddings: Embeddings,
         blocks: list[Block],
         final_norm: nn.Module,
-        lm_head: OutputProjection,
+        lm_head: nn.Linear,
         max_positions: int,
     ) -> None:
         super().__init__()
@@ -45,7 +45,7 @@ class Decoder(nn.Module):
         With a mask, positions count real tokens only, so left-padded rows are scored as if alone.
         """
         check_tokens(tokens, mask, self.max_positions)
-        positions = _positions(tokens, mask)
+        positions = token_positions(tokens, mask)
         x = self._blocks(tokens, positions, positions, mask, [NO_CACHE] * len(self.blocks))
         return self.lm_head(x)
 
@@ -80,9 +80,3 @@ class Decoder(nn.Module):
             x = block(x, attn_mask, rotate, bias, slot)
         return self.final_norm(x)
 
-
-def _positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
-    if mask is None:
-        b, t = tokens.shape
-        return torch.arange(t, device=tokens.device).expand(b, t)
-    return positions_from_mask(mask)

@@ -12,14 +12,15 @@ config options, off for the paper's presets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.blocks import Block, check_tokens, self_attention_inputs
-from attn.dropout import Dropout
+from attn.blocks import Block, check_tokens, self_attention_inputs, token_positions
 from attn.errors import AttnError, ShapeError
-from attn.layers import Embeddings, OutputProjection
+from attn.layers import Embeddings
 
 
 class EncoderStack(nn.Module):
@@ -32,17 +33,11 @@ class EncoderStack(nn.Module):
         self.final_norm = final_norm
         self.max_positions = max_positions
 
-    def forward(
-        self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None, rows: int | None = None
-    ) -> Tensor:
-        """tokens (B, T) long, mask (B, T) bool (True = real token) -> (B, T, d_model).
-
-        `rows`: the output of only the first that many positions, (B, rows, d_model); the last
-        block then computes no more than their queries, residuals and FFN.
-        """
+    def forward(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
+        """tokens (B, T) long, mask (B, T) bool (True = real token) -> (B, T, d_model)."""
         check_tokens(tokens, mask, self.max_positions)
-        positions = positions_from_first_token(tokens, mask)
-        return self._blocks(self.embeddings(tokens, positions, segments), positions, mask, rows)
+        positions = token_positions(tokens, mask)
+        return self._blocks(self.embeddings(tokens, positions, segments), positions, mask)
 
     def features(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Input vectors x (B, N, d_model) instead of token ids -> (B, N, d_model)."""
@@ -50,53 +45,34 @@ class EncoderStack(nn.Module):
         if x.dim() != 3 or x.size(-1) != d_model:
             raise ShapeError(f"expected input vectors of shape (batch, length, {d_model}), got {tuple(x.shape)}")
         check_tokens(x[..., 0].long(), mask, self.max_positions)
-        positions = positions_from_first_token(x[..., 0], mask)
+        positions = token_positions(x[..., 0], mask)
         return self._blocks(self.embeddings.vectors(x, positions), positions, mask)
 
-    def _blocks(self, x: Tensor, positions: Tensor, mask: Tensor | None, rows: int | None = None) -> Tensor:
+    def _blocks(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
         attn_mask, rotate, bias = self_attention_inputs(
             self.embeddings.positions, positions, positions, mask, causal=False
         )
-        last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            x = block(x, attn_mask, rotate, bias, queries=rows if i == last else None)
+        for block in self.blocks:
+            x = block(x, attn_mask, rotate, bias)
         return self.final_norm(x)
 
 
-def positions_from_first_token(tokens: Tensor, mask: Tensor | None) -> Tensor:
-    """(B, T) tokens, (B, T) bool mask -> (B, T) long positions 0, 1, ... from each row's first real token.
+class MaskedLMTransform(nn.Module):
+    """BERT's MLM head before the vocabulary projection: dense -> activation -> LayerNorm."""
 
-    A right-padded row (or no mask) is numbered 0..T-1 as before; a left-padded row numbers its
-    real tokens as it would alone, so the padding side does not change what they see. The left
-    padding gets position 0. Computed on the device, without a host sync.
-    """
-    b, t = tokens.shape
-    steps = torch.arange(t, device=tokens.device).expand(b, t)
-    if mask is None:
-        return steps
-    first = mask.long().argmax(-1, keepdim=True)  # (B, 1): the first True (0 for a row of padding)
-    return (steps - first).clamp(min=0)
-
-
-class MaskedLMHead(nn.Module):
-    """BERT's MLM head: dense -> activation -> LayerNorm -> vocabulary projection (+ bias)."""
-
-    def __init__(self, transform: nn.Linear, act, norm: nn.LayerNorm, output: OutputProjection) -> None:
+    def __init__(self, transform: nn.Linear, act: Callable[[Tensor], Tensor], norm: nn.LayerNorm) -> None:
         super().__init__()
         self.transform = transform
         self.act = act
         self.norm = norm
-        self.output = output
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """(B, T, d_model) -> (B, T, vocab)."""
-        return self.output(self.norm(self.act(self.transform(hidden))))
+        """(B, T, d_model) -> (B, T, d_model)."""
+        return self.norm(self.act(self.transform(hidden)))
 
 
 class Pooler(nn.Module):
     """tanh(W h_0 + b): BERT's summary of the first ([CLS]) token."""
-
-    rows = 1  # the hidden states it reads: the first position's (None: all)
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
@@ -109,8 +85,6 @@ class Pooler(nn.Module):
 
 class FirstToken(nn.Module):
     """The first token's vector, unchanged: the pooler of a model built without one."""
-
-    rows = 1
 
     def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         return hidden[:, 0]
@@ -126,8 +100,6 @@ def mean_pool(hidden: Tensor, mask: Tensor | None) -> Tensor:
 class MeanPool(nn.Module):
     """The mean of the real tokens' vectors: the pooler of pooling='mean'."""
 
-    rows = None
-
     def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         return mean_pool(hidden, mask)
 
@@ -138,17 +110,20 @@ class Encoder(nn.Module):
     def __init__(
         self,
         stack: EncoderStack,
-        mlm: MaskedLMHead | None,
+        mlm: MaskedLMTransform | None,
+        lm_head: nn.Linear | None,
         pooler: nn.Module,
         classifier: nn.Module | None,
         dropout: float,
     ) -> None:
+        """`mlm` and `lm_head` (the vocabulary projection) make the masked-LM head; both or neither."""
         super().__init__()
         self.stack = stack
         self.mlm = mlm
+        self.lm_head = lm_head
         self.pooler = pooler
         self.classifier = classifier
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> hidden states (B, T, d_model)."""
@@ -160,13 +135,13 @@ class Encoder(nn.Module):
 
     def mlm_logits(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> masked-LM logits (B, T, vocab)."""
-        if self.mlm is None:
+        if self.mlm is None or self.lm_head is None:
             raise AttnError("this encoder was built without a masked-LM head (mlm_head=false)")
-        return self.mlm(self.stack(tokens, mask, segments))
+        return self.lm_head(self.mlm(self.stack(tokens, mask, segments)))
 
     def pooled(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> the pooled vector (B, d_model): the first token's or the mean (config.pooling)."""
-        return self.pooler(self.stack(tokens, mask, segments, rows=self.pooler.rows), mask)
+        return self.pooler(self.stack(tokens, mask, segments), mask)
 
     def classify(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> class logits (B, num_labels), from the pooled vector."""

@@ -17,11 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import DecoderBlock, check_tokens, self_attention_inputs
+from attn.blocks import DecoderBlock, check_tokens, self_attention_inputs, token_positions
 from attn.kv_cache import KVCache
-from attn.layers import Embeddings, OutputProjection
+from attn.layers import Embeddings
 from attn.masks import key_mask, padded_keys, positions_from_mask
-from attn.models.encoder import EncoderStack, positions_from_first_token
+from attn.models.encoder import EncoderStack
 
 
 class EncoderDecoder(nn.Module):
@@ -33,7 +33,7 @@ class EncoderDecoder(nn.Module):
         embeddings: Embeddings,
         blocks: list[DecoderBlock],
         final_norm: nn.Module,
-        generator: OutputProjection,
+        lm_head: nn.Linear,
         max_positions: int,
     ) -> None:
         super().__init__()
@@ -41,7 +41,7 @@ class EncoderDecoder(nn.Module):
         self.embeddings = embeddings
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = final_norm
-        self.generator = generator
+        self.lm_head = lm_head
         self.max_positions = max_positions
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
@@ -56,16 +56,16 @@ class EncoderDecoder(nn.Module):
         tgt_mask (B, T) bool marks the real tokens. Right padding (what `attn.data.corpora` builds) needs no
         mask: under the causal mask no real token sees a pad, so the fused causal kernel applies.
         Padding anywhere else (left padding) is masked out of attention and the positions count
-        from each row's first real token, so a padded row scores as it would alone.
+        real tokens only, so a padded row scores as it would alone.
         """
         check_tokens(tgt, tgt_mask, self.max_positions)
-        positions = positions_from_first_token(tgt, tgt_mask)
+        positions = token_positions(tgt, tgt_mask)
         memory_kv = [block.cross.memory_kv(memory) for block in self.blocks]
         memory_mask = padded_keys(src_mask)
         slots = [NO_CACHE] * len(self.blocks)
         key_tokens = tgt_mask if _padded_before_tokens(tgt_mask) else None
         x = self._blocks(tgt, positions, positions, key_tokens, memory_kv, memory_mask, slots)
-        return self.generator(x)
+        return self.lm_head(x)
 
     def forward(
         self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
@@ -92,7 +92,7 @@ class EncoderDecoder(nn.Module):
         positions = cache.next_positions() + positions_from_mask(mask)
         key_positions, key_tokens = cache.extend(positions, mask)
         x = self._blocks(tgt, positions, key_positions, None, cache.memory, cache.memory_mask, cache.slots)
-        return self.generator(x)
+        return self.lm_head(x)
 
     def _blocks(
         self, tgt: Tensor, positions: Tensor, key_positions: Tensor, key_tokens: Tensor | None,

@@ -11,10 +11,10 @@ How the numbers stay those of the whole batch: each part's summed loss is scaled
 total of scored targets (as `accumulate_gradients` does for micro-batches), each thread returns its
 gradients (`torch.autograd.grad`), and the caller's thread adds them in part order and accumulates
 the sums into `.grad` through autograd. So the gradient is that of the whole batch up to float32
-rounding (sums in another order), and a run with the same W repeats itself exactly. Dropout in a
-part draws from a generator of its own (`attn.dropout.thread_generator`), seeded from torch's
-default generator in part order: the masks do not depend on which thread runs first, and a
-checkpoint's RNG state resumes them.
+rounding (sums in another order), and a run with the same W repeats itself exactly. Dropout draws
+its masks from torch's one default generator, so when the model drops anything the parts' forward
+passes take turns in part order (their backward passes still overlap): the masks do not depend on
+which thread runs first, and a checkpoint's RNG state resumes them.
 
 Only for one process on the CPU, without `torch.compile` (`Trainer` checks); torch releases the GIL
 inside its kernels and the autograd engine, so the threads' Python code is what they share.
@@ -23,14 +23,15 @@ inside its kernels and the autograd engine, so the threads' Python code is what 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor, nn
 
+from attn.attention import MultiHead
 from attn.data.batches import Batch
-from attn.dropout import thread_generator
 
 # (inputs, targets) -> (summed smoothed loss, summed NLL), both 0-dim tensors with the graph
 LossFn = Callable[[tuple[Tensor, ...], Tensor], tuple[Tensor, Tensor]]
@@ -52,6 +53,7 @@ class CoreSplit:
         if workers < 2 or threads < 1:
             raise ValueError(f"a core split needs at least 2 workers of 1 thread, got {workers} x {threads}")
         self.workers, self.threads = workers, threads
+        self.module = module
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="attn-core")
 
@@ -71,8 +73,11 @@ class CoreSplit:
             The batch's summed loss and NLL, detached.
         """
         parts = row_parts(batch, self.workers)
-        seeds = torch.randint(0, 1 << 62, (len(parts),)).tolist()
-        futures = [self._pool.submit(self._part, loss_of, part, factor, seed) for part, seed in zip(parts, seeds)]
+        turns = [threading.Event() for _ in range(len(parts) + 1)]  # turns[i]: part i's forward may start
+        for turn in turns if not draws_masks(self.module) else turns[:1]:
+            turn.set()
+        futures = [self._pool.submit(self._part, loss_of, part, factor, turns[i], turns[i + 1])
+                   for i, part in enumerate(parts)]
         results = [future.result() for future in futures]  # in part order, whichever finished first
         reached, totals = [], []
         for param, grads in zip(self.params, zip(*(grads for _, _, grads in results))):
@@ -80,17 +85,28 @@ class CoreSplit:
             if present:
                 reached.append(param)
                 totals.append(functools.reduce(torch.Tensor.add_, present[1:], present[0]))
-        # Through autograd, not by setting .grad: accumulation and its hooks (e.g. the output
-        # projection's, which drops its decoding copy of a weight about to change) run as in backward().
+        # Through autograd, not by setting .grad: accumulation and any gradient hooks run as in backward().
         if reached:
             torch.autograd.backward(reached, totals)
         loss = torch.stack([loss for loss, _, _ in results]).sum()
         nll = torch.stack([nll for _, nll, _ in results]).sum()
         return loss, nll
 
-    def _part(self, loss_of: LossFn, part: tuple[tuple[Tensor, ...], Tensor], factor: float, seed: int):
+    def _part(self, loss_of: LossFn, part: tuple[tuple[Tensor, ...], Tensor], factor: float,
+              turn: threading.Event, next_turn: threading.Event):
         torch.set_num_threads(self.threads)  # this thread's OpenMP team
-        with thread_generator(torch.Generator().manual_seed(seed)):
+        turn.wait()
+        try:
             loss, nll = loss_of(*part)
-            grads = torch.autograd.grad(loss * factor, self.params, allow_unused=True)
+        finally:
+            next_turn.set()
+        grads = torch.autograd.grad(loss * factor, self.params, allow_unused=True)
         return loss.detach(), nll.detach(), grads
+
+
+def draws_masks(module: nn.Module) -> bool:
+    """Whether a forward pass of `module`, in its current mode, draws dropout masks."""
+    return any(
+        m.training and (isinstance(m, nn.Dropout) and m.p > 0 or isinstance(m, MultiHead) and m.dropout > 0)
+        for m in module.modules()
+    )

@@ -25,15 +25,15 @@ def initial_model(init_from: str | None) -> Bundle | None:
 def copy_pretrained(initial: Bundle, model: nn.Module) -> list[str]:
     """Copies every weight of `initial.model` into `model`; returns the names left fresh (new heads).
 
-    An encoder head that `model` was configured without (`mlm` for mlm_head=false, `pooler` for
-    pooler=false) is left behind.
+    An encoder head that `model` was configured without (`mlm` and `lm_head` for mlm_head=false,
+    `pooler` for pooler=false) is left behind.
 
     Raises:
         CheckpointError: a pretrained weight has no place in `model`, or a different shape.
     """
     source, target = initial.model.state_dict(), model.state_dict()
     present = {name.split(".")[0] for name in target}
-    dropped = {"mlm", "pooler"} - present
+    dropped = {"mlm", "lm_head", "pooler"} - present
     source = {name: tensor for name, tensor in source.items() if name.split(".")[0] not in dropped}
     for name, tensor in source.items():
         if name not in target or target[name].shape != tensor.shape:

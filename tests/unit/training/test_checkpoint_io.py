@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
 from attn.artifacts import checkpoint as ckpt
@@ -156,8 +157,25 @@ def test_average_of_checkpoints_is_the_elementwise_mean(tmp_path):
     out = retention.write_averaged_checkpoint(paths, tmp_path / "averaged")
     loaded = ckpt.load_checkpoint(out)
     torch.testing.assert_close(loaded.model.state_dict(), averaged)
-    assert loaded.model.generator.weight is loaded.model.embeddings.tokens.weight
+    assert loaded.model.lm_head.weight is loaded.model.embeddings.tokens.weight
     assert not (out / ckpt.STATE_FILE).exists()
+
+
+@pytest.mark.parametrize("name, fields, old", [
+    ("paper-base-tiny", {"tying": "none", "output_bias": True}, "generator."),
+    ("paper-base-tiny", {}, "generator."),
+    ("bert-base-tiny", {}, "mlm.output."),
+    ("bert-base-tiny", {"tying": "none"}, "mlm.output."),
+])
+def test_a_checkpoint_with_the_old_names_of_the_vocabulary_projection_loads(tmp_path, name, fields, old):
+    torch.manual_seed(0)
+    config = preset(name).replace(**fields)
+    model = build_model(config)
+    path = ckpt.write_checkpoint(tmp_path / "c", model, config)
+    stored = safetensors.torch.load_file(path / ckpt.MODEL_FILE)
+    renamed = {key.replace("lm_head.", old): tensor for key, tensor in stored.items()}
+    safetensors.torch.save_file(renamed, path / ckpt.MODEL_FILE)
+    assert_same_weights(ckpt.load_checkpoint(path).model, model)
 
 
 def test_averaging_different_models_is_refused(tmp_path):

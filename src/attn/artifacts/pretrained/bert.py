@@ -56,9 +56,9 @@ def _head_rules(config: ModelConfig) -> list[Rule]:
         rules += [
             *linear("mlm.transform", f"{MLM}transform.dense"),
             *linear("mlm.norm", f"{MLM}transform.LayerNorm"),
-            rule("mlm.output.bias", f"{MLM}bias"),
-            rule("mlm.output.bias", f"{MLM}decoder.bias", optional=True),
-            rule("mlm.output.weight", f"{MLM}decoder.weight", optional=config.tying != Tying.NONE),
+            rule("lm_head.bias", f"{MLM}bias"),
+            rule("lm_head.bias", f"{MLM}decoder.bias", optional=True),
+            rule("lm_head.weight", f"{MLM}decoder.weight", optional=config.tying != Tying.NONE),
         ]
     if config.pooler:
         rules += linear("pooler.dense", "pooler.dense")

@@ -80,8 +80,8 @@ def _embedding_rules(tying: Tying) -> list[Rule]:
     return rules + [
         rule("encoder.embeddings.tokens.weight", "encoder.embed_tokens.weight", optional=shared),
         rule("embeddings.tokens.weight", "decoder.embed_tokens.weight", optional=shared),
-        rule("generator.weight", "lm_head.weight", optional=tying != Tying.NONE),
-        rule("generator.bias", "final_logits_bias", transform=ROW_VECTOR),
+        rule("lm_head.weight", "lm_head.weight", optional=tying != Tying.NONE),
+        rule("lm_head.bias", "final_logits_bias", transform=ROW_VECTOR),
     ]
 
 
