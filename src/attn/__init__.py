@@ -20,7 +20,8 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-from attn.app.inference import classify, embed, translate
+from attn.app.classification import classify, embed
+from attn.app.translation import translate
 from attn.app.runs import load_run_config, train
 from attn.artifacts import Bundle, load_model, save_model
 from attn.config import ModelConfig, preset

@@ -1,4 +1,4 @@
-"""Streamed text (`attn.app.inference.generate_stream`): whole characters, stop strings never half shown."""
+"""Streamed text (`attn.app.continuation.generate_stream`): whole characters, stop strings never half shown."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.app.inference import _text_pieces, generate_stream
+from attn.app.continuation import generate_stream, text_pieces
 from attn.artifacts import Bundle
 from attn.config import preset
 from attn.data.tokenizers import Tokenizer
@@ -50,7 +50,7 @@ def one_token_per_byte(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def streamed(ids: list[int], tokenizer: Tokenizer, stop: tuple[str, ...] = ()) -> list[str]:
-    return list(_text_pieces(iter(ids), tokenizer.decode, stop))
+    return list(text_pieces(iter(ids), tokenizer.decode, stop))
 
 
 @pytest.mark.parametrize("kind", ["byte-bpe", "gpt2"])
@@ -102,7 +102,7 @@ def test_each_step_decodes_a_few_tokens_only(byte_level: dict[str, Tokenizer]) -
         lengths.append(len(window))
         return tokenizer.decode(window)
 
-    assert "".join(_text_pieces(iter(ids), decode)) == MULTI_BYTE * 4
+    assert "".join(text_pieces(iter(ids), decode)) == MULTI_BYTE * 4
     assert max(lengths) <= 5 and len(lengths) <= 2 * len(ids) + 1
 
 
@@ -134,7 +134,7 @@ def test_a_stop_string_ends_the_stream_without_reading_further_tokens(byte_level
             read.append(token)
             yield token
 
-    assert "".join(_text_pieces(tokens(), tokenizer.decode, ("\n\n",))) == "hello"
+    assert "".join(text_pieces(tokens(), tokenizer.decode, ("\n\n",))) == "hello"
     assert len(read) == len(ids)
 
 
@@ -144,7 +144,8 @@ def test_generate_stream_shows_what_the_generated_tokens_decode_to(byte_level: d
     torch.manual_seed(0)
     config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0)
     model = build_model(config).eval()
-    loaded = Bundle(model, tokenizer, "lm", config, Path("."), start_id=2, eos_id=None, pad_id=0)
+    loaded = Bundle(model=model, tokenizer=tokenizer, task="lm", model_config=config, path=Path("."), start_id=2,
+                    eos_id=None, pad_id=0)
     decoding = GenerationConfig(sample=True, seed=3, max_new_tokens=40)
     ids = generate(model, [tokenizer.encode("Café")], decoding)[0]
     assert "".join(generate_stream(loaded, "Café", decoding)) == tokenizer.decode(ids)
