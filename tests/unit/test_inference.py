@@ -1,5 +1,5 @@
-"""Batched inference through `attn.app.inference`: translation, classification and embeddings of texts of
-mixed lengths, each equal to the text alone, in input order."""
+"""Batched inference through `attn.app.translation` and `attn.app.classification`: translation,
+classification and embeddings of texts of mixed lengths, each equal to the text alone, in input order."""
 
 from pathlib import Path
 

@@ -45,7 +45,8 @@ def classify(
     """
     expect_model(loaded, Encoder, "classification")
     if not loaded.label_names:
-        raise AttnError(f"{loaded.path} is not a trained classifier (no label names); train one with task=classification")
+        raise AttnError(f"{loaded.path} is not a trained classifier (no label names); "
+                        "train one with task=classification")
     probs = class_probabilities(loaded, texts, batch_size, pairs)
     names = loaded.label_names
     return [
