@@ -95,11 +95,7 @@ class Bundle:
     imported: PretrainedInfo | None = None
 
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
-        """The encoder-decoder's source ids of each text, framed as `rules` says (Marian: `… </s>`)."""
-        return self.tokenizer.encode_batch(list(texts), add_special=self.rules.frame_sources)
-
-    def encode_source(self, text: str) -> list[int]:
-        """The encoder-decoder's source ids of one text, as `encode_sources` gives them.
+        """The encoder-decoder's source ids of each text, framed as `rules` says (Marian: `… </s>`).
 
         Example:
             >>> from attn import Bundle, Tokenizer, build_model, preset
@@ -108,10 +104,11 @@ class Bundle:
             >>> config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size)
             >>> framed = Bundle(model=build_model(config), tokenizer=tokenizer, task="translation",
             ...                 model_config=config, path=".", rules=DecodingRules(frame_sources=True))
-            >>> framed.encode_source("ab")[-1] == tokenizer.eos_id, len(framed.encode_source("ab"))
+            >>> (ids,) = framed.encode_sources(["ab"])
+            >>> ids[-1] == tokenizer.eos_id, len(ids)
             (True, 4)
         """
-        return self.tokenizer.encode(text, add_special=self.rules.frame_sources)
+        return self.tokenizer.encode_batch(list(texts), add_special=self.rules.frame_sources)
 
     def generation_config(self, config: GenerationConfig | None = None, **overrides: Any) -> GenerationConfig:
         """`config` (the greedy defaults when None) with `overrides`, under this model's decoding `rules`.
