@@ -40,7 +40,9 @@ from typing import Any
 import httpx
 import torch
 
-from attn.app.inference import classify, continue_texts, embed, translate
+from attn.app.classification import classify, embed
+from attn.app.continuation import continue_texts
+from attn.app.translation import translate
 from attn.app.runs import load_run_config, train
 from attn.artifacts import load_model
 from attn.data.corpora import read_text

@@ -31,7 +31,7 @@ _PUBLIC = {
     "RunConfig": "attn.training",
     "Tokenizer": "attn.data.tokenizers",
     "build_model": "attn.models",
-    "classify": "attn.app.inference", "embed": "attn.app.inference", "translate": "attn.app.inference",
+    "classify": "attn.app.classification", "embed": "attn.app.classification", "translate": "attn.app.translation",
     "load_run_config": "attn.app.runs", "train": "attn.app.runs",
 }
 

@@ -39,5 +39,6 @@ def tiny_bundles(max_positions: int = 64) -> dict[str, Bundle]:
         torch.manual_seed(seed)
         config = preset(preset_name).replace(vocab_size=vocab, dropout=0.0, max_positions=max_positions, **extra)
         special = {"label_names": LABELS if task == "classification" else [], **special}
-        bundles[name] = Bundle(build_model(config).eval(), tokenizer, task, config, Path(name), **special)
+        bundles[name] = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task=task, model_config=config,
+                               path=Path(name), **special)
     return bundles

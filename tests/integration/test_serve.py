@@ -13,7 +13,10 @@ import torch
 from fastapi.testclient import TestClient
 from serve_models import PAIR_LABELS, TEXTS, tiny_bundles
 
-from attn.app.inference import attention_of, classify, continue_texts, embed, prompt_ids, translate
+from attn.app.attention_views import attention_of
+from attn.app.classification import classify, embed
+from attn.app.continuation import continue_texts, prompt_ids
+from attn.app.translation import translate
 from attn.app.serve import ServedModel, create_app
 from attn.app.serve.routes import PAGE
 from attn.app.serve.work import classify_task
@@ -72,14 +75,14 @@ def test_translate_gives_what_the_library_translates(client: TestClient, bundles
 
 def test_translate_alignment_is_the_last_layer_cross_attention(client: TestClient, bundles: dict[str, Bundle]) -> None:
     text = TEXTS[2][:30]  # its translation stays within the positions, as attention_of's below
-    found = client.post("/v1/translate", json={"model": "translator", "input": text, "beam_size": 1,
+    found = client.post("/v1/translate", json={"model": "translator", "input": text,
                                                "alignment": True}).json()["translations"][0]
     aligned = found["alignment"]
     weights = torch.tensor(aligned["weights"])
     assert weights.shape == (len(aligned["target_tokens"]), len(aligned["source_tokens"]))
     assert aligned["source_tokens"] == list(text)
     torch.testing.assert_close(weights.sum(1), torch.ones(len(weights)), atol=ATOL, rtol=ATOL)
-    # `attention_of` draws the same map over the greedy translation: its rows are the decoder's inputs
+    # `attention_of` draws the same map over the same translation: its rows are the decoder's inputs
     # (start token, then the output), so row i is the query that chose output token i.
     view = attention_of(bundles["translator"], text, "cross", -1, None)
     torch.testing.assert_close(weights, view.weights[: len(weights)], atol=ATOL, rtol=ATOL)
@@ -283,12 +286,12 @@ def test_attention_of_every_layer_and_head_or_one(client: TestClient, bundles: d
     torch.testing.assert_close(weights[1].mean(0), mean, atol=ATOL, rtol=ATOL)
 
 
-def test_cross_attention_of_a_translator_is_over_its_greedy_translation(client: TestClient,
-                                                                        bundles: dict[str, Bundle]) -> None:
+def test_cross_attention_of_a_translator_is_over_its_translation(client: TestClient,
+                                                                 bundles: dict[str, Bundle]) -> None:
     text = TEXTS[0][:10]  # source + 50 tokens stay within the positions: the paper's limit applies
     found = client.post("/v1/attention", json={"model": "translator", "text": text, "kind": "cross",
                                                "layer": -1}).json()
-    assert found["target"] == translate(bundles["translator"], [text], GenerationConfig())[0]
+    assert found["target"] == translate(bundles["translator"], [text])[0]  # as /v1/translate by default
     assert found["keys"] == list(text)
     assert len(found["weights"]) == 1 and len(found["weights"][0]) == bundles["translator"].model_config.heads
     assert len(found["weights"][0][0]) == len(found["queries"])

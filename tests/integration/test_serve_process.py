@@ -22,7 +22,7 @@ import pytest
 import torch
 from serve_models import TEXTS, tiny_bundles
 
-from attn.app.inference import embed
+from attn.app.classification import embed
 from attn.app.serve import ServeOptions, listen
 from attn.app.serve import app as serve_app
 from attn.errors import ConfigError

@@ -21,8 +21,9 @@ import sentencepiece
 import torch
 from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
+from attn.app.attention_views import attention_layers
 from attn.app.cli import main
-from attn.app.inference import translate, translate_n_best
+from attn.app.translation import translate, translate_hypotheses, translate_n_best
 from attn.artifacts import load_model
 from attn.artifacts.pretrained import load_pretrained
 from attn.artifacts.pretrained.decoding import DecodingRules
@@ -197,6 +198,30 @@ def test_converted_checkpoint_keeps_tokenizer_and_rules(opus_mt, reference, tmp_
     exported = tmp_path / "exported"
     assert main(["convert", "--to", "marian", str(checkpoint), str(exported)]) == 0
     assert MarianTokenizer.from_pretrained(exported)(TEXTS)["input_ids"] == reference[0](TEXTS)["input_ids"]
+
+
+def test_attention_is_drawn_over_the_source_and_translation_that_translate_gives(opus_mt, reference, capsys,
+                                                                                  monkeypatch, tmp_path):
+    """`attn attention --kind cross` reads the source as `translate` does (Marian's `</s>` at its end) and its
+    queries are the decoder's inputs of the translation `attn translate` prints (pad ban, forced EOS); so
+    does the server's `attention_layers`."""
+    text = SOURCES[1]
+    assert main(["translate", "--model", str(opus_mt), "--device", "cpu", text]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    loaded = load_model(opus_mt, "cpu")
+    (best, *_), = translate_hypotheses(loaded, [text], GenerationConfig.paper())
+    assert printed == [loaded.tokenizer.decode(best.tokens)] and printed[0]
+    drawn = []
+    monkeypatch.setattr("attn.app.cli.plot_attention", lambda *view: drawn.append(view) or Path(view[-1]))
+    assert main(["attention", "--model", str(opus_mt), "--device", "cpu", "--kind", "cross", "-o",
+                 str(tmp_path / "map.png"), text]) == 0
+    (weights, queries, keys, _, _), = drawn
+    pieces = [loaded.tokenizer.id_to_token(i) for i in reference[0](text)["input_ids"]]
+    assert pieces[-1] == "</s>" and keys == pieces
+    assert queries == [loaded.tokenizer.id_to_token(i) for i in [loaded.start_id, *best.tokens]]
+    assert tuple(weights.shape) == (len(best.tokens) + 1, len(pieces))
+    layers = attention_layers(loaded, text, "cross")
+    assert (layers.keys, layers.queries, layers.target) == (keys, queries, printed[0])
 
 
 # Where the rules come from: generation_config.json when there is one (opus-mt's), else config.json.

@@ -21,6 +21,7 @@ from attn.decoding import (
     start_decoder,
     stream,
 )
+from attn.decoding.generation import StopStrings
 from attn.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder, build_model
 
@@ -107,6 +108,21 @@ def test_a_stop_string_with_tokens_that_render_nothing_inside_is_found(lm):
     decode = lambda ids: "".join({69: "f", 42: "c"}.get(i, "") for i in ids)  # noqa: E731 - 92 renders nothing
     config = GenerationConfig(max_new_tokens=24, stop=("fc",))  # "f" at step 8, six silent tokens, "c" at 15
     assert generate(lm, [PROMPTS[1]], config, decode=decode)[0] == free[:16]
+
+
+@pytest.mark.parametrize(("text", "index", "cut", "ready"), [
+    ("say END now", 4, "say ", ("say ", True)),
+    ("x END y", 2, "x ", ("x ", True)),  # "END" and "D y" both occur: the one that starts first wins
+    ("say EN", None, "say EN", ("say ", False)),  # "EN" may start "END": held back
+    ("say E", None, "say E", ("say ", False)),
+    ("say D ", None, "say D ", ("say ", False)),  # "D " may start "D y"
+    ("no stop", None, "no stop", ("no stop", False)),
+    ("", None, "", ("", False)),
+])
+def test_stop_strings_find_cut_and_hold_back_text(text, index, cut, ready):
+    stops = StopStrings(("END", "D y"), lambda ids: "")
+    assert (stops.index(text), stops.cut(text), stops.ready(text)) == (index, cut, ready)
+    assert StopStrings((), lambda ids: "").ready(text) == (text, False)  # no stop strings: all of it, always
 
 
 def test_stream_yields_the_tokens_of_generate_lazily(lm):

@@ -1,12 +1,13 @@
-"""Batched inference through `attn.app.inference`: translation, classification and embeddings of texts of
-mixed lengths, each equal to the text alone, in input order."""
+"""Batched inference through `attn.app.translation` and `attn.app.classification`: translation,
+classification and embeddings of texts of mixed lengths, each equal to the text alone, in input order."""
 
 from pathlib import Path
 
 import torch
 
 from attn.app.embeddings import CPU_BATCH_TOKENS, encoder_batches
-from attn.app.inference import class_probabilities, embed, translate
+from attn.app.classification import class_probabilities, embed
+from attn.app.translation import translate
 from attn.artifacts import Bundle
 from attn.config import preset
 from attn.data.tokenizers import Tokenizer
@@ -22,7 +23,8 @@ def test_length_sorted_batches_give_each_text_its_own_translation_in_input_order
     torch.manual_seed(0)
     config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0)
     model = build_model(config).eval()
-    loaded = Bundle(model, tokenizer, "translation", config, Path("."), start_id=2, eos_id=3, pad_id=0)
+    loaded = Bundle(model=model, tokenizer=tokenizer, task="translation", model_config=config, path=Path("."),
+                    start_id=2, eos_id=3, pad_id=0)
     decoding = GenerationConfig(beam_size=2, max_new_tokens=12)
     alone = [translate(loaded, [text], decoding)[0] for text in TEXTS]
     assert translate(loaded, TEXTS, decoding, batch_size=2) == alone
@@ -33,7 +35,8 @@ def _encoder(task: str, **extra: int) -> Bundle:
     tokenizer = Tokenizer.train_chars(TEXTS)
     torch.manual_seed(1)
     config = preset("bert-base-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0, **extra)
-    return Bundle(build_model(config).eval(), tokenizer, task, config, Path("."), pad_id=tokenizer.pad_id or 0)
+    return Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task=task, model_config=config, path=Path("."),
+                  pad_id=tokenizer.pad_id or 0)
 
 
 def test_classification_and_embeddings_of_mixed_lengths_are_each_texts_alone_in_input_order():

@@ -1,4 +1,4 @@
-"""Streamed text (`attn.app.inference.generate_stream`): whole characters, stop strings never half shown."""
+"""Streamed text (`attn.app.continuation.generate_stream`): whole characters, stop strings never half shown."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.app.inference import _text_pieces, generate_stream
+from attn.app.continuation import CompletionText, continue_texts, generate_stream, text_pieces
 from attn.artifacts import Bundle
 from attn.config import preset
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig, generate
+from attn.decoding.generation import StopStrings
 from attn.models import build_model
 
 # Accents (2 bytes), CJK (3 bytes), emoji (4 bytes, and a ZWJ sequence), mixed with ASCII.
@@ -50,7 +51,7 @@ def one_token_per_byte(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def streamed(ids: list[int], tokenizer: Tokenizer, stop: tuple[str, ...] = ()) -> list[str]:
-    return list(_text_pieces(iter(ids), tokenizer.decode, stop))
+    return list(text_pieces(iter(ids), tokenizer.decode, stop))
 
 
 @pytest.mark.parametrize("kind", ["byte-bpe", "gpt2"])
@@ -102,7 +103,7 @@ def test_each_step_decodes_a_few_tokens_only(byte_level: dict[str, Tokenizer]) -
         lengths.append(len(window))
         return tokenizer.decode(window)
 
-    assert "".join(_text_pieces(iter(ids), decode)) == MULTI_BYTE * 4
+    assert "".join(text_pieces(iter(ids), decode)) == MULTI_BYTE * 4
     assert max(lengths) <= 5 and len(lengths) <= 2 * len(ids) + 1
 
 
@@ -118,10 +119,11 @@ def test_stop_strings_split_over_tokens_are_never_partly_printed(
     byte_level: dict[str, Tokenizer], text: str, stop: tuple[str, ...], shown: str
 ) -> None:
     tokenizer = byte_level["gpt2"]
-    pieces = streamed(one_token_per_byte(tokenizer, text), tokenizer, stop)
+    ids = one_token_per_byte(tokenizer, text)
+    pieces = streamed(ids, tokenizer, stop)
     # Pieces are never taken back, so a stream that adds up to the text before the stop string never
-    # showed a part of it.
-    assert "".join(pieces) == shown
+    # showed a part of it; the text not streamed is cut at the same place.
+    assert "".join(pieces) == shown == StopStrings(stop, tokenizer.decode).cut(tokenizer.decode(ids))
 
 
 def test_a_stop_string_ends_the_stream_without_reading_further_tokens(byte_level: dict[str, Tokenizer]) -> None:
@@ -134,7 +136,7 @@ def test_a_stop_string_ends_the_stream_without_reading_further_tokens(byte_level
             read.append(token)
             yield token
 
-    assert "".join(_text_pieces(tokens(), tokenizer.decode, ("\n\n",))) == "hello"
+    assert "".join(text_pieces(tokens(), tokenizer.decode, ("\n\n",))) == "hello"
     assert len(read) == len(ids)
 
 
@@ -144,10 +146,44 @@ def test_generate_stream_shows_what_the_generated_tokens_decode_to(byte_level: d
     torch.manual_seed(0)
     config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0)
     model = build_model(config).eval()
-    loaded = Bundle(model, tokenizer, "lm", config, Path("."), start_id=2, eos_id=None, pad_id=0)
+    loaded = Bundle(model=model, tokenizer=tokenizer, task="lm", model_config=config, path=Path("."), start_id=2,
+                    eos_id=None, pad_id=0)
     decoding = GenerationConfig(sample=True, seed=3, max_new_tokens=40)
     ids = generate(model, [tokenizer.encode("Café")], decoding)[0]
     assert "".join(generate_stream(loaded, "Café", decoding)) == tokenizer.decode(ids)
+
+
+def _stops_in(text: str) -> dict[str, str]:
+    """Stop strings picked from a continuation's text, by what makes them hard to stream."""
+    late = next(i for i in range(4, len(text) - 3) if text[i] in text[:i] and text.find(text[i : i + 3]) == i)
+    return {
+        "spans several tokens": text[10:14],
+        "its first character comes earlier alone": text[late : late + 3],  # held back there, then shown
+        "only its start comes, at the end": text[-2:] + "\u2603",  # held back to the end, then shown
+    }
+
+
+def test_stop_strings_end_streamed_and_whole_continuations_at_the_same_text() -> None:
+    """`attn generate` streamed (`generate_stream`), the server's tokens (`CompletionText`) and whole
+    continuations (`continue_texts`) show the same text: the free continuation's, cut at the stop string."""
+    tokenizer = Tokenizer.train_chars(CORPUS)
+    torch.manual_seed(0)
+    config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0)
+    loaded = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="lm", model_config=config,
+                    path=Path("."), start_id=tokenizer.bos_id, eos_id=None, pad_id=0)
+    prompt = tokenizer.encode("Café")
+    text = tokenizer.decode(generate(loaded.model, [prompt], GenerationConfig(max_new_tokens=40))[0])
+    assert len(text) == 40 and "\u2603" not in text  # one character per token
+    for why, stop in _stops_in(text).items():
+        decoding = GenerationConfig(max_new_tokens=40, stop=(stop,))
+        expected = text[: text.find(stop)] if stop in text else text
+        tokens = generate(loaded.model, [prompt], decoding, decode=tokenizer.decode)[0]
+        completion = CompletionText(loaded, decoding.stop)
+        pushed = [completion.push(t, torch.zeros(tokenizer.vocab_size), None) for t in tokens[:-1]]
+        pushed.append(completion.push(tokens[-1], torch.zeros(tokenizer.vocab_size), "stop"))
+        assert "".join(generate_stream(loaded, "Café", decoding)) == expected, why
+        assert continue_texts(loaded, ["Café"], decoding)[0][0].text == expected, why
+        assert "".join(token.text for token in pushed) == expected, why
 
 
 class ScriptLM:

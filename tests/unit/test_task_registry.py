@@ -49,7 +49,8 @@ def test_a_task_trains_only_its_architecture():
 def test_a_task_without_evaluation_says_which_tasks_have_one():
     tokenizer = Tokenizer.train_chars(["a b c"])
     config = preset("bert-base-tiny").replace(vocab_size=tokenizer.vocab_size)
-    bundle = Bundle(build_model(config).eval(), tokenizer, "mlm", config, ".", pad_id=tokenizer.pad_id)
+    bundle = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="mlm", model_config=config, path=".",
+                    pad_id=tokenizer.pad_id)
     with pytest.raises(AttnError, match="no evaluation for task 'mlm'; evaluate translation, lm or classification"):
         evaluate(bundle, "unused.txt", EvalOptions())
 
@@ -57,12 +58,13 @@ def test_a_task_without_evaluation_says_which_tasks_have_one():
 def test_the_inference_calls_give_json_ready_records():
     tokenizer = Tokenizer.train_chars(["in the beginning", "en el principio"])
     config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size, max_positions=24)
-    translator = Bundle(build_model(config).eval(), tokenizer, "translation", config, ".", tokenizer.bos_id,
-                        tokenizer.eos_id, tokenizer.pad_id)
+    translator = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="translation", model_config=config,
+                        path=".", start_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     (record,) = get_task("translation").infer(translator, ["in the"])
     assert set(record) == {"translation"} and isinstance(record["translation"], str)
     encoder = preset("bert-base-tiny").replace(vocab_size=tokenizer.vocab_size)
-    embedder = Bundle(build_model(encoder).eval(), tokenizer, "embedding", encoder, ".", pad_id=tokenizer.pad_id)
+    embedder = Bundle(model=build_model(encoder).eval(), tokenizer=tokenizer, task="embedding", model_config=encoder,
+                      path=".", pad_id=tokenizer.pad_id)
     records = get_task("embedding").infer(embedder, ["in the", "en el"])
     assert [len(r["embedding"]) for r in records] == [encoder.d_model] * 2
     assert sum(x * x for x in records[0]["embedding"]) == pytest.approx(1.0, abs=1e-5)  # L2-normalised

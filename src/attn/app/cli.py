@@ -18,15 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from attn import __version__
-from attn.app.inference import (
-    attention_of,
-    check_samples,
-    classify,
-    continue_texts,
-    embed,
-    generate_stream,
-    translate,
-)
+from attn.app.attention_views import attention_of
+from attn.app.classification import classify, embed
+from attn.app.continuation import check_samples, continue_texts, generate_stream
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
 from attn.app.runs import (
@@ -40,6 +34,7 @@ from attn.app.runs import (
 )
 from attn.app.serve import ServeOptions, listen, load_served_models, run_server
 from attn.app.tasks import EvalOptions, evaluate, task_names
+from attn.app.translation import translate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names

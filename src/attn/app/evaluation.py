@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from attn.app.inference import class_probabilities, translate
+from attn.app.classification import class_probabilities
+from attn.app.translation import translate
 from attn.app.metrics import (
     accuracy,
     bleu,

@@ -1,5 +1,5 @@
 """Figures drawn from data they are given: a run's curves from its `metrics.jsonl`, an attention map from
-its weights and tokens (`attn.app.inference.attention_of`). Nothing here loads a model (matplotlib is
+its weights and tokens (`attn.app.attention_views.attention_of`). Nothing here loads a model (matplotlib is
 imported when needed)."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from attn.app.guard import (
     translation_check,
     verdict,
 )
-from attn.app.inference import generate_stream
+from attn.app.continuation import generate_stream
 from attn.app.report import write_report
 from attn.app.runs import load_run_config, train
 from attn.app.tasks import get_task

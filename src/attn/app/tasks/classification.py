@@ -15,7 +15,7 @@ from typing import Any
 
 from attn.app.evaluation import evaluate_classifier
 from attn.app.guard import BaselineCheck, classification_check, naive_bayes_scores
-from attn.app.inference import classify
+from attn.app.classification import classify
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture

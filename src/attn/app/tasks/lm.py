@@ -14,7 +14,7 @@ from typing import Any
 
 from attn.app.evaluation import evaluate_lm
 from attn.app.guard import BaselineCheck, lm_check
-from attn.app.inference import continue_texts
+from attn.app.continuation import continue_texts
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture

@@ -59,7 +59,7 @@ class TaskSpec:
         evaluator: the metric of `attn evaluate` on a data file (`attn.app.evaluation`), or None.
         baseline: the check of a finished run's validation score against the task's trivial
             baseline (`attn.app.guard`), or None.
-        infer: the inference call (`attn.app.inference`): texts -> JSON-ready results, or None.
+        infer: the inference call (`attn.app.translation`, `continuation`, `classification`): texts -> JSON-ready results, or None.
     """
 
     name: str

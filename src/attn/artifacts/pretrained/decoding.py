@@ -4,8 +4,8 @@
 ends every source with `</s>`, its decoder starts from the pad id, opus-mt's generation settings
 ban the pad token (`bad_words_ids: [[pad]]`) and force `</s>` as the last token allowed
 (`forced_eos_token_id`). Each family declares how its directory states them (`Family.decoding`);
-`attn.app.inference` applies them to every translation, and an imported checkpoint keeps them in
-its task.json.
+`Bundle.encode_sources` and `Bundle.generation_config` apply them to every translation, and an
+imported checkpoint keeps them in its task.json.
 """
 
 from __future__ import annotations

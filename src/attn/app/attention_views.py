@@ -1,0 +1,167 @@
+"""Attention weights of a model on a text, ready to draw or to send: what `attn attention`, the
+server's `/v1/attention`, its translations' alignments and its completions' token attention show.
+
+An encoder-decoder's maps read the source as `translate` does (`translation.source_ids`), and its
+decoder side is the translation `translate` gives by default (the paper's beam search under the
+model's decoding rules), so a map is drawn for the text and the translation a user sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attn.app.inputs import expect_model
+from attn.app.translation import source_ids, translation_ids
+from attn.artifacts import Bundle
+from attn.decoding.attention_maps import attention_maps, layer_count
+from attn.errors import AttnError
+from attn.models import EncoderDecoder
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionView:
+    """One layer's attention on a text, ready to draw or to send.
+
+    Attributes:
+        weights: (queries, keys) float, one head's weights or the mean over heads.
+        queries: the attending tokens (rows), as text pieces.
+        keys: the attended tokens (columns).
+        title: what is shown, e.g. "cross attention, layer -1, mean over heads".
+    """
+
+    weights: Tensor
+    queries: list[str]
+    keys: list[str]
+    title: str
+
+
+def attention_of(bundle: Bundle, text: str, kind: str, layer: int, head: int | None) -> AttentionView:
+    """Runs the model on `text` and returns one layer's attention (one head, or the mean over heads).
+
+    For an encoder-decoder, "cross" and "decoder" attention are taken over the translation of
+    `text` that `translate` gives by default: cross-attention then shows the alignment between
+    source and output.
+
+    Raises:
+        AttnError: no such layer, head or kind of attention in this model.
+    """
+    tokens = _attention_tokens(bundle, text, kind)
+    weights = attention_maps(bundle.model, tokens.source, layer, kind, tokens.target)  # (h, Tq, Tk)
+    chosen = _one_head(weights, head)
+    which = "mean over heads" if head is None else f"head {head}"
+    return AttentionView(chosen, tokens.queries, tokens.keys, f"{kind} attention, layer {layer}, {which}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionLayers:
+    """Several layers' and heads' attention on a text.
+
+    Attributes:
+        weights: (layers, heads, queries, keys) float.
+        queries: the attending tokens, as text pieces.
+        keys: the attended tokens.
+        target: an encoder-decoder's translation of the text (as `translate` gives it), whose tokens
+            (after the start token) are the queries of "decoder" and "cross" attention; None otherwise.
+        layers: the layers of this kind the model has (all of them, whichever were chosen).
+        heads: the heads per layer the model has.
+    """
+
+    weights: Tensor
+    queries: list[str]
+    keys: list[str]
+    target: str | None
+    layers: int
+    heads: int
+
+
+def attention_layers(bundle: Bundle, text: str, kind: str, layer: int | None = None,
+                     head: int | None = None) -> AttentionLayers:
+    """Attention of every layer (or one) and every head (or one) of `kind` on `text`.
+
+    "self" is the only self-attention of an encoder-only or decoder-only model. For an
+    encoder-decoder, "decoder" and "cross" attention are taken over its translation (as
+    `attention_of`).
+
+    Raises:
+        AttnError: no such layer, head or kind of attention in this model.
+    """
+    tokens = _attention_tokens(bundle, text, kind)
+    count = layer_count(bundle.model, kind)
+    chosen = range(count) if layer is None else [layer]
+    weights = torch.stack([attention_maps(bundle.model, tokens.source, i, kind, tokens.target) for i in chosen])
+    heads = weights.size(1)
+    if head is not None:
+        weights = weights[:, _checked_head(head, heads)][:, None]
+    target = None if tokens.output is None else bundle.tokenizer.decode(tokens.output)
+    return AttentionLayers(weights, tokens.queries, tokens.keys, target, count, heads)
+
+
+def alignment(loaded: Bundle, source: Sequence[int], output: Sequence[int]) -> Tensor:
+    """(len(output), len(source)) cross-attention of the last decoder layer, mean over heads.
+
+    Row i is how the decoder attended over the source ids when it chose output token i (its query
+    is at decoder position i, whose input is the start token, then the output before token i).
+    """
+    expect_model(loaded, EncoderDecoder, "alignment")
+    weights = attention_maps(loaded.model, source, -1, "cross", [loaded.start_id, *output[:-1]])  # (h, T, S)
+    return weights.mean(0)[: len(output)]  # no rows for an empty output
+
+
+def next_token_attention(bundle: Bundle, ids: Sequence[int], layer: int, head: int | None) -> Tensor:
+    """(T,) how the last position of `ids` attends over all of them in a decoder-only model: the
+    attention with which the model chose the token that follows `ids` (one head, or the mean over heads)."""
+    weights = attention_maps(bundle.model, ids, layer, "self")  # (h, T, T)
+    return _one_head(weights[:, -1:], head)[0]
+
+
+def attention_source(bundle: Bundle, text: str) -> list[int]:
+    """The ids of `text` that a map's encoder (or a one-stack model) reads: an encoder-decoder's
+    source as `translate` reads it, else the tokenizer's ids without a frame."""
+    if isinstance(bundle.model, EncoderDecoder):
+        return source_ids(bundle, [text])[0]
+    return bundle.tokenizer.encode(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AttentionTokens:
+    source: list[int]
+    target: list[int] | None  # the decoder's inputs: the start token, then the output
+    output: list[int] | None
+    queries: list[str]
+    keys: list[str]
+
+
+def _attention_tokens(bundle: Bundle, text: str, kind: str) -> _AttentionTokens:
+    """The ids a map of `kind` is computed on (an encoder-decoder's decoder side is its translation,
+    after the start token) and the pieces of its queries and keys."""
+    source = attention_source(bundle, text)
+    target = output = None
+    if isinstance(bundle.model, EncoderDecoder) and kind != "encoder":
+        (output,) = translation_ids(bundle, [source])
+        # An output that ran to the decoder's last position leaves no position for its last token as an input.
+        target = [bundle.start_id, *output][: bundle.model.max_positions]
+    pieces = token_pieces(bundle, source)
+    target_pieces = token_pieces(bundle, target) if target else pieces
+    queries, keys = {"cross": (target_pieces, pieces), "decoder": (target_pieces, target_pieces)}.get(
+        kind, (pieces, pieces))
+    return _AttentionTokens(source, target, output, queries, keys)
+
+
+def token_pieces(bundle: Bundle, ids: Sequence[int]) -> list[str]:
+    """The vocabulary entry of each id (e.g. "Ġthe", "##ing"), or the id itself when it has none."""
+    return [bundle.tokenizer.id_to_token(i) or str(i) for i in ids]
+
+
+def _checked_head(head: int, heads: int) -> int:
+    if not 0 <= head < heads:
+        raise AttnError(f"head {head} does not exist: the model has heads 0..{heads - 1}")
+    return head
+
+
+def _one_head(weights: Tensor, head: int | None) -> Tensor:
+    """(h, Tq, Tk) -> (Tq, Tk): one head, or the mean over heads."""
+    return weights.mean(0) if head is None else weights[_checked_head(head, weights.size(0))]

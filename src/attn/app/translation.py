@@ -1,0 +1,95 @@
+"""Translating text with an encoder-decoder: what `attn translate` and the server's `/v1/translate` call.
+
+Every translation reads its sources through `Bundle.encode_sources` and decodes under
+`Bundle.generation_config`, so the model's decoding rules (an imported Marian model's `</s>` on
+the source, its pad ban and forced EOS) apply to all of them, attention maps included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+
+from attn.app.inputs import checked_texts, expect_model
+from attn.artifacts import Bundle
+from attn.decoding import GenerationConfig, generate_seq2seq
+from attn.decoding.beam_search import Hypothesis, beam_search_seq2seq
+from attn.models import EncoderDecoder
+
+Result = TypeVar("Result")
+
+
+def translate(loaded: Bundle, texts: Sequence[str], config: GenerationConfig | None = None,
+              batch_size: int = 32) -> list[str]:
+    """Translates each text with the encoder-decoder (the paper's beam 4, alpha 0.6 by default).
+
+    Texts are decoded in batches of similar source length (a batch runs until its longest
+    translation ends), and returned in their input order. The model's `loaded.rules` apply on top
+    of `config`, so an imported Marian model translates as `transformers`' `generate` does.
+
+    Example (an untrained model, so the words are random; a trained one is loaded with `load_model`):
+        >>> import torch
+        >>> from attn import Bundle, GenerationConfig, Tokenizer, build_model, preset, translate
+        >>> tokenizer = Tokenizer.train_chars(["in the beginning", "en el principio"])
+        >>> config = preset("paper-base-tiny").replace(vocab_size=tokenizer.vocab_size)
+        >>> _ = torch.manual_seed(0)
+        >>> bundle = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="translation",
+        ...                 model_config=config, path=".", start_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+        ...                 pad_id=tokenizer.pad_id)
+        >>> outputs = translate(bundle, ["in the beginning"], GenerationConfig(max_new_tokens=5))
+        >>> len(outputs), len(outputs[0]) <= 5
+        (1, True)
+    """
+    return loaded.tokenizer.decode_batch(translation_ids(loaded, source_ids(loaded, texts), config, batch_size))
+
+
+def translation_ids(loaded: Bundle, sources: list[list[int]], config: GenerationConfig | None = None,
+                    batch_size: int = 32) -> list[list[int]]:
+    """The output ids (no start token, no EOS) that `translate` decodes for these source ids, batched as it does."""
+    expect_model(loaded, EncoderDecoder, "translation")
+    config = loaded.generation_config(config or GenerationConfig.paper())
+    return _in_length_order(sources, batch_size, lambda chunk: generate_seq2seq(
+        loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config))
+
+
+def translate_n_best(loaded: Bundle, text: str, config: GenerationConfig) -> list[tuple[str, float]]:
+    """The n best translations of one text with their scores (under `loaded.rules`, as `translate`)."""
+    (hypotheses,) = translate_hypotheses(loaded, [text], config)
+    return [(loaded.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
+
+
+def translate_hypotheses(loaded: Bundle, texts: Sequence[str], config: GenerationConfig,
+                         batch_size: int = 32) -> list[list[Hypothesis]]:
+    """The `config.n_best` best beam-search translations of each text (any beam size, 1 too), best first.
+
+    Batched as `translate`, under `loaded.rules`; the tokens of each hypothesis hold no start token and no EOS.
+    """
+    config = loaded.generation_config(config)
+    return _in_length_order(source_ids(loaded, texts), batch_size, lambda chunk: beam_search_seq2seq(
+        loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config))
+
+
+def source_ids(loaded: Bundle, texts: Sequence[str]) -> list[list[int]]:
+    """The source ids of each text (without its surrounding white space) that `translate` feeds the encoder.
+
+    Raises:
+        AttnError: the model is not an encoder-decoder.
+        GenerationError: no texts, or a blank one.
+    """
+    expect_model(loaded, EncoderDecoder, "translation")
+    return loaded.encode_sources(checked_texts(texts))
+
+
+def _in_length_order(sources: list[list[int]], batch_size: int,
+                     run: Callable[[list[list[int]]], list[Result]]) -> list[Result]:
+    """`run` on batches of similar source length; its results come back in the input order."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs: list[Result] = [None] * len(sources)  # type: ignore[list-item]
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            for i, result in zip(chunk, run([sources[i] for i in chunk]), strict=True):
+                outputs[i] = result
+    return outputs
