@@ -7,7 +7,7 @@ and the fp32 matmul peak of the same thread (case 7's 4096 x 4096 `torch.mm`, be
 FLOPs / wall / peak; the bound = FLOPs / matmul time / peak, the MFU of a step that were its matmuls
 alone (generous: SDPA's own GEMMs are left out of the matmul time while their FLOPs are counted).
 
-    PYTHONPATH=src:. python benchmarks/results/issue22-bounds/mfu-bound.py [recipes] [steps]
+    PYTHONPATH=src:. python benchmarks/probes/mfu-bound.py [recipes] [steps]
 """
 
 from __future__ import annotations
