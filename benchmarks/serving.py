@@ -43,8 +43,8 @@ import torch
 from attn.app.inference import classify, continue_texts, embed, translate
 from attn.app.runs import load_run_config, train
 from attn.artifacts import load_model
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
+from attn.data.text import read_text
 from attn.decoding import GenerationConfig
 from attn.shipped import folder
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit

@@ -32,8 +32,8 @@ from attn.attention import (
     scaled_dot_product_attention,
 )
 from attn.blocks import self_attention_inputs
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
+from attn.data.text import read_text
 from attn.data.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
 from attn.masks import (
     CAUSAL,

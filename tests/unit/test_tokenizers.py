@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from reference_imports import require
 
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
+from attn.data.text import read_text
 from attn.data.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
 from attn.errors import CheckpointError, ConfigError
 

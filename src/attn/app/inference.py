@@ -16,7 +16,8 @@ from torch import Tensor
 
 from attn.app.embeddings import embed_texts, encoder_batches
 from attn.artifacts import Bundle
-from attn.data.corpora import classifier_inputs, pad_batch
+from attn.data.collate import pad_batch
+from attn.data.framing import classifier_inputs
 from attn.decoding import PAPER_EXTRA_LENGTH, Decode, GenerationConfig, generate, generate_seq2seq, stream
 from attn.decoding.attention_maps import attention_maps, layer_count
 from attn.decoding.beam_search import Hypothesis, beam_search, beam_search_seq2seq

@@ -47,8 +47,8 @@ same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byt
 the post-processor of the file for `file`; the model's bos and eos
 for `sentencepiece`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
 
-A tokenizer never pads or truncates: batching pads (`attn.data.corpora.collate_*`) and
-`attn.data.corpora.filter_long` bounds lengths.
+A tokenizer never pads or truncates: batching pads (`attn.data.collate`) and
+`attn.data.collate.filter_long` bounds lengths.
 """
 
 from __future__ import annotations

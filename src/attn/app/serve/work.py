@@ -30,7 +30,7 @@ from attn.app.inference import (
 )
 from attn.app.serve.engine import Batch, Rows
 from attn.app.serve.registry import ServedModel
-from attn.data.corpora import classifier_inputs
+from attn.data.framing import classifier_inputs
 from attn.decoding import GenerationConfig, RowToken
 
 
