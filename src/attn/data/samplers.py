@@ -46,8 +46,8 @@ class TokenBudgetSampler:
     into batches whose padded size `n_sentences * longest` stays within `max_tokens` on both
     sides and whose size stays within `max_sentences`. The batches are formed once; each epoch
     visits all of them in an order drawn from (seed, epoch). An example longer than `max_tokens`
-    on its own still forms a batch of one, so nothing is lost silently: run `filter_long` first
-    to bound lengths.
+    on its own still forms a batch of one, so nothing is lost silently: run
+    `attn.data.collate.filter_long` first to bound lengths.
 
     `draw` delivers the batches one at a time and advances the position; `state_dict` records
     (epoch, position) so that training resumes mid-epoch exactly.
@@ -67,7 +67,7 @@ class TokenBudgetSampler:
         Args:
             src_lengths: token count of each example's source, as padded in the batch.
             tgt_lengths: token count of each example's target as padded in the batch: with
-                `collate_translation`, the target's length + 1 (bos or eos).
+                `attn.data.collate.collate_translation`, the target's length + 1 (bos or eos).
             max_tokens: budget per side for `n_sentences * longest` (the paper: ~25,000).
             max_sentences: most examples per batch.
             seed: seeds the order of batches and of equal-length examples.
