@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
+from attn.data.text import read_text
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000

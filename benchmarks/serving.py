@@ -45,8 +45,8 @@ from attn.app.continuation import continue_texts
 from attn.app.translation import translate
 from attn.app.runs import load_run_config, train
 from attn.artifacts import load_model
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
+from attn.data.text import read_text
 from attn.decoding import GenerationConfig
 from attn.shipped import folder
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit

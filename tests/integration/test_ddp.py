@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from attn.data.batches import IndexedBatches
-from attn.data.corpora import TokenBudgetSampler, collate_translation
+from attn.data.collate import collate_translation
+from attn.data.samplers import TokenBudgetSampler
 from attn.training import train
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskData, translation_batch

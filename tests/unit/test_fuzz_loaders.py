@@ -1,7 +1,7 @@
 """Fuzzing every file reader: random bytes and broken copies of real files.
 
 A reader given any bytes either succeeds or raises its documented error: `DataFormatError` for the
-data loaders of `attn.data.corpora` and `attn.data.readers`, `CheckpointError` for checkpoints,
+data loaders of `attn.data.text` and `attn.data.readers`, `CheckpointError` for checkpoints,
 tokenizers and Hugging Face `config.json`, `ConfigError` for TOML run configurations. Anything else (UnicodeDecodeError,
 gzip.BadGzipFile, EOFError, RecursionError, IndexError, ...) would reach the user as a traceback.
 
@@ -21,16 +21,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from attn.app.runs import load_run_config
 from attn.artifacts import load_model
 from attn.artifacts.checkpoint import write_checkpoint
 from attn.artifacts.pretrained.files import family_of, read_hf_config
 from attn.config import preset
-from attn.data.corpora import read_text
 from attn.data.readers import Fields, load_labelled, load_parallel
+from attn.data.text import read_text
 from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError, ConfigError, DataFormatError
 from attn.models import build_model
-from attn.app.runs import load_run_config
 from attn.training.runconfig import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]

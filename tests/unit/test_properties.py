@@ -32,9 +32,10 @@ from attn.attention import (
     scaled_dot_product_attention,
 )
 from attn.blocks import self_attention_inputs
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
-from attn.data.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
+from attn.data.text import read_text
+from attn.data.tokenizer_pipelines import SEQ_SPECIALS, WORDPIECE_SPECIALS
+from attn.data.tokenizers import Tokenizer
 from attn.masks import (
     CAUSAL,
     causal_mask,

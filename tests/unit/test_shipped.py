@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled
+from attn.data.text import read_text
 from attn.errors import DataFormatError
 from attn.shipped import folder, locate
 from attn import load_run_config

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 import torch
 
+from attn.app.runs import load_run_config
 from attn.config import preset
 from attn.data.batches import WindowBatches
-from attn.data.corpora import LMStream, read_text
+from attn.data.lm_stream import LMStream
+from attn.data.text import read_text
 from attn.data.text_files import corpus_files, safe_cut, text_chunks
 from attn.data.token_cache import id_dtype, open_token_cache, token_ids
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.faults import FAULT_ENV
-from attn.app.runs import load_run_config
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskContext, lm_task, translation_task
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from reference_imports import require
 
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
-from attn.data.tokenizers import SEQ_SPECIALS, WORDPIECE_SPECIALS, Tokenizer
+from attn.data.text import read_text
+from attn.data.tokenizer_pipelines import SEQ_SPECIALS, WORDPIECE_SPECIALS
+from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError, ConfigError
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # transformers must never reach for the network here

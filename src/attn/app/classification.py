@@ -11,7 +11,8 @@ from torch import Tensor
 from attn.app.embeddings import embed_texts, encoder_batches
 from attn.app.inputs import checked_texts, expect_model
 from attn.artifacts import Bundle
-from attn.data.corpora import classifier_inputs, pad_batch
+from attn.data.collate import pad_batch
+from attn.data.framing import classifier_inputs
 from attn.errors import AttnError
 from attn.models import Encoder
 

@@ -38,7 +38,7 @@ from attn.app.translation import translate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names
-from attn.data.corpora import decode_text, read_text
+from attn.data.text import decode_text, read_text
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
 from attn.decoding import GenerationConfig

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from attn.data.corpora import length_batches, pad_batch
+from attn.data.collate import pad_batch
+from attn.data.samplers import length_batches
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError
 from attn.models import Encoder

@@ -32,8 +32,8 @@ from attn.app.metrics import (
     stream_nll,
 )
 from attn.artifacts import Bundle
-from attn.data.corpora import read_text
 from attn.data.readers import Fields, load_labelled, load_parallel
+from attn.data.text import read_text
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, ConfigError
 

@@ -43,8 +43,8 @@ from attn.app.report import write_report
 from attn.app.runs import load_run_config, train
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
-from attn.data.corpora import read_text
 from attn.data.readers import load_labelled, load_parallel
+from attn.data.text import read_text
 from attn.decoding import GenerationConfig
 from attn.training import RunResult
 from attn.training.runconfig import RunConfig

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from attn.data.corpora import LMStream, TokenBudgetSampler
+from attn.data.lm_stream import LMStream
+from attn.data.samplers import TokenBudgetSampler
 from attn.errors import ConfigError
 
 
@@ -109,22 +110,13 @@ class IndexedBatches:
         self.make_batch = make_batch
         self.rank = rank
         self.world_size = world_size
-        self._order: tuple[int, list[list[int]]] | None = None
 
     def next_batch(self) -> Batch:
-        epoch, indices = self._draw()
+        epoch, indices = self.sampler.draw()
         share = indices[shard_rows(len(indices), self.rank, self.world_size)]
         if not share:
             return self.make_batch(indices[:1], epoch).stand_in()
         return self.make_batch(share, epoch)
-
-    def _draw(self) -> tuple[int, list[int]]:
-        epoch = self.sampler.epoch
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, self.sampler.epoch_batches(epoch))
-        indices = self._order[1][self.sampler.position]
-        self.sampler.advance()
-        return epoch, indices
 
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()

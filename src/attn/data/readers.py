@@ -10,7 +10,7 @@ Formats (chosen from the file name, `.gz` stripped, unless `Fields.format` names
 | `text` | anything else | a path prefix: field `de` of `corpus/train` is the file `corpus/train.de` (as in fairseq) |
 
 Every file may be gzipped (`x.tsv.gz`, `train.de.gz`) and is read whole through
-`attn.data.corpora.read_text` (which drops a byte-order mark and names the line of a UTF-8
+`attn.data.text.read_text` (which drops a byte-order mark and names the line of a UTF-8
 error); a `\\r` before a line end is dropped, and a line over `max_line_chars` is an error.
 Blank lines (blank in every file, for `text`) are skipped and counted. Any field can be the
 source or the target: the same file read with source `es` and target `en` gives the other
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attn.data.corpora import MAX_LINE_CHARS, read_text
+from attn.data.text import MAX_LINE_CHARS, read_text
 from attn.errors import ConfigError, DataFormatError
 from attn.shipped import locate
 

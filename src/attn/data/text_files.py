@@ -30,8 +30,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from attn.data.corpora import GZIP_ERRORS, decode_text, not_gzip, unreadable
 from attn.data.files import input_files
+from attn.data.text import GZIP_ERRORS, decode_text, not_gzip, unreadable
 from attn.errors import ConfigError, DataFormatError
 
 CHUNK_CHARS = 1 << 16  # characters per piece; tokenizing one holds ~100 bytes per token in Rust

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from attn.data.corpora import iter_lines
 from attn.data.files import input_files, write_directory
 from attn.data.readers import read_table, resolve_format
+from attn.data.text import iter_lines
 from attn.data.tokenizers import META_FILE, Tokenizer
 from attn.errors import ConfigError
 

@@ -22,17 +22,8 @@ encodes to that token's id, which `decode` leaves out by default (tests/unit/tes
   read with the `sentencepiece` package; gives the ids and text of `transformers`' `MarianTokenizer`
   (see `attn.data.marian_tokenizer`). `encode` cuts with the source model, `decode` reads model ids.
 
-Special-token ids of every tokenizer we *train* are fixed:
-
-| role | id | bpe, byte-bpe, unigram, chars | wordpiece |
-| --- | --- | --- | --- |
-| pad | 0 | `<pad>` | `[PAD]` |
-| unk | 1 | `<unk>` | `[UNK]` |
-| bos | 2 | `<s>` | `<s>` |
-| eos | 3 | `</s>` | `</s>` |
-| cls | 4 | `<cls>` | `[CLS]` |
-| sep | 5 | `<sep>` | `[SEP]` |
-| mask | 6 | `<mask>` | `[MASK]` |
+Special-token ids of every tokenizer we *train* are fixed (pad 0, unk 1, bos 2, eos 3, cls 4, sep 5, mask 6;
+the table of their texts is in `attn.data.tokenizer_pipelines`).
 
 `Tokenizer.train(kind, ...)` trains any kind of `TRAINED_KINDS` from a stream of texts; `Tokenizer.load`
 reads a directory written by `save` (`attn tokenizer train` writes one), a Hugging Face
@@ -47,43 +38,38 @@ same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byt
 the post-processor of the file for `file`; the model's bos and eos
 for `sentencepiece`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
 
-A tokenizer never pads or truncates: batching pads (`attn.data.corpora.collate_*`) and
-`attn.data.corpora.filter_long` bounds lengths.
+A tokenizer never pads or truncates: batching pads (`attn.data.collate`) and
+`attn.data.collate.filter_long` bounds lengths.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import tokenizers as hf
-from tokenizers import (
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
 
 from attn.data.files import read_tokenizer_file
 from attn.data.marian_tokenizer import MarianSentencePiece, is_marian_directory
 from attn.data.sentencepiece_tokenizer import SUFFIXES as SENTENCEPIECE_SUFFIXES
 from attn.data.sentencepiece_tokenizer import SentencePieceModel
+from attn.data.tokenizer_pipelines import (
+    bert_pipeline,
+    bpe_pipeline,
+    chars_pipeline,
+    gpt2_pipeline,
+    unigram_pipeline,
+    wordpiece_pipeline,
+)
 from attn.errors import CheckpointError, ConfigError
 
 MARIAN_KIND = "marian-spm"  # its files are SentencePiece models and a vocabulary, not tokenizer.json
 SENTENCEPIECE_KIND = "sentencepiece"  # its file is a SentencePiece model, not tokenizer.json
 TRAINED_KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram", "chars")
 KINDS = (*TRAINED_KINDS, "gpt2", "bert", "file", MARIAN_KIND, SENTENCEPIECE_KIND)
-
-SEQ_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<cls>", "<sep>", "<mask>")
-WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "<s>", "</s>", "[CLS]", "[SEP]", "[MASK]")
 
 ROLE_TOKENS: dict[str, tuple[str, ...]] = {
     "pad": ("<pad>", "[PAD]"),
@@ -94,11 +80,6 @@ ROLE_TOKENS: dict[str, tuple[str, ...]] = {
     "sep": ("<sep>", "[SEP]"),
     "mask": ("<mask>", "[MASK]"),
 }
-
-GPT2_SPECIAL = "<|endoftext|>"
-BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-
-T = TypeVar("T")
 
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "attn_tokenizer.json"
@@ -190,25 +171,9 @@ class Tokenizer:
                 NFC characters (kind `bpe`).
 
         Returns:
-            The trained tokenizer, with the special ids of the module table.
+            The trained tokenizer, with the fixed special ids.
         """
-        alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_level else []
-        _check_vocab_size(vocab_size, minimum_vocab_size("byte-bpe" if byte_level else "bpe"))
-        if byte_level:
-            backend = hf.Tokenizer(models.BPE())
-            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            backend.decoder = decoders.ByteLevel()
-        else:
-            backend = hf.Tokenizer(models.BPE(unk_token="<unk>"))
-            _set_metaspace_pipeline(backend)
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=list(SEQ_SPECIALS),
-            initial_alphabet=alphabet,
-            show_progress=False,
-        )
-        backend.train_from_iterator(_non_empty(texts), trainer)
-        return cls._trained(backend, "byte-bpe" if byte_level else "bpe")
+        return cls(bpe_pipeline(texts, vocab_size, byte_level), "byte-bpe" if byte_level else "bpe")
 
     @classmethod
     def train_unigram(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
@@ -220,32 +185,12 @@ class Tokenizer:
                 of `texts` besides.
 
         Returns:
-            The trained tokenizer (kind `unigram`), with the special ids of the module table.
+            The trained tokenizer (kind `unigram`), with the fixed special ids.
 
         Raises:
             ConfigError: `vocab_size` is below the minimum or cannot hold the characters of `texts`.
         """
-        _check_vocab_size(vocab_size, minimum_vocab_size("unigram"))
-        backend = hf.Tokenizer(models.Unigram())
-        _set_metaspace_pipeline(backend)
-        trainer = trainers.UnigramTrainer(
-            vocab_size=vocab_size, special_tokens=list(SEQ_SPECIALS), unk_token="<unk>", show_progress=False
-        )
-        alphabet: set[str] = set()
-        stream = _noting_alphabet(*_metaspace_parts(), _non_empty(texts), alphabet)
-        try:
-            backend.train_from_iterator(stream, trainer)
-        except Exception as err:  # the Rust trainer's own failures are plain Exceptions
-            if type(err) is not Exception or "not large enough" not in str(err):
-                raise
-        # Below this size the trainer fails, or keeps every character and overshoots vocab_size.
-        smallest = len(alphabet) + len(SEQ_SPECIALS) + 1
-        if vocab_size < smallest:
-            raise ConfigError("vocab_size", f"is {vocab_size}, but a unigram vocabulary holds every one of the "
-                                            f"{len(alphabet)} distinct characters of the training texts besides its "
-                                            f"{len(SEQ_SPECIALS)} special tokens, so it needs at least {smallest}; "
-                                            "raise it")
-        return cls._trained(backend, "unigram")
+        return cls(unigram_pipeline(texts, vocab_size), "unigram")
 
     @classmethod
     def train_wordpiece(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
@@ -257,16 +202,9 @@ class Tokenizer:
             lowercase: lower-case and strip accents first, as uncased BERT does.
 
         Returns:
-            The trained tokenizer (kind `wordpiece`), with the special ids of the module table.
+            The trained tokenizer (kind `wordpiece`), with the fixed special ids.
         """
-        _check_vocab_size(vocab_size, minimum_vocab_size("wordpiece"))
-        backend = hf.Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        _set_bert_pipeline(backend, lowercase)
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False
-        )
-        backend.train_from_iterator(_non_empty(texts), trainer)
-        return cls._trained(backend, "wordpiece")
+        return cls(wordpiece_pipeline(texts, vocab_size, lowercase), "wordpiece")
 
     @classmethod
     def train_chars(cls, texts: Iterable[str]) -> Tokenizer:
@@ -279,29 +217,9 @@ class Tokenizer:
             texts: training texts; any iterable, read once and lazily.
 
         Returns:
-            The tokenizer (kind `chars`), with the special ids of the module table.
+            The tokenizer (kind `chars`), with the fixed special ids.
         """
-        alphabet: set[str] = set()
-        for text in _non_empty(texts):
-            alphabet.update(text)
-        vocab = {token: i for i, token in enumerate([*SEQ_SPECIALS, *sorted(alphabet)])}
-        # A BPE model without merges is a character model, and it encodes faster than a
-        # word-level model behind a one-character split.
-        backend = hf.Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
-        backend.decoder = decoders.Fuse()
-        return cls._trained(backend, "chars")
-
-    @classmethod
-    def _trained(cls, backend: hf.Tokenizer, kind: str) -> Tokenizer:
-        # The trainers already put the special tokens at ids 0-6; the character model has
-        # them in its vocabulary but still has to mark them special.
-        if kind == "wordpiece":
-            backend.add_special_tokens(list(WORDPIECE_SPECIALS))
-            _set_frame(backend, "[CLS]", "[SEP]")
-        else:
-            backend.add_special_tokens(list(SEQ_SPECIALS))
-            _set_frame(backend, "<s>", "</s>")
-        return cls(backend, kind)
+        return cls(chars_pipeline(texts), "chars")
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -319,12 +237,7 @@ class Tokenizer:
         Raises:
             CheckpointError: a file is missing or unreadable.
         """
-        model = read_tokenizer_file(lambda: models.BPE.from_file(str(vocab_json), str(merges_txt)), vocab_json, merges_txt)
-        backend = hf.Tokenizer(model)
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        backend.decoder = decoders.ByteLevel()
-        backend.add_special_tokens([GPT2_SPECIAL])
-        return cls(backend, "gpt2")
+        return cls(gpt2_pipeline(vocab_json, merges_txt), "gpt2")
 
     @classmethod
     def from_bert_vocab(cls, vocab_txt: str | Path, lowercase: bool = True) -> Tokenizer:
@@ -340,12 +253,7 @@ class Tokenizer:
         Raises:
             CheckpointError: the file is missing or unreadable.
         """
-        model = read_tokenizer_file(lambda: models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"), vocab_txt)
-        backend = hf.Tokenizer(model)
-        _set_bert_pipeline(backend, lowercase)
-        backend.add_special_tokens([t for t in BERT_SPECIALS if model.token_to_id(t) is not None])
-        _set_frame(backend, "[CLS]", "[SEP]")
-        return cls(backend, "bert")
+        return cls(bert_pipeline(vocab_txt, lowercase), "bert")
 
     @classmethod
     def from_file(cls, tokenizer_json: str | Path) -> Tokenizer:
@@ -554,65 +462,6 @@ def _find_roles(backend: Backend) -> dict[str, int | None]:
         role: next((specials[name] for name in names if name in specials), None)
         for role, names in ROLE_TOKENS.items()
     }
-
-
-def _set_frame(backend: hf.Tokenizer, first: str, last: str) -> None:
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{first} $A {last}",
-        special_tokens=[(first, backend.token_to_id(first)), (last, backend.token_to_id(last))],
-    )
-
-
-def _metaspace_parts() -> tuple[normalizers.Normalizer, pre_tokenizers.PreTokenizer]:
-    return normalizers.NFC(), pre_tokenizers.Metaspace()
-
-
-def _set_metaspace_pipeline(backend: hf.Tokenizer) -> None:
-    backend.normalizer, backend.pre_tokenizer = _metaspace_parts()
-    backend.decoder = decoders.Metaspace()
-
-
-def _set_bert_pipeline(backend: hf.Tokenizer, lowercase: bool) -> None:
-    backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    backend.decoder = decoders.WordPiece()
-
-
-def _noting_alphabet(
-    normalizer: normalizers.Normalizer, pre_tokenizer: pre_tokenizers.PreTokenizer, texts: Iterable[str],
-    alphabet: set[str],
-) -> Iterator[str]:
-    """`texts`, passed on while `alphabet` collects the characters of their pieces (normalised, split).
-
-    The normaliser and pre-tokenizer must not be those of the tokenizer that reads the stream: that
-    one holds them locked while it trains, and a call to them from the stream would wait forever.
-    """
-    for text in texts:
-        pieces = pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
-        alphabet.update(*(piece for piece, _ in pieces))
-        yield text
-
-
-def _non_empty(texts: Iterable[str]) -> Iterator[str]:
-    """The non-empty texts, as a stream; checks (reading up to the first one) that there is one."""
-    stream = (text for text in texts if text)
-    first = next(stream, None)
-    if first is None:
-        raise ConfigError("texts", "the training texts are empty; pass at least one non-empty text")
-    return itertools.chain([first], stream)
-
-
-def minimum_vocab_size(kind: str) -> int:
-    """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of
-    `byte-bpe`, and one token more (`unigram` also needs one per character of its texts, which
-    `train_unigram` checks once it has read them)."""
-    alphabet = len(pre_tokenizers.ByteLevel.alphabet()) if kind == "byte-bpe" else 0
-    return len(WORDPIECE_SPECIALS if kind == "wordpiece" else SEQ_SPECIALS) + alphabet + 1
-
-
-def _check_vocab_size(vocab_size: int, minimum: int) -> None:
-    if vocab_size < minimum:
-        raise ConfigError("vocab_size", f"is {vocab_size}, must be at least {minimum}; raise it")
 
 
 def _load_json(path: str | Path) -> hf.Tokenizer:

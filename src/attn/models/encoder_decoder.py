@@ -53,7 +53,7 @@ class EncoderDecoder(nn.Module):
     ) -> Tensor:
         """tgt (B, T) decoder input, memory (B, S, d_model) -> logits (B, T, vocab).
 
-        tgt_mask (B, T) bool marks the real tokens. Right padding (what `attn.data.corpora` builds) needs no
+        tgt_mask (B, T) bool marks the real tokens. Right padding (what `attn.data.collate` builds) needs no
         mask: under the causal mask no real token sees a pad, so the fused causal kernel applies.
         Padding anywhere else (left padding) is masked out of attention and the positions count
         real tokens only, so a padded row scores as it would alone.
@@ -110,7 +110,7 @@ class EncoderDecoder(nn.Module):
 def _padded_before_tokens(mask: Tensor | None) -> bool:
     """Whether some row has padding before a real token (the one check that reads the mask on the host).
 
-    A compiled training step skips it: its batches come right-padded from `attn.data.corpora`, and a
+    A compiled training step skips it: its batches come right-padded from `attn.data.collate`, and a
     data-dependent branch would split its graph.
     """
     if mask is None or torch.compiler.is_compiling():

@@ -31,7 +31,8 @@ from typing import Any
 
 from attn.config import ModelConfig, coerce_fields, from_dict, preset
 from attn.data.readers import Fields
-from attn.data.tokenizers import TRAINED_KINDS, minimum_vocab_size
+from attn.data.tokenizer_pipelines import minimum_vocab_size
+from attn.data.tokenizers import TRAINED_KINDS
 from attn.errors import ConfigError
 from attn.shipped import locate
 from attn.training.precision import Precision

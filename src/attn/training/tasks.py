@@ -25,19 +25,19 @@ from attn.data.batches import (
     WindowBatches,
     lm_batch,
 )
-from attn.data.corpora import (
-    LMStream,
+from attn.data.collate import (
     Pair,
-    TokenBudgetSampler,
     TranslationBatch,
-    classifier_inputs,
     collate_classification,
+    collate_translation,
     filter_long,
     pad_batch,
-    read_text,
-    translation_collate,
 )
+from attn.data.framing import classifier_inputs
+from attn.data.lm_stream import LMStream
 from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel, read_table, resolve_format
+from attn.data.samplers import TokenBudgetSampler
+from attn.data.text import read_text
 from attn.data.text_files import corpus_files, text_chunks
 from attn.data.token_cache import token_ids
 from attn.data.tokenizers import ROLE_TOKENS, Tokenizer
@@ -96,11 +96,12 @@ def translation_task(config: RunConfig, model_config: ModelConfig, ctx: TaskCont
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
     limit = length_limit(config, model_config)
     pairs, _ = filter_long(_encode_pairs(tokenizer, corpus.sources, corpus.targets), limit, "drop")
-    collate = translation_collate(pad, bos, eos)
     batch = config.batch
 
     def batches_of(examples: Sequence[Pair]) -> Callable[..., Batch]:
-        return lambda indices, epoch=0: translation_batch(collate([examples[i] for i in indices]))
+        return lambda indices, epoch=0: translation_batch(
+            collate_translation([examples[i] for i in indices], pad, bos, eos)
+        )
 
     sampler = TokenBudgetSampler(
         [len(s) for s, _ in pairs], [len(t) + 1 for _, t in pairs], batch.max_tokens, batch.max_sentences,

@@ -11,7 +11,8 @@ from training_helpers import collate, reversal_pairs
 from attn.app.tasks import get_task
 from attn.config import preset
 from attn.data.batches import IndexedBatches, WindowBatches
-from attn.data.corpora import LMStream, TokenBudgetSampler
+from attn.data.lm_stream import LMStream
+from attn.data.samplers import TokenBudgetSampler
 from attn.errors import ConfigError
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import Masker, TaskContext, special_ids

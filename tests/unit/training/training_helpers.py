@@ -3,7 +3,8 @@
 import random
 
 from attn.data.batches import Batch, IndexedBatches
-from attn.data.corpora import TokenBudgetSampler, collate_translation
+from attn.data.collate import collate_translation
+from attn.data.samplers import TokenBudgetSampler
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskData, translation_batch
 

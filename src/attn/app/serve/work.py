@@ -29,7 +29,7 @@ from attn.app.continuation import CompletionText, GeneratedToken
 from attn.app.serve.engine import Batch, Rows
 from attn.app.serve.registry import ServedModel
 from attn.app.translation import source_ids, translate_hypotheses
-from attn.data.corpora import classifier_inputs
+from attn.data.framing import classifier_inputs
 from attn.decoding import GenerationConfig, RowToken
 
 

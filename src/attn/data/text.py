@@ -1,0 +1,120 @@
+"""Reading UTF-8 text files, whole or line by line, gunzipped when the name ends in `.gz`.
+
+A UTF-8 byte-order mark at the start is dropped, and a defect (invalid UTF-8, a binary file, broken
+gzip) is a `DataFormatError` that names the file, the 1-based line and the fix.
+`attn.data.readers` reads examples out of such files (TSV, CSV, JSON Lines, line-aligned text files).
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from attn.errors import DataFormatError
+from attn.shipped import locate
+
+MAX_LINE_CHARS = 100_000
+
+
+def read_text(path: str | Path) -> str:
+    """Read a whole UTF-8 text file, gunzipping it when its name ends in `.gz`.
+
+    Args:
+        path: the file; a `data/...` path that the working directory lacks names the shipped
+            corpus file (`attn.shipped.locate`).
+
+    Returns:
+        The text, line ends unchanged, without a leading byte-order mark.
+
+    Raises:
+        DataFormatError: the file is missing, not valid gzip, not valid UTF-8 or binary.
+    """
+    found = locate(path)
+    return decode_text(_read_bytes(found), str(found))
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file, gunzipped when its name ends in `.gz`, read one at a time.
+
+    Args:
+        path: the file (a `data/...` path as in `read_text`).
+
+    Yields:
+        Each line with its line end as `\n` (a `\r` before it dropped), without a leading byte-order mark.
+
+    Raises:
+        DataFormatError: the file is missing, not valid gzip, or a line is not valid UTF-8 or binary;
+            names the line.
+    """
+    found = locate(path)
+    try:
+        with gzip.open(found) if found.suffix == ".gz" else open(found, "rb") as file:
+            for number, raw in enumerate(file, 1):
+                text = decode_text(raw, str(found), number)
+                yield text.removesuffix("\r\n") + "\n" if text.endswith("\r\n") else text
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise not_gzip(found, err) from err
+    except OSError as err:
+        raise unreadable(found, err) from err
+
+
+def decode_text(data: bytes, source: str, line: int = 1) -> str:
+    """UTF-8 bytes -> text, without a leading byte-order mark.
+
+    Args:
+        data: the bytes, e.g. of a file or of standard input, or whole lines of a file read piece
+            by piece.
+        source: what they came from, for the message (a path, or "<stdin>").
+        line: the 1-based line `data` starts on, for the message; a byte-order mark is dropped only
+            at line 1 (a file's start).
+
+    Raises:
+        DataFormatError: the bytes are binary (hold a NUL byte) or not valid UTF-8; names the line.
+    """
+    if line == 1:
+        data = data.removeprefix(codecs.BOM_UTF8)
+    # Text never holds a NUL byte; checked first, so that a binary file is called binary rather
+    # than "invalid UTF-8".
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        message = ("contains a NUL byte, so it is binary (or UTF-16) rather than text; give a UTF-8 text file, "
+                   "or re-save the file as UTF-8")
+        raise DataFormatError(source, message, data.count(b"\n", 0, nul) + line)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        where = data.count(b"\n", 0, err.start) + line
+        raise DataFormatError(
+            source, f"invalid UTF-8 (byte 0x{data[err.start]:02x}); re-save the file as UTF-8", where
+        ) from err
+
+
+GZIP_ERRORS = (OSError, EOFError, zlib.error)  # what gunzipping a broken file raises
+
+
+def unreadable(path: Path, err: OSError) -> DataFormatError:
+    """The error for a file that cannot be opened or read."""
+    return DataFormatError(str(path), f"cannot be read ({err.strerror}); check the path")
+
+
+def not_gzip(path: Path, err: Exception) -> DataFormatError:
+    """The error for a `.gz` file that does not gunzip (one of `GZIP_ERRORS`)."""
+    return DataFormatError(
+        str(path), f"is not a valid gzip file ({err}); compress it again with gzip or drop the .gz suffix"
+    )
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise unreadable(path, err) from err
+    if path.suffix != ".gz":
+        return data
+    try:
+        return gzip.decompress(data)
+    except GZIP_ERRORS as err:
+        raise not_gzip(path, err) from err
