@@ -304,9 +304,11 @@ def test_an_input_of_512_tokens_gets_its_attention_map() -> None:
     with TestClient(create_app([ServedModel("long", encoder)])) as client:
         found = client.post("/v1/attention", json={"text": text, "kind": "encoder", "layer": 0, "head": 0}).json()
     weights = torch.tensor(found["weights"])
-    assert weights.shape == (1, 1, 520, 520)
-    rounding = 520 * 0.5e-6  # the route sends weights to 6 decimals
-    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 1, 520), atol=rounding, rtol=0)
+    assert weights.shape == (1, 1, 522, 522)  # the text in the frame classify reads it in
+    framed = [encoder.tokenizer.id_to_token(i) for i in encoder.tokenizer.encode(text, add_special=True)]
+    assert found["keys"] == framed and framed[1:-1] == list(text)
+    rounding = 522 * 0.5e-6  # the route sends weights to 6 decimals
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 1, 522), atol=rounding, rtol=0)
 
 
 def test_the_model_may_be_left_out_when_only_one_is_served(bundles: dict[str, Bundle]) -> None:

@@ -17,9 +17,10 @@ from torch import Tensor
 from attn.app.inputs import expect_model
 from attn.app.translation import source_ids, translation_ids
 from attn.artifacts import Bundle
+from attn.data.framing import classifier_inputs
 from attn.decoding.attention_maps import attention_maps, layer_count
 from attn.errors import AttnError
-from attn.models import EncoderDecoder
+from attn.models import Encoder, EncoderDecoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +120,13 @@ def next_token_attention(bundle: Bundle, ids: Sequence[int], layer: int, head: i
 
 
 def attention_source(bundle: Bundle, text: str) -> list[int]:
-    """The ids of `text` that a map's encoder (or a one-stack model) reads: an encoder-decoder's
-    source as `translate` reads it, else the tokenizer's ids without a frame."""
+    """The ids of `text` that a map's encoder (or a one-stack model) reads as the model's own calls read
+    them: an encoder-decoder's source as `translate` reads it, an encoder's input as `classify` and
+    `embed` frame it (`[CLS] … [SEP]`), a decoder-only model's prompt without a frame."""
     if isinstance(bundle.model, EncoderDecoder):
         return source_ids(bundle, [text])[0]
+    if isinstance(bundle.model, Encoder):
+        return classifier_inputs(bundle.tokenizer, [text], None, bundle.model.stack.max_positions)[0][0]
     return bundle.tokenizer.encode(text)
 
 
