@@ -244,7 +244,7 @@ class CaseResult:
     """Everything one case measured.
 
     Attributes:
-        number: the case number of issue 9 (1-7).
+        number: the case number (1-7).
         title: a one-line description.
         ratio_means: how to read the ratio column, e.g. "> 1: attn is faster".
         rows: the figures.

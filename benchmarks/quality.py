@@ -10,7 +10,7 @@ median of the runs of each recipe and, where there are several, their range.
     python -m benchmarks.quality table            # rewrites README's table between its markers
 
 `record` takes the JSON that `attn evaluate --json` prints; `record-quickstart` the quickstart's
-`results.json`. A file whose figure was copied from an earlier session's log, with no metrics
+`results.json`. A file whose figure was copied from a training log, with no metrics
 file kept, says so in "transcribed_from" and is marked in the table.
 """
 
@@ -48,12 +48,12 @@ class Recipe:
 
 RECIPES = {
     "quickstart-translation": Recipe("translation, quickstart (d_model 128, 3+3)", "7 min", "test sacreBLEU / chrF, beam 4",
-                                     ("bleu", "chrf"), "≥ 13 BLEU (issue 17)", "HF Marian: ≈ 1 BLEU after 10 min, ≈ 7 after 15"),
+                                     ("bleu", "chrf"), "≥ 13 BLEU", "HF Marian: ≈ 1 BLEU after 10 min, ≈ 7 after 15"),
     "quickstart-lm": Recipe("Shakespeare char LM, quickstart", "2.5 min", "test nats/char, 128-char windows",
-                            ("nats_per_char",), "≤ 2.15 (issue 17)", "—"),
+                            ("nats_per_char",), "≤ 2.15", "—"),
     "quickstart-classification": Recipe("fortunes topics, quickstart (MiniLM fine-tune)", "2.5 min",
                                         "test accuracy / macro-F1 (%)", ("accuracy", "macro_f1"),
-                                        "≥ 80 / 75 (issue 17)", "naive Bayes 60.9 / 52.7 (no training)"),
+                                        "≥ 80 / 75", "naive Bayes 60.9 / 52.7 (no training)"),
     "translation-1h": Recipe("translation, `configs/translation-cpu-1h.toml`", "60 min", "test sacreBLEU / chrF, beam 4",
                              ("bleu", "chrf"), "≥ 26 / 50", "HF Marian: 21.6 / 44.9 after 35 min"),
     "translation-paper-base-gpu": Recipe("translation, paper-base on one H200 (`configs/translation-paper-base-gpu.toml`)",
@@ -125,7 +125,7 @@ def table(by_recipe: dict[str, list[dict[str, Any]]]) -> str:
         lines.append(f"| {recipe.label} | {recipe.budget} | {recipe.metric} | **{shown}**{transcribed} | "
                      f"{recipe.target} | {recipe.anchor} | {machines} |")
     lines.append("")
-    lines.append("† copied from an earlier session's log, where no metrics file was kept; the file gives the command "
+    lines.append("† copied from a training log, where no metrics file was kept; the file gives the command "
                  "that re-derives it.")
     return "\n".join(lines)
 

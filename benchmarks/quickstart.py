@@ -15,7 +15,7 @@ gradient clipping, the optimizer step) exactly as training runs it.
 The profiles keep freed memory for the next step, as `attn train` does (`train.keep_memory`): under
 the C library's defaults every step faults its large tensors in afresh, and the profile charges
 that to whichever operator touches the pages first (the translator's softmax over its logits took
-16-21 ms a step instead of 6-8, benchmarks/results/issue22-bounds). `--system-malloc` profiles
+16-21 ms a step instead of 6-8, benchmarks/results/bounds). `--system-malloc` profiles
 under the defaults; case 8 runs every contender under them, and `benchmarks.allocator` compares
 the two settings process by process.
 

@@ -6,8 +6,8 @@
     python -m benchmarks.run --cases 1 --models gpt2   # some training presets only
     python -m benchmarks.run --device cuda --dtype bf16 --compile
 
-Cases (issue 9): 1 training throughput, 2 greedy generation, 3 beam search, 4 sentence embeddings,
-5 scaling with length, 6 peak training memory, 7 dense-matmul peak and MFU; (issue 22) 8 the
+Cases: 1 training throughput, 2 greedy generation, 3 beam search, 4 sentence embeddings,
+5 scaling with length, 6 peak training memory, 7 dense-matmul peak and MFU; 8 the
 quickstart recipes' training steps on the CPU.
 """
 

@@ -30,7 +30,7 @@ HF_GPT2 = "HF GPT2LMHeadModel"
 CONTENDERS = {"paper-base": ("attn", TORCH, HF_MARIAN), "gpt2": ("attn", HF_GPT2)}
 TOKENS_PER_STEP = {"cpu": 1024, "cuda": 32768}
 SEQUENCES = (128, 512)
-GPU_SEQUENCES = {"gpt2": (1024,)}  # the GPU case: gpt2 training at sequence 1024
+GPU_SEQUENCES = {"gpt2": (1024,)}  # the GPU case: gpt2 training at sequence 1024
 QUICK_SEQUENCES = (16, 32)
 QUICK_BATCH = 2
 
