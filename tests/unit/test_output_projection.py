@@ -16,10 +16,8 @@ from torch import nn
 from torch.testing import assert_close
 
 from attn.config import preset
-from attn.data.batches import Batch
 from attn.layers import DECODE_ROWS, OutputProjection
 from attn.models import Decoder, build_model
-from attn.training.cores import CoreSplit
 
 TOKENS = torch.tensor([[5, 6, 7, 8, 9]])
 
@@ -84,19 +82,6 @@ def _in_place(model: Decoder) -> None:
         model.lm_head.weight.mul_(2)
 
 
-def _fused_step_after_a_row_split(model: Decoder) -> None:
-    opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
-    rows = TOKENS.repeat(2, 1)
-    split = CoreSplit(model, workers=2, threads=1)
-    try:
-        split.backward(Batch((rows,), rows, rows.numel(), rows.numel()), lambda inputs, _: (_loss(model),) * 2,
-                       factor=1.0)
-    finally:
-        split.close()
-    opt.step()
-    opt.zero_grad()
-
-
 def _new_parameter(model: Decoder) -> None:
     model.lm_head.weight = nn.Parameter(torch.randn_like(model.lm_head.weight))
 
@@ -111,7 +96,6 @@ CHANGES = {
     "SGD step": _step(lambda p: torch.optim.SGD(p, lr=1.0, foreach=False)),
     "fused step through the tied embedding": _through_the_embedding_only,
     "decode between backward and fused step": _decoding_between_backward_and_step,
-    "fused Adam step after a row split": _fused_step_after_a_row_split,
     "load_state_dict": _load_other_weights,
     "in-place change": _in_place,
     "new parameter": _new_parameter,
