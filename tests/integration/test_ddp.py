@@ -53,7 +53,8 @@ def run_config(run_dir, *overrides):
     return RunConfig().override(
         f"run_dir={run_dir}", "model.preset=paper-base-tiny", "optim.schedule=noam", "optim.warmup_steps=2",
         "optim.clip=1.0", "batch.grad_accum=2", "train.quiet=true", "train.eval_interval=0", "train.log_interval=1",
-        "train.checkpoint_interval=0", "train.device=cpu", f"train.max_steps={STEPS}", *overrides,
+        "train.checkpoint_interval=0", "train.device=cpu", "train.precision=fp32", f"train.max_steps={STEPS}",
+        *overrides,
     )
 
 

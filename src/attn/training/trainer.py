@@ -272,10 +272,9 @@ class Trainer:
         count `probe_threads` finds fastest on the run's next batch (0: torch's count; see
         `attn.training.threads`). The probe leaves the data position, generators and gradients as they were."""
         train, ctx = self.config.train, self.ctx
-        if train.threads or not train.max_minutes or ctx.device.type != "cpu" or ctx.distributed:
+        auto = not train.threads and train.max_minutes and ctx.device.type == "cpu" and not ctx.distributed
+        if not auto or torch.get_num_threads() == 1:
             return train.threads
-        if torch.get_num_threads() == 1:
-            return 0
         rng, position = capture_rng(), self.task.train.state_dict()
         batch = [self.task.train.next_batch()]
         choice = probe_threads(lambda: accumulate_gradients(self.objective, batch, ctx),

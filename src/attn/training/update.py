@@ -81,6 +81,7 @@ class Objective:
     loss_fn: Callable[..., BatchLoss] = batch_loss
 
     def __call__(self, batch: Batch) -> BatchLoss:
+        """The loss sums and logits of a micro-batch already on the module's device."""
         return self.loss_fn(self.module, batch.inputs, batch.targets, self.smoothing, self.ignore_id, self.autocast)
 
 
