@@ -53,12 +53,12 @@ from attn.config import ModelConfig, NormPlacement
 from attn.data.batches import Batch
 from attn.models import build_model
 from attn.training.allocator import keep_freed_memory
-from attn.training.cores import CoreSplit
 from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.run import seed_everything
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskContext, TaskData
-from attn.training.trainer import Trainer, make_optimizer
+from attn.training.trainer import Trainer
+from attn.training.update import make_optimizer
 from benchmarks.harness import CaseResult, Contender, Settings, compare, rows_for
 from benchmarks.peak import run as peak_run
 from benchmarks.peers import TorchTransformer
@@ -106,7 +106,6 @@ BENCHMARK_RECIPES = {
 WARMUP_STEPS = 3  # untimed steps before a profile: kept memory stops faulting in pages after the second
 QUICK_SHAPE = (2, 16, 16)  # --quick: the same models at a tiny batch
 TORCH = "torch.nn.Transformer"
-WHOLE = "attn, whole batch"
 PEERS = {
     "translation": (TORCH, "HF MarianMTModel"),
     "d256": (TORCH, "HF MarianMTModel"),
@@ -289,24 +288,6 @@ def peer_step(name: str, trainer: Trainer) -> Callable[[], None]:
     return step
 
 
-def attn_split(trainer: Trainer, threads: int) -> CoreSplit | None:
-    """The row split `train.workers` = 2 gives the trainer on `threads` threads (None on one thread)."""
-    return CoreSplit(trainer.head, 2, threads // 2) if threads >= 2 else None
-
-
-def split_step(trainer: Trainer, split: CoreSplit | None) -> Callable[[], Any]:
-    """`trainer.train_step` with its batches split by `split` (as `train.workers` runs it)."""
-
-    def step() -> Any:
-        trainer.split = split
-        try:
-            return trainer.train_step()
-        finally:
-            trainer.split = None
-
-    return step
-
-
 def step_flops(trainer: Trainer) -> float:
     """Matmul FLOPs of the forward and backward of attn's model on the trainer's batch.
 
@@ -343,25 +324,18 @@ def run(settings: Settings, peak: float | None) -> CaseResult:
         with tempfile.TemporaryDirectory() as folder:
             trainer = build_trainer(recipe, Path(folder) / "run")
             tokens = trainer.task.train.next_batch().n_tokens
-            split = attn_split(trainer, settings.threads)
-            contenders = [Contender("attn", split_step(trainer, split), tokens)]
-            if split is not None:
-                contenders.append(Contender(WHOLE, trainer.train_step, tokens))
+            contenders = [Contender("attn", trainer.train_step, tokens)]
             contenders += [Contender(peer, peer_step(peer, trainer), tokens) for peer in PEERS[name]]
             shape = [tuple(t.shape) for t in trainer.task.train.next_batch().inputs[:2]]
             found = rows_for(f"{name} {shape}", "tokens/s", compare(contenders, settings))
             add_mfu(found, step_flops(trainer) / tokens, peak)
             rows += found
-        if split is not None:
-            split.close()
         del contenders, trainer
         gc.collect()
     summary = {
         "MFU": f"against the fp32 matmul peak, {peak / 1e9:.0f} GFLOP/s",
-        "steps": "attn: Trainer.train_step, on 2+ threads with the batch's rows split between two threads "
-                 f"(train.workers=2, as auto trains when it measures that faster; '{WHOLE}': the whole batch on "
-                 "all threads); peers: forward, torch cross_entropy with the recipe's label smoothing, backward, "
-                 "the recipe's clipping, the same fused optimizer",
+        "steps": "attn: Trainer.train_step; peers: forward, torch cross_entropy with the recipe's label smoothing, "
+                 "backward, the recipe's clipping, the same fused optimizer",
     }
     return CaseResult(8, title, "> 1: attn is faster", rows, summary)
 

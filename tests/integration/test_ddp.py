@@ -54,7 +54,8 @@ def run_config(run_dir, *overrides):
     return RunConfig().override(
         f"run_dir={run_dir}", "model.preset=paper-base-tiny", "optim.schedule=noam", "optim.warmup_steps=2",
         "optim.clip=1.0", "batch.grad_accum=2", "train.quiet=true", "train.eval_interval=0", "train.log_interval=1",
-        "train.checkpoint_interval=0", "train.device=cpu", f"train.max_steps={STEPS}", *overrides,
+        "train.checkpoint_interval=0", "train.device=cpu", "train.precision=fp32", f"train.max_steps={STEPS}",
+        *overrides,
     )
 
 
@@ -163,13 +164,13 @@ def gradients_of_one_update(ctx, strategy):
     from attn.models import build_model
     from attn.training.distributed import wrap_model
     from attn.training.runconfig import Strategy
-    from attn.training.trainer import TaskHead, accumulate_gradients
+    from attn.training.update import Objective, TaskHead, accumulate_gradients
 
     torch.manual_seed(0)
     head = TaskHead(build_model(preset("paper-base-tiny").replace(dropout=0.0)), "forward")
     engine = wrap_model(head, ctx, Strategy(strategy)) if ctx is not None else head
     batches = micro_batches(RANK_PAIRS[ctx.rank]) if ctx is not None else micro_batches(sum(RANK_PAIRS, []))
-    accumulate_gradients(engine, batches, 0, smoothing=0.1, **({"ctx": ctx} if ctx is not None else {}))
+    accumulate_gradients(Objective(engine, 0, 0.1), batches, **({"ctx": ctx} if ctx is not None else {}))
     full = {}
     for name, p in head.named_parameters():
         grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP2: gather the shards

@@ -25,6 +25,7 @@ import dataclasses
 import enum
 import json
 import tomllib
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -227,13 +228,8 @@ class TrainConfig:
     checkpoint ("" = the task's: val_loss, or val_accuracy for classification); `patience` is
     how many evaluations without improvement stop the run (0 = never). `peak_tflops` is one
     accelerator's peak, for the model-FLOPs utilisation in the metrics (0 = not reported).
-    `threads` pins the CPU threads of the training loop; 0 measures the fastest count while a
-    time-budgeted run trains (`attn.training.threads`). `workers` splits each batch's rows between
-    that many threads of one CPU process, which train on their parts at the same time and add their
-    gradients (`attn.training.cores`); 0 lets the same measurement decide, and is 1 otherwise; 1
-    keeps the whole batch.
-    `keep_memory` has a CPU run keep freed memory for the next step instead of giving it back to the
-    system (`attn.training.allocator`).
+    `threads` pins the CPU threads of the training loop; 0 lets a time-budgeted run probe the fastest
+    count before it trains (`attn.training.threads`).
     """
 
     max_steps: int = 1000
@@ -247,9 +243,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Precision = Precision.AUTO  # auto: bf16 only where a probe finds it faster (attn.training.precision)
     compile: bool = False  # torch.compile: forward + loss as one graph (the module alone under DDP/FSDP)
-    threads: int = 0  # CPU threads of the loop; 0 = auto: measured under a time budget, else torch's count
-    workers: int = 0  # CPU: parts of each batch trained at once on the cores; 0 = auto (with threads), 1 = whole
-    keep_memory: bool = True  # CPU: freed memory stays in the process for the next step (glibc's malloc)
+    threads: int = 0  # CPU threads of the loop; 0 = auto: probed before a time-budgeted run, else torch's count
     label_smoothing: float = 0.1
     patience: int = 0
     metric: str = ""
@@ -263,12 +257,19 @@ class TrainConfig:
     def __post_init__(self) -> None:
         coerce_fields(self)
         minimums = {"max_steps": 1, "keep_last": 1, "log_interval": 1, "peak_tflops": 0.0, "max_minutes": 0.0,
-                    "threads": 0, "workers": 0}
+                    "threads": 0}
         minimums.update(dict.fromkeys(("eval_interval", "eval_batches", "checkpoint_interval", "patience"), 0))
         _check_at_least(self, minimums)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
 
+
+# Settings that configs written by earlier versions may hold (every run's run.toml lists all fields):
+# read, ignored with a warning, so that those runs still train and resume. `section.key` -> why.
+REMOVED = {
+    "train.workers": "a batch's rows are no longer split between threads",
+    "train.keep_memory": "training no longer changes the process's malloc settings",
+}
 
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
@@ -417,6 +418,11 @@ def parse_value(text: str) -> Any:
 def _build_section(name: str, kind: type, data: Any) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(name, f"expected a [{name}] table, got {type(data).__name__} {data!r}")
+    removed = [key for key in data if f"{name}.{key}" in REMOVED]
+    for key in removed:
+        warnings.warn(f"{name}.{key} is ignored: the setting was removed ({REMOVED[f'{name}.{key}']}); "
+                      "delete it from the config", stacklevel=3)
+    data = {key: value for key, value in data.items() if key not in removed}
     try:
         return kind.from_dict(data) if kind is ModelSection else from_dict(kind, data)
     except ConfigError as err:

@@ -1,13 +1,10 @@
 """One training engine for every task and architecture.
 
-`Trainer.fit` runs the loop (`attn.training.run.train` sets a run up and calls it): updates of `grad_accum` micro-batches each, periodic
-evaluation, checkpoints, metrics and early stopping. The recipe is the paper's (section 5):
-Adam with beta2 = 0.98 and the warmup/inverse-square-root schedule, label smoothing 0.1; AdamW
-with a cosine schedule is there for GPT/BERT-style runs.
-
-An update's loss is the sum of the label-smoothed losses of all its micro-batches (on all ranks)
-divided by their total number of scored targets, so every target weighs the same however the
-update was cut into micro-batches and ranks.
+`Trainer.fit` runs the loop (`attn.training.run.train` sets a run up and calls it): updates of
+`grad_accum` micro-batches each (`attn.training.update`), periodic evaluation, checkpoints, metrics
+and early stopping. The recipe is the paper's (section 5): Adam with beta2 = 0.98 and the
+warmup/inverse-square-root schedule, label smoothing 0.1; AdamW with a cosine schedule is there for
+GPT/BERT-style runs.
 
 Resuming is exact: the checkpoint holds the optimizer and gradient-scaler states, the step
 (which alone fixes the learning rate), every rank's random generators, the data position and
@@ -25,59 +22,40 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from tqdm import tqdm
 
 from attn.artifacts.checkpoint import Checkpoint, latest_checkpoint
 from attn.config import ModelConfig
-from attn.data.batches import Batch
 from attn.errors import CheckpointError, ConfigError, TrainingError
 from attn.faults import fault_point
 from attn.models import Model, build_model, count_parameters
-from attn.training.allocator import keep_freed_memory
-from attn.training.cores import CoreSplit
 from attn.training.distributed import (
     DistContext,
     all_gather_objects,
     all_reduce_sum,
     barrier,
     full_model_state,
-    gradient_sync,
     load_optimizer_state,
     optimizer_state,
     reshard,
     wrap_model,
 )
 from attn.training.logs import METRICS_FILE, FlopCounter, LogWindow, MetricsLog
-from attn.training.losses import LossSums, label_smoothed_cross_entropy
-from attn.training.precision import (
-    Precision,
-    PrecisionChoice,
-    choose_precision,
-    probe_shape,
-)
+from attn.training.precision import Precision, PrecisionChoice, choose_precision, probe_shape
 from attn.training.retention import save_checkpoint
 from attn.training.rng import capture_rng, restore_rng
-from attn.training.runconfig import (
-    NonFinite,
-    OptimConfig,
-    Optimizer,
-    RunConfig,
-    Strategy,
-)
+from attn.training.runconfig import NonFinite, RunConfig, Strategy
 from attn.training.schedules import make_schedule
-from attn.training.signals import (
-    TrainingInterrupted,
-    agreed_stop_signal,
-    recording_stop_signals,
-)
+from attn.training.signals import TrainingInterrupted, agreed_stop_signal, recording_stop_signals
 from attn.training.tasks import TaskData
-from attn.training.threads import CoreUse, threads_for_training
+from attn.training.threads import candidate_counts, probe_threads, torch_threads
+from attn.training.update import Objective, TaskHead, accumulate_gradients, autocast_factory, batch_loss, make_optimizer
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
@@ -128,134 +106,12 @@ class RunResult:
         return "; ".join(parts)
 
 
-class TaskHead(nn.Module):
-    """Routes `forward` to the task's model method, so DDP and FSDP see every call they must hook."""
-
-    def __init__(self, model: Model, method: str) -> None:
-        super().__init__()
-        self.model = model
-        self.method = method
-
-    def forward(self, *inputs: Tensor) -> Tensor:
-        """The logits of the task's method, e.g. (B, T, vocab) or (B, num_labels)."""
-        return getattr(self.model, self.method)(*inputs)
-
-
-# -- one update -------------------------------------------------------------------------------
-
-
-def batch_loss(
-    engine: nn.Module,
-    inputs: tuple[Tensor, ...],
-    targets: Tensor,
-    smoothing: float,
-    ignore_id: int | None,
-    autocast: Callable[[], contextlib.AbstractContextManager],
-) -> tuple[Tensor, Tensor]:
-    """The summed smoothed loss and NLL of one micro-batch: the forward pass under `autocast`, then
-    the float32 loss. `train.compile` compiles this function whole, so the (B, T, vocab) logits and
-    their softmax fuse with the model instead of running as separate kernels."""
-    with autocast():
-        logits = engine(*inputs)
-    loss, nll, _ = label_smoothed_cross_entropy(logits, targets, smoothing, ignore_id)
-    return loss, nll
-
-
-def accumulate_gradients(
-    engine: nn.Module,
-    batches: Sequence[Batch],
-    ignore_id: int | None,
-    smoothing: float,
-    ctx: DistContext = DistContext(),
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    scale: Callable[[Tensor], Tensor] = lambda loss: loss,
-    sync_module: nn.Module | None = None,
-    loss_of: Callable[..., tuple[Tensor, Tensor]] = batch_loss,
-    split: CoreSplit | None = None,
-) -> tuple[LossSums, int]:
-    """Forward and backward over the micro-batches of one update, leaving the gradients in `.grad`.
-
-    The gradient is that of (Σ smoothed losses of all micro-batches on all ranks) / (their total
-    scored targets): each rank scales its sums by world_size / total because DDP and FSDP
-    average gradients over ranks.
-
-    Args:
-        engine: the module to call with a batch's inputs (possibly wrapped or compiled).
-        batches: this rank's micro-batches of the update.
-        ignore_id: the target id not scored, or None.
-        smoothing: label smoothing ε.
-        ctx: the process context.
-        autocast: a factory of the mixed-precision context for the forward pass.
-        scale: the gradient scaler's `scale` for float16 training.
-        sync_module: the DDP/FSDP module whose gradient all-reduce is skipped on all but the
-            last micro-batch (default: `engine`).
-        loss_of: `batch_loss`, or its compiled form.
-        split: runs each micro-batch in row parts on the CPU's cores (`attn.training.cores`; one process).
-
-    Returns:
-        The sums over all ranks (loss, nll, scored targets) and the number of input tokens on all ranks.
-
-    Raises:
-        TrainingError: the update has no scored target at all.
-    """
-    local = torch.tensor([sum(b.n_targets for b in batches)], dtype=torch.float64, device=ctx.device)
-    total = int(all_reduce_sum(local, ctx).item())
-    if total == 0:
-        raise TrainingError("an update has no scored target; check the data (empty targets?) and batch sizes")
-    factor = ctx.world_size / total
-    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, nll, input tokens
-    for i, batch in enumerate(batches):
-        batch = batch.to(ctx.device)
-        if split is not None:
-            loss, nll = split.backward(
-                batch, lambda inputs, targets: loss_of(engine, inputs, targets, smoothing, ignore_id, autocast), factor
-            )
-        else:
-            with gradient_sync(sync_module or engine, enabled=i == len(batches) - 1):
-                loss, nll = loss_of(engine, batch.inputs, batch.targets, smoothing, ignore_id, autocast)
-                loss, nll = loss * batch.weight, nll * batch.weight
-                scale(loss * factor).backward()
-        sums += torch.stack([loss.detach(), nll.detach(), loss.new_tensor(batch.n_tokens)]).double()
-    sums = all_reduce_sum(sums, ctx)
-    return LossSums(sums[0], sums[1], torch.tensor(total)), int(sums[2].item())
-
-
-def autocast_factory(device: torch.device, precision: Precision) -> Callable[[], contextlib.AbstractContextManager]:
-    """The forward pass's mixed-precision context for a resolved precision (see `attn.training.precision`).
-
-    bf16 autocast works on a GPU and on a CPU (faster only on processors with bf16 matrix units);
-    fp16 needs a GPU's gradient scaler and is a no-op on the CPU.
-    """
-    if precision in (Precision.FP32, Precision.AUTO) or (precision == Precision.FP16 and device.type != "cuda"):
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == Precision.BF16 else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
-
-
 def agreed_precision(requested: Precision, model_config: ModelConfig, ctx: DistContext) -> PrecisionChoice:
     """The precision of a run: rank 0 decides (probing its device for "auto"), so every rank runs alike."""
     choice = None
     if ctx.is_main:
         choice = choose_precision(requested, ctx.device, probe_shape(model_config.d_model, model_config.d_ff))
     return all_gather_objects(choice, ctx)[0]
-
-
-def make_optimizer(model: nn.Module, config: OptimConfig, device: torch.device | None = None) -> torch.optim.Optimizer:
-    """Adam or AdamW over the model's parameters.
-
-    Weight decay applies to matrices only; biases, LayerNorm gains and other vectors are not decayed.
-    The update is torch's fused kernel, on a GPU and on the CPU: one pass over each parameter
-    instead of about ten elementwise kernels per tensor (on 2 CPU cores the char LM's optimizer step
-    is 2.3x faster; the same update to float32 rounding). Other devices keep the loop.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    kind = torch.optim.AdamW if config.optimizer == Optimizer.ADAMW else torch.optim.Adam
-    fused = device is not None and device.type in ("cuda", "cpu")
-    return kind(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=fused or None)
 
 
 # -- the trainer ------------------------------------------------------------------------------
@@ -296,15 +152,9 @@ class Trainer:
         train = config.train
         if (train.metric or task.metric) not in METRICS:
             raise ConfigError("train.metric", f"unknown metric {train.metric!r}; choose one of {', '.join(METRICS)}")
-        self.head = TaskHead(model, task.head)
-        self.wrapped = wrap_model(self.head, ctx, train.strategy, find_unused=task.head != "forward")
-        self.engine = torch.compile(self.wrapped) if train.compile else self.wrapped
-        # One process: the whole forward + loss compiles as one graph. Under DDP/FSDP the wrapper's
-        # hooks stay outside the trace, so only the module is compiled.
-        fuse_loss = train.compile and ctx.world_size == 1
-        self.train_engine = self.wrapped if fuse_loss else self.engine
-        self.loss_of = torch.compile(batch_loss) if fuse_loss else batch_loss
-        self.optimizer = make_optimizer(self.head, config.optim, ctx.device)
+        # The module training calls: DDP's wrapper, or the task's head (sharded in place by FSDP2).
+        self.wrapped = wrap_model(TaskHead(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
+        self.optimizer = make_optimizer(self.wrapped, config.optim, ctx.device)
         # The rate depends on the step alone, so the step is the whole schedule state: a resumed
         # run follows the schedule of its current config.
         self.schedule = make_schedule(
@@ -314,13 +164,12 @@ class Trainer:
         self.precision = agreed_precision(train.precision, task.model_config, ctx)
         fp16 = self.precision.used == Precision.FP16 and ctx.device.type == "cuda"
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
-        self.autocast = autocast_factory(ctx.device, self.precision.used)
+        # `train.compile` compiles the forward pass and the loss as one function (calling DDP's or FSDP2's wrapper).
+        self.objective = Objective(self.wrapped, task.ignore_id, train.label_smoothing,
+                                   autocast_factory(ctx.device, self.precision.used),
+                                   torch.compile(batch_loss) if train.compile else batch_loss)
         self.tracker = _Tracker(train.metric or task.metric)
         self.step = 0
-        # The row split of `train_step` on the CPU's cores (`attn.training.cores`): set by `fit` from
-        # `train.workers` and the thread measurement, or by a caller that times steps itself.
-        self.split: CoreSplit | None = None
-        self._may_split()
         self.elapsed = 0.0
         self.metrics_log = MetricsLog(Path(config.run_dir) / METRICS_FILE, enabled=ctx.is_main)
         self._saved: tuple[int, Path | None] = (-1, None)
@@ -336,7 +185,7 @@ class Trainer:
         return {
             "step": self.step,
             "world_size": self.ctx.world_size,
-            "optimizer": optimizer_state(self.head, self.optimizer),
+            "optimizer": optimizer_state(self.wrapped, self.optimizer),
             "scaler": self.scaler.state_dict(),
             "rng": all_gather_objects(capture_rng(), self.ctx),
             "data": self.task.train.state_dict(),
@@ -355,7 +204,7 @@ class Trainer:
                 f"the checkpoint was written by {state['world_size']} processes, this run has {self.ctx.world_size}; "
                 f"resume with torchrun --nproc_per_node={state['world_size']}"
             )
-        load_optimizer_state(self.head, self.optimizer, state["optimizer"])
+        load_optimizer_state(self.wrapped, self.optimizer, state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.task.train.load_state_dict(state["data"])
         self.tracker = _Tracker(**state["tracker"])
@@ -381,20 +230,15 @@ class Trainer:
         stopped = False
         window, run = LogWindow(), LogWindow()
         self._announce_precision()
-        if train.keep_memory and self.ctx.device.type == "cpu":
-            keep_freed_memory()
-        with recording_stop_signals() as received, self._threads() as cores:
+        with recording_stop_signals() as received, torch_threads(self._thread_count()):
             with self._progress() as bar:
                 while self.step < train.max_steps and not stopped and (used := self._budget_used()) < 1.0:
                     if halt := agreed_stop_signal(received, self.ctx):
                         raise TrainingInterrupted(halt, self.step, self._save_once())
                     started = time.perf_counter()
-                    self.split = cores.split
                     stats = self.train_step(used)
                     seconds = time.perf_counter() - started
                     self.elapsed += seconds
-                    if choice := cores.after_update(seconds, stats.tokens):
-                        self.metrics_log.write({"step": self.step, **choice.record()})
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
                     run.add(stats.loss, stats.tokens, seconds)
@@ -408,7 +252,6 @@ class Trainer:
             if self._evaluated_step != self.step:
                 metrics, stopped = self._evaluate_and_track(stopped)
             checkpoint = self._save_once()
-        self.split = None
         tracker = self.tracker
         run_dir = Path(self.config.run_dir)
         return RunResult(run_dir, self.step, losses, metrics, tracker.best, tracker.best_step, checkpoint, stopped,
@@ -424,21 +267,23 @@ class Trainer:
         elif not self.config.train.quiet:
             print(f"attn: {self.precision.describe()}", file=sys.stderr, flush=True)
 
-    def _threads(self) -> contextlib.AbstractContextManager[CoreUse]:
-        """`train.threads` and `train.workers` for the loop; auto measures only a time-budgeted run (see `_may_split`)."""
-        train = self.config.train
-        return threads_for_training(train.threads, train.workers, bool(train.max_minutes) and self._may_split(),
-                                    self.head)
-
-    def _may_split(self) -> bool:
-        """Whether this run can split its batches between threads (and so measure layouts): one uncompiled
-        CPU process. A split asked for where it cannot run is a config error."""
+    def _thread_count(self) -> int:
+        """The loop's CPU threads: `train.threads`, or for auto in a time-budgeted single CPU process the
+        count `probe_threads` finds fastest on the run's next batch (0: torch's count; see
+        `attn.training.threads`). The probe leaves the data position, generators and gradients as they were."""
         train, ctx = self.config.train, self.ctx
-        possible = not train.compile and ctx.device.type == "cpu" and ctx.world_size == 1
-        if train.workers > 1 and not possible:
-            raise ConfigError("train.workers", f"{train.workers} workers split batches between the threads of one "
-                              "uncompiled CPU process; set it to 0 or 1 with train.compile, a GPU or torchrun")
-        return possible
+        auto = not train.threads and train.max_minutes and ctx.device.type == "cpu" and not ctx.distributed
+        if not auto or torch.get_num_threads() == 1:
+            return train.threads
+        rng, position = capture_rng(), self.task.train.state_dict()
+        batch = [self.task.train.next_batch()]
+        choice = probe_threads(lambda: accumulate_gradients(self.objective, batch, ctx),
+                               candidate_counts(torch.get_num_threads()))
+        restore_rng(rng)
+        self.task.train.load_state_dict(position)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.metrics_log.write({"step": self.step, **choice.record()})
+        return choice.threads
 
     def _budget_used(self) -> float:
         """The fraction of `train.max_minutes` spent so far (0 without a time budget).
@@ -467,10 +312,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batches = [self.task.train.next_batch() for _ in range(self.config.batch.grad_accum)]
-        sums, tokens = accumulate_gradients(
-            self.train_engine, batches, self.task.ignore_id, self.config.train.label_smoothing, self.ctx,
-            self.autocast, self.scaler.scale, self.wrapped, self.loss_of, self.split,
-        )
+        sums, tokens = accumulate_gradients(self.objective, batches, self.ctx, self.scaler.scale)
         fault_point("step")
         self._flops.add(sum(b.inputs[0].size(-1) for b in batches) / len(batches), tokens)
         loss = sums.loss.item() / sums.count.item()
@@ -490,7 +332,7 @@ class Trainer:
 
     def _clip(self) -> float:
         clip = self.config.optim.clip
-        params = [p for p in self.head.parameters() if p.grad is not None]
+        params = [p for p in self.wrapped.parameters() if p.grad is not None]
         norm = nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
@@ -511,23 +353,21 @@ class Trainer:
         if self.task.valid is None:
             return {}
         limit = self.config.train.eval_batches
-        sums = torch.zeros(4, dtype=torch.float64, device=self.ctx.device)  # loss, nll, count, correct
-        self.head.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)  # nll, count, correct
+        self.wrapped.eval()
         with torch.no_grad():
             for i, batch in enumerate(self.task.valid()):
                 if limit and i >= limit:
                     break
                 batch = batch.to(self.ctx.device)
-                with self.autocast():
-                    logits = self.engine(*batch.inputs)
-                loss, nll, count = label_smoothed_cross_entropy(logits, batch.targets, 0.0, self.task.ignore_id)
+                (_, nll, count), logits = self.objective(batch)
                 fault_point("eval")
                 scored = batch.targets != self.task.ignore_id if self.task.ignore_id is not None else True
                 correct = ((logits.argmax(-1) == batch.targets) & scored).sum()
-                sums += torch.stack([loss.double(), nll.double(), count.double(), correct.double()])
-        reshard(self.head)
-        self.head.train()
-        loss, nll, count, correct = sums.tolist()
+                sums += torch.stack([nll, count, correct]).double()
+        reshard(self.wrapped)
+        self.wrapped.train()
+        nll, count, correct = sums.tolist()
         count = max(count, 1.0)
         return {"val_loss": nll / count, "val_ppl": math.exp(min(nll / count, 100.0)), "val_accuracy": correct / count}
 
@@ -566,7 +406,7 @@ class Trainer:
         """The unwrapped model, or for sharded FSDP a CPU copy with the gathered weights (on rank 0)."""
         if not (self.ctx.distributed and self.config.train.strategy == Strategy.FSDP):
             return self.model
-        state = full_model_state(self.head)
+        state = full_model_state(self.wrapped)
         if not self.ctx.is_main:
             return self.model
         copy = build_model(self.task.model_config)

@@ -7,10 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from training_helpers import quick_config, reversal_builder
-
-from attn.training import train
-from attn.training import trainer as trainer_module
 
 # Sixteen updates of a small MLP whose activations and gradients are 2-8 MiB each; prints the minor
 # page faults of each of the last eight.
@@ -48,17 +44,3 @@ def test_kept_memory_spares_later_steps_their_page_faults():
     # step with 512-2,560 faults in about one run of three), which a median of eight steps ignores.
     assert kept < default / 10
 
-
-def spy_on_keep(monkeypatch) -> list[bool]:
-    calls = []
-    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(True) or True)
-    return calls
-
-
-def test_a_cpu_run_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
-    calls = spy_on_keep(monkeypatch)
-    train(quick_config(tmp_path / "keep", "train.max_steps=2"), task_builder=reversal_builder())
-    assert calls == [True]
-    train(quick_config(tmp_path / "system", "train.max_steps=2", "train.keep_memory=false"),
-          task_builder=reversal_builder())
-    assert calls == [True]

@@ -139,3 +139,13 @@ def test_left_out_fields_take_their_tasks_defaults():
             paper.optim.warmup_steps, paper.train.label_smoothing) == (Optimizer.ADAM, Schedule.NOAM, 1.0, 0.98,
                                                                        1e-9, 4000, 0.1)
     assert RunConfig.from_dict(lm.to_dict()) == lm  # a stored config reads back as it was written
+
+
+def test_a_run_toml_of_an_earlier_version_loads_with_a_warning_for_each_removed_setting(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(RunConfig().to_toml().replace("[train]\n", "[train]\nworkers = 2\nkeep_memory = true\n"))
+    with pytest.warns(UserWarning) as caught:
+        config = load_run_config(path)
+    assert config == RunConfig()
+    assert [str(w.message).split(" is ignored")[0] for w in caught] == ["train.workers", "train.keep_memory"]
+    assert all("delete it from the config" in str(w.message) for w in caught)

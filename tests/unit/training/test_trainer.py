@@ -22,6 +22,7 @@ from attn.errors import CheckpointError, ConfigError, TrainingError
 from attn.training import precision as precision_module
 from attn.training import train
 from attn.training import trainer as trainer_module
+from attn.training import update as update_module
 from attn.training.distributed import init_distributed
 from attn.training.logs import FlopCounter, model_flops, read_metrics
 from attn.training.tasks import TaskData
@@ -81,17 +82,17 @@ def test_compiled_training_compiles_the_loss_with_the_model_and_matches_eager(tm
     for flag in ("false", "true"):
         config = quick_config(tmp_path / flag, "train.max_steps=3", f"train.compile={flag}")
         losses[flag] = train(config, task_builder=build).losses
-    assert trainer_module.batch_loss in compiled  # forward and loss in one graph, not the module alone
+    assert update_module.batch_loss in compiled  # forward and loss in one graph, not the module alone
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
     assert losses["true"][-1] < losses["true"][0]
 
 
 def test_the_optimizer_is_fused_on_cpu_and_gpu_only():
     model, optim = torch.nn.Linear(3, 3), quick_config("run").optim
-    assert trainer_module.make_optimizer(model, optim, torch.device("cuda")).defaults["fused"] is True
-    assert trainer_module.make_optimizer(model, optim, torch.device("cpu")).defaults["fused"] is True
-    assert not trainer_module.make_optimizer(model, optim, torch.device("meta")).defaults["fused"]
-    assert not trainer_module.make_optimizer(model, optim).defaults["fused"]
+    assert update_module.make_optimizer(model, optim, torch.device("cuda")).defaults["fused"] is True
+    assert update_module.make_optimizer(model, optim, torch.device("cpu")).defaults["fused"] is True
+    assert not update_module.make_optimizer(model, optim, torch.device("meta")).defaults["fused"]
+    assert not update_module.make_optimizer(model, optim).defaults["fused"]
 
 
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
@@ -100,7 +101,7 @@ def test_the_fused_cpu_update_is_adam_by_hand(kind):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     optim = quick_config("run", f"optim.optimizer={kind}", "optim.weight_decay=0.1", "optim.lr=0.01").optim
-    optimizer = trainer_module.make_optimizer(model, optim, torch.device("cpu"))
+    optimizer = update_module.make_optimizer(model, optim, torch.device("cpu"))
     start = {name: p.detach().double().clone() for name, p in model.named_parameters()}
     grads = [{name: torch.randn(p.shape, dtype=torch.float64) for name, p in model.named_parameters()}
              for _ in range(2)]
@@ -123,14 +124,14 @@ def test_the_fused_cpu_update_is_adam_by_hand(kind):
 def nan_on_call(monkeypatch, bad_call):
     """Makes the loss of the `bad_call`-th micro-batch NaN."""
     calls = {"n": 0}
-    real = trainer_module.label_smoothed_cross_entropy
+    real = update_module.label_smoothed_cross_entropy
 
     def patched(logits, targets, smoothing, ignore_id):
         calls["n"] += 1
         sums = real(logits, targets, smoothing, ignore_id)
         return sums._replace(loss=sums.loss * math.nan) if calls["n"] == bad_call else sums
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_cross_entropy", patched)
+    monkeypatch.setattr(update_module, "label_smoothed_cross_entropy", patched)
 
 
 def test_a_nan_loss_stops_with_the_step_and_no_nan_checkpoint(tmp_path, monkeypatch):
