@@ -191,6 +191,7 @@ class Trainer:
             "data": self.task.train.state_dict(),
             "tracker": dataclasses.asdict(self.tracker),
             "elapsed": self.elapsed,
+            "precision": self.precision.used.value,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -212,6 +213,16 @@ class Trainer:
         self._saved = (self.step, latest_checkpoint(self.config.run_dir))
         self.metrics_log.truncate_after(self.step)
         restore_rng(state["rng"][self.ctx.rank])
+        self._keep_precision(Precision(state.get("precision", self.precision.used.value)))
+
+    def _keep_precision(self, started: Precision) -> None:
+        """A resumed run whose config leaves precision to "auto" keeps the precision it started in, so that
+        a probe that decides otherwise in this process (another machine, a busier one) cannot change it
+        mid-run; an explicit precision in the config is obeyed."""
+        if self.precision.requested != Precision.AUTO or self.precision.used == started:
+            return
+        self.precision = PrecisionChoice(Precision.AUTO, started, "chosen when the run started; a resumed run keeps it")
+        self.objective = dataclasses.replace(self.objective, autocast=autocast_factory(self.ctx.device, started))
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -288,6 +288,7 @@ def test_a_run_five_times_slower_than_its_recipe_still_leaves_warmup_and_decays_
 
 
 def test_the_precision_choice_and_the_probe_figures_go_to_the_log_and_metrics(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(precision_module.AUTO_ENV, raising=False)  # the probe decides here
     monkeypatch.setattr(precision_module, "_probe", lambda device, shape: (1e-3, 0.1))  # bf16 100x slower
     result = train(quick_config(tmp_path, "train.precision=auto", "train.quiet=false"), task_builder=reversal_builder())
     assert result.precision == "fp32"
@@ -299,3 +300,22 @@ def test_the_precision_choice_and_the_probe_figures_go_to_the_log_and_metrics(tm
     forced = train(quick_config(tmp_path / "bf16", "train.precision=bf16"), task_builder=reversal_builder())
     assert forced.precision == "bf16"  # obeyed, but the quiet run still warns, with the measured ratio
     assert "warning: train.precision = bf16, but a bf16 matmul runs at 0.01x the speed" in capsys.readouterr().err
+
+
+def test_a_resumed_auto_run_keeps_the_precision_it_started_in(tmp_path, monkeypatch):
+    """A probe that decides otherwise when the run resumes (a busier or another machine) does not switch
+    precision mid-run: 2 + 2 updates give the losses of 4 in bf16, and an explicit precision is obeyed."""
+    monkeypatch.setenv(precision_module.AUTO_ENV, "bf16")
+    whole = train(quick_config(tmp_path / "whole", "train.precision=auto"), task_builder=reversal_builder())
+    config = quick_config(tmp_path / "parts", "train.precision=auto", "train.max_steps=2")
+    first = train(config, task_builder=reversal_builder())
+    monkeypatch.setenv(precision_module.AUTO_ENV, "fp32")
+    rest = train(config.override("train.max_steps=4", "train.resume=true"), task_builder=reversal_builder())
+    assert whole.precision == first.precision == rest.precision == "bf16"
+    assert first.losses + rest.losses == pytest.approx(whole.losses, rel=1e-6)
+    records = [r for r in read_metrics(tmp_path / "parts" / "metrics.jsonl") if "precision" in r]
+    assert [(r["precision"], r["precision_reason"]) for r in records] == [
+        ("bf16", "ATTN_AUTO_PRECISION=bf16"), ("bf16", "chosen when the run started; a resumed run keeps it")]
+    explicit = train(config.override("train.max_steps=5", "train.resume=true", "train.precision=fp32"),
+                     task_builder=reversal_builder())
+    assert explicit.precision == "fp32"
