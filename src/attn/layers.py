@@ -89,11 +89,7 @@ class Embeddings(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) long, positions (B, T) long -> (B, T, d_model)."""
-        return self.vectors(self.tokens(tokens) * self.scale, positions, segments)
-
-    def vectors(self, x: Tensor, positions: Tensor, segments: Tensor | None = None) -> Tensor:
-        """Adds positions (and segments) to given input vectors x (B, T, d_model)."""
-        x = self.positions.embed(x, positions)
+        x = self.positions.embed(self.tokens(tokens) * self.scale, positions)
         if self.segments is not None:
             x = x + self.segments(positions.new_zeros(positions.shape) if segments is None else segments)
         return self.dropout(self.norm(x))

@@ -109,7 +109,6 @@ def test_scaling_by_sqrt_dk():
 
 
 def test_causal_sentinel_equals_the_materialised_causal_mask():
-    from attn.masks import CAUSAL
 
     q, k, v = random_qkv(b=2, h=3, tq=6, tk=6, d=8, seed=3)
     expected = scaled_dot_product_attention(q, k, v, causal_mask(6))

@@ -99,9 +99,6 @@ def test_left_padding_in_the_encoder_gives_the_unpadded_outputs(name, positional
     padded, mask = left_pad(tokens, 3)
     with torch.no_grad():
         torch.testing.assert_close(encoder(padded, mask)[:, 3:], encoder(tokens), atol=1e-5, rtol=1e-5)
-        vectors = encoder.embeddings.tokens(padded)
-        torch.testing.assert_close(encoder.features(vectors, mask)[:, 3:],
-                                   encoder.features(encoder.embeddings.tokens(tokens)), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("positional", SCHEMES)
@@ -131,11 +128,8 @@ def test_left_padded_targets_and_sources_give_the_unpadded_logits(positional):
 
 def test_encoder_without_positions_is_permutation_equivariant():
     model = model_for("bert-base-tiny", positional="none", type_vocab_size=0)
-    x = torch.randn(2, 7, 32)
     perm = torch.randperm(7)
     with torch.no_grad():
-        torch.testing.assert_close(model.encode_features(x[:, perm]), model.encode_features(x)[:, perm],
-                                   atol=1e-5, rtol=0)
         tokens = torch.randint(0, 97, (2, 7))
         torch.testing.assert_close(model(tokens[:, perm]), model(tokens)[:, perm], atol=1e-5, rtol=0)
 
@@ -203,11 +197,6 @@ def test_too_long_input_and_bad_shapes_raise_shape_error():
         model(torch.zeros(5, dtype=torch.long))
     with pytest.raises(ShapeError, match="mask"):
         model(torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 4, dtype=torch.bool))
-
-
-def test_feature_inputs_must_match_d_model():
-    with pytest.raises(ShapeError, match="32"):
-        model_for("bert-base-tiny").encode_features(torch.randn(2, 5, 16))
 
 
 def test_config_divisibility_enforced_before_building():

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.blocks import Block, check_tokens, self_attention_inputs, token_positions
-from attn.errors import AttnError, ShapeError
+from attn.errors import AttnError
 from attn.layers import Embeddings
 
 
@@ -37,18 +37,7 @@ class EncoderStack(nn.Module):
         """tokens (B, T) long, mask (B, T) bool (True = real token) -> (B, T, d_model)."""
         check_tokens(tokens, mask, self.max_positions)
         positions = token_positions(tokens, mask)
-        return self._blocks(self.embeddings(tokens, positions, segments), positions, mask)
-
-    def features(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Input vectors x (B, N, d_model) instead of token ids -> (B, N, d_model)."""
-        d_model = self.embeddings.tokens.embedding_dim
-        if x.dim() != 3 or x.size(-1) != d_model:
-            raise ShapeError(f"expected input vectors of shape (batch, length, {d_model}), got {tuple(x.shape)}")
-        check_tokens(x[..., 0].long(), mask, self.max_positions)
-        positions = token_positions(x[..., 0], mask)
-        return self._blocks(self.embeddings.vectors(x, positions), positions, mask)
-
-    def _blocks(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor:
+        x = self.embeddings(tokens, positions, segments)
         attn_mask, rotate, bias = self_attention_inputs(
             self.embeddings.positions, positions, positions, mask, causal=False
         )
@@ -128,10 +117,6 @@ class Encoder(nn.Module):
     def forward(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> hidden states (B, T, d_model)."""
         return self.stack(tokens, mask, segments)
-
-    def encode_features(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Input vectors (B, N, d_model) -> hidden states (B, N, d_model)."""
-        return self.stack.features(x, mask)
 
     def mlm_logits(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> masked-LM logits (B, T, vocab)."""

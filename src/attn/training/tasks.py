@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch import Tensor
 
 from attn.config import ModelConfig
 from attn.data.batches import (
@@ -194,7 +195,7 @@ def classification_task(config: RunConfig, model_config: ModelConfig, ctx: TaskC
         def make(indices: Sequence[int], epoch: int = 0) -> Batch:
             labels = [split.labels[i] for i in indices]
             tokens, mask, targets = collate_classification([ids[i] for i in indices], labels, pad)
-            inputs: tuple[torch.Tensor, ...] = (tokens, mask)
+            inputs: tuple[Tensor, ...] = (tokens, mask)
             if segments is not None:  # padding positions are masked, so their segment id does not matter
                 inputs += (pad_batch([segments[i] for i in indices], 0)[0],)
             return Batch(inputs, targets, len(indices), int(mask.sum()))

@@ -16,7 +16,7 @@ from attn.app.guard import BaselineCheck
 from attn.artifacts import Bundle
 from attn.config import Architecture, ModelConfig
 from attn.decoding import GenerationConfig
-from attn.errors import AttnError, ConfigError
+from attn.errors import ConfigError
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskBuilder, TaskContext, TaskData
 from attn.training.trainer import METRICS
