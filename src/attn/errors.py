@@ -2,22 +2,38 @@
 
 Every error a user can cause derives from `AttnError`. Messages say what was wrong, where
 (field, file and line, tensor shape) and what to do about it; the CLI prints them on one line
-and exits non-zero without a traceback.
+and exits non-zero without a traceback. An error about one setting carries its name in `field`,
+so the CLI can name the flag and the server the request field without reading the message.
 """
 
 from __future__ import annotations
 
 
 class AttnError(Exception):
-    """Base class of every error `attn` raises for a user's mistake."""
+    """Base class of every error `attn` raises for a user's mistake.
+
+    Args:
+        message: what was wrong and what to do.
+        field: the setting at fault (a config field, a function's argument), if one is; the
+            message then reads "field: message".
+
+    Attributes:
+        field: the setting at fault, or None.
+        detail: the message without the field's name.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        self.field = field
+        self.detail = message
+        super().__init__(f"{field}: {message}" if field else message)
 
 
 class ConfigError(AttnError, ValueError):
-    """An invalid model or run configuration: unknown preset, bad field value, bad combination."""
+    """An invalid setting: a model or run configuration's unknown preset, bad field value or bad
+    combination, a command-line option or a request field."""
 
     def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(f"{field}: {message}")
+        super().__init__(message, field)
 
 
 class DataFormatError(AttnError, ValueError):

@@ -168,10 +168,10 @@ def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationCon
 def check_samples(samples: int, config: GenerationConfig) -> None:
     """Raises a GenerationError unless `samples` continuations per prompt can be drawn under `config`."""
     if samples < 1:
-        raise GenerationError(f"samples: must be >= 1, got {samples}")
+        raise GenerationError(f"must be >= 1, got {samples}", "samples")
     if samples > 1 and not config.sample:
-        raise GenerationError(f"samples: greedy decoding and beam search give one continuation per prompt; sample "
-                              f"to draw {samples}, or ask beam search for its n best")
+        raise GenerationError(f"greedy decoding and beam search give one continuation per prompt; sample to draw "
+                              f"{samples}, or ask beam search for its n best", "samples")
 
 
 def _continue_batch(loaded: Bundle, prompts: list[list[int]], config: GenerationConfig) -> list[list[Continuation]]:

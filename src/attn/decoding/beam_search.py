@@ -329,7 +329,7 @@ def huggingface_config(
     elif early_stopping in rules:
         rule = rules[early_stopping]
     else:
-        raise GenerationError(f"early_stopping: expected True, False or 'never', got {early_stopping!r}")
+        raise GenerationError(f"expected True, False or 'never', got {early_stopping!r}", "early_stopping")
     return GenerationConfig(
         max_new_tokens=max_new_tokens, beam_size=num_beams, length_penalty=length_penalty,
         length_norm=LengthNorm.HF, early_stopping=rule, n_best=num_return_sequences, force_eos=forced_eos,

@@ -32,7 +32,7 @@ class EarlyStopping(str, enum.Enum):
 
 
 def _fail(field: str, message: str) -> None:
-    raise GenerationError(f"{field}: {message}")
+    raise GenerationError(message, field)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class GenerationConfig:
         try:
             coerce_fields(self)
         except ConfigError as error:
-            raise GenerationError(str(error)) from None
+            raise GenerationError(error.detail, error.field) from None
         self._validate_sampling()
         self._validate_penalties()
         self._validate_beam()

@@ -60,8 +60,8 @@ def _validation_message(error: dict) -> tuple[str, str | None]:
     if location:
         param = ".".join(location)
         return f"{param}: {message}", param
-    field, sep, _ = message.partition(": ")  # a check of several fields names the one at fault first
-    return message, field if sep and field.isidentifier() else None
+    # A check of several fields raises an AttnError that names the one at fault.
+    return message, getattr(error.get("ctx", {}).get("error"), "field", None)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list[str]", "list[int]"}

@@ -56,7 +56,7 @@ from attn.errors import AttnError
 PAGE = Path(__file__).parent / "static" / "index.html"
 ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 422, 429, 500, 503)}
 # Library field names that the API calls otherwise.
-_PARAMS = {"samples": "n"}
+_PARAMS = {"samples": "n", "max_new_tokens": "max_tokens"}
 T = TypeVar("T")
 
 router = APIRouter()
@@ -112,13 +112,14 @@ async def _run(request: Request, served: ServedModel, task: Batch, param: str) -
 
 
 def _invalid(error: AttnError, param: str) -> ApiError:
+    """A 422 naming the request field the error concerns, else `param`; a closed engine's 503."""
     if isinstance(error, Closed):
         return ApiError(503, str(error))
-    message = str(error).replace("max_new_tokens", "max_tokens")
-    field, sep, rest = message.partition(": ")
-    if sep and field.isidentifier():  # "field: what is wrong"
-        return ApiError(422, f"{_PARAMS.get(field, field)}: {rest}", _PARAMS.get(field, field))
-    return ApiError(422, message, param)
+    detail = error.detail.replace("max_new_tokens", "max_tokens")  # the fix in the API's words
+    if error.field is None:
+        return ApiError(422, detail, param)
+    field = _PARAMS.get(error.field, error.field)
+    return ApiError(422, f"{field}: {detail}", field)
 
 
 # -- completions --------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from attn.errors import ConfigError
+
 class Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -26,9 +28,9 @@ class TextsRequest(Request):
     def _some_text(self) -> TextsRequest:
         texts = self.texts()
         if not texts:
-            raise ValueError("inputs: give a non-empty list of texts (or input: one text)")
+            raise ConfigError("inputs", "give a non-empty list of texts (or input: one text)")
         if not all(t.strip() for t in texts):
-            raise ValueError("inputs: every text must hold a non-blank character")
+            raise ConfigError("inputs", "every text must hold a non-blank character")
         return self
 
     def texts(self) -> list[str]:
@@ -58,11 +60,11 @@ class CompletionRequest(Request):
     @model_validator(mode="after")
     def _prompts(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt: give a prompt or a non-empty list of prompts")
+            raise ConfigError("prompt", "give a prompt or a non-empty list of prompts")
         if isinstance(self.stop, str) and not self.stop or isinstance(self.stop, list) and not all(self.stop):
-            raise ValueError("stop: stop strings must not be empty")
+            raise ConfigError("stop", "stop strings must not be empty")
         if self.attention is not None and not self.stream:
-            raise ValueError("attention: is sent with streamed tokens only; set stream: true")
+            raise ConfigError("attention", "is sent with streamed tokens only; set stream: true")
         return self
 
     def prompts(self) -> list[str]:
@@ -111,7 +113,7 @@ class EmbeddingRequest(Request):
     @model_validator(mode="after")
     def _some_text(self) -> EmbeddingRequest:
         if not self.texts() or not all(t.strip() for t in self.texts()):
-            raise ValueError("input: give a non-blank text or a non-empty list of them")
+            raise ConfigError("input", "give a non-blank text or a non-empty list of them")
         return self
 
     def texts(self) -> list[str]:
@@ -171,10 +173,10 @@ class ClassifyRequest(TextsRequest):
         if seconds is None:
             return self
         if len(seconds) != len(self.texts()):
-            raise ValueError(f"{name}: {len(self.texts())} inputs but {len(seconds)} second texts; give one second "
+            raise ConfigError(name, f"{len(self.texts())} inputs but {len(seconds)} second texts; give one second "
                              "text per input (pairs with inputs, or pair with input)")
         if not all(t.strip() for t in seconds):
-            raise ValueError(f"{name}: every second text must hold a non-blank character")
+            raise ConfigError(name, "every second text must hold a non-blank character")
         return self
 
     def second_texts(self) -> list[str] | None:
