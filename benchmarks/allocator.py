@@ -3,7 +3,7 @@
 The allocator is a setting of the whole process, so every measurement is a process of its own: for
 each recipe of case 8 and each round, attn's step and each peer's step (built as case 8 builds them,
 `benchmarks.quickstart`) run once under the C library's defaults ("system") and once after
-`attn.training.allocator.keep_freed_memory` ("keep"), the processes one after the other in
+`attn.app.allocator.keep_freed_memory` ("keep"), the processes one after the other in
 alternating order. Each process runs `--warmup` untimed steps, then `--steps` timed ones, and
 reports the median milliseconds and the median minor page faults of a step. The table gives the
 median over rounds, keep's speed-up over system for each contender, and attn against the best peer
@@ -41,7 +41,7 @@ OURS = "attn"
 
 def child(recipe: str, contender: str, mode: str, warmup: int, steps: int) -> dict[str, float]:
     """One process's measurement (see the module): median ms and page faults of a step, peak resident MB."""
-    from attn.training.allocator import keep_freed_memory
+    from attn.app.allocator import keep_freed_memory
     from benchmarks.quickstart import BENCHMARK_RECIPES, build_trainer, peer_step
 
     if mode == "keep" and not keep_freed_memory():

@@ -52,7 +52,7 @@ from attn.artifacts.loading import packaged_model_dir
 from attn.config import ModelConfig, NormPlacement
 from attn.data.batches import Batch
 from attn.models import build_model
-from attn.training.allocator import keep_freed_memory
+from attn.app.allocator import keep_freed_memory
 from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.run import seed_everything
 from attn.training.runconfig import RunConfig

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from attn.training.allocator import keep_freed_memory
+from attn.app.allocator import keep_freed_memory
 from benchmarks.harness import Settings
 from benchmarks.quickstart import BENCHMARK_RECIPES, MATMUL, build_trainer, fp32_peak, profile_step, step_flops
 

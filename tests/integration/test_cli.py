@@ -6,10 +6,13 @@ import pytest
 from cli_helpers import run_cli
 
 from attn import __version__, load_model, load_run_config
-from attn.app.cli import main
+from attn.app import cli
+from attn.app.cli import build_parser, main
+from attn.app.cli_parser import command_parser
 from attn.app.runs import configure, recipe_tables
 from attn.app.tasks import get_task
 from attn.config import preset_names
+from attn.errors import ConfigError
 from attn.training.logs import read_metrics
 
 
@@ -37,6 +40,38 @@ def test_usage_errors_exit_2_without_traceback(args):
     result = run_cli(*args)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "usage:" in result.stderr
+
+
+def fail_presets(monkeypatch, error: Exception) -> None:
+    monkeypatch.setattr(cli, "presets_table", lambda: (_ for _ in ()).throw(error))
+
+
+def test_an_unexpected_error_is_one_line_that_names_attn_debug(monkeypatch, capsys):
+    fail_presets(monkeypatch, RuntimeError("tensor trouble\n  at line 42"))
+    monkeypatch.delenv("ATTN_DEBUG", raising=False)
+    assert main(["presets"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("attn: internal error (RuntimeError: tensor trouble); run it again with ATTN_DEBUG=1 to see the "
+                   "traceback\n")
+
+
+def test_attn_debug_shows_the_traceback_of_an_unexpected_error_only(monkeypatch, capsys):
+    monkeypatch.setenv("ATTN_DEBUG", "1")
+    fail_presets(monkeypatch, RuntimeError("tensor trouble"))
+    assert main(["presets"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and err.endswith("RuntimeError: tensor trouble\n")
+    fail_presets(monkeypatch, ConfigError("--json", "a user's mistake"))
+    assert main(["presets"]) == 2
+    assert capsys.readouterr().err == "attn: error: --json: a user's mistake\n"
+
+
+def test_every_command_of_the_parser_has_its_handler():
+    parser = build_parser()
+    assert parser.parse_args(["tokenizer", "encode", "-t", "tok", "x"]).func is cli.cmd_tokenizer_encode
+    assert parser.parse_args(["presets"]).func is cli.cmd_presets
+    with pytest.raises(KeyError, match="serve"):
+        command_parser({name: handler for name, handler in cli.HANDLERS.items() if name != "serve"})
 
 
 # -- attn train TASK: a run from the task's recipe, without a TOML --------------------------------

@@ -12,8 +12,13 @@ in its translator and 21,800 in the MiniLM fine-tune; keeping the memory made th
 `keep_freed_memory` raises both thresholds to `KEEP_BYTES`, so every tensor below that size comes
 from the heap and freed memory stays with the process for the next step: after the first steps a
 step faults in no page at all. The process keeps the memory of its largest step instead of giving
-it back between steps (its peak is the same). The setting is the process's and stays after
-training. Where the C library is not glibc it does nothing.
+it back between steps (its peak is the same). Where the C library is not glibc it does nothing.
+
+The setting is the whole process's, so it is the application's choice: `attn train`, `attn
+quickstart` and `attn serve` make it once at start-up (`attn.app.cli`; `ATTN_KEEP_MEMORY=0` leaves
+glibc's defaults), and the library (`attn.train`, `Trainer.fit`) never does. A program that trains
+with the library gets the same from the environment, set before Python starts (`TUNABLES`):
+`GLIBC_TUNABLES=glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=1073741824`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import platform
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
 KEEP_BYTES = 1 << 30  # blocks up to 1 GiB come from the heap, and up to 1 GiB of free heap is kept
+# The same setting from the environment, for a program that uses the library.
+TUNABLES = f"glibc.malloc.trim_threshold={KEEP_BYTES}:glibc.malloc.mmap_threshold={KEEP_BYTES}"
 
 
 def keep_freed_memory() -> bool:

