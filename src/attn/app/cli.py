@@ -1,9 +1,11 @@
-"""The `attn` command line: thin argument parsing over importable functions.
+"""The `attn` command line: the commands, thin over importable functions (their flags: `attn.app.cli_parser`).
 
 Every subcommand parses its arguments and calls a function of the library (`attn.app.inference`,
 `attn.app.tasks`, `attn.app.runs`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
 `AttnError`) is printed on one line; configuration and usage errors exit with status 2, other
-errors with 1; no traceback.
+errors with 1; no traceback. An unexpected error (a fault of attn) is one line too, exit 1, unless
+ATTN_DEBUG=1 asks for its traceback. The commands that train or serve keep freed CPU memory for
+the next step (`KEEPS_MEMORY`, `attn.app.allocator`) unless ATTN_KEEP_MEMORY=0.
 """
 
 from __future__ import annotations

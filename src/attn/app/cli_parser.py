@@ -61,7 +61,10 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="attn", description="Train, evaluate and use Transformer models (encoder-decoder, encoder-only, "
-        "decoder-only) on the shipped corpora or your own.")
+        "decoder-only) on the shipped corpora or your own.",
+        epilog="environment: ATTN_DEBUG=1 shows the traceback of an unexpected error; ATTN_KEEP_MEMORY=0 has train, "
+        "quickstart and serve give freed CPU memory back to the system (glibc's malloc) instead of keeping it for "
+        "the next step")
     parser.add_argument("--version", action="version", version=f"attn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
