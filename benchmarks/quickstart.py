@@ -1,6 +1,6 @@
 """Case 8 and the quickstart profiles: the quickstart recipes' training steps, built as `attn train` builds them.
 
-A recipe's `Trainer` comes from its TOML config through the same calls `attn.training.train` makes
+A recipe's `Trainer` comes from its TOML config through the same calls `attn.training.run_training` makes
 (the task adapter with its tokenizer and batches, `build_model`, the pretrained weights of
 `model.init_from`, `Trainer`), in fp32 and without a time budget; its training batches are then
 replaced by one fixed batch drawn from the recipe's own batch source, so every call of the step
@@ -143,7 +143,7 @@ def recipe_task(recipe: Recipe, run_dir: Path) -> tuple[RunConfig, TaskData, Che
 
 
 def build_trainer(recipe: Recipe, run_dir: Path) -> Trainer:
-    """The recipe's trainer, built by the calls `attn.training.train` makes, dealing one fixed batch."""
+    """The recipe's trainer, built by the calls `attn.training.run_training` makes, dealing one fixed batch."""
     config, task, initial = recipe_task(recipe, run_dir)
     model = build_model(task.model_config, config.train.attention)
     if initial is not None:

@@ -279,7 +279,7 @@ LAUNCHED = """
 import dataclasses, os, pathlib, signal, sys
 sys.path.insert(0, {here!r})
 from test_ddp import reversal_task, run_config
-from attn.training import TrainingInterrupted, train
+from attn.training import TrainingInterrupted, run_training
 
 
 class SignalledAt:
@@ -307,7 +307,7 @@ def task(config, model_config, ctx):
 
 
 try:
-    train(run_config({run_dir!r}, "train.max_steps=8", "batch.grad_accum=1"), task_builder=task)
+    run_training(run_config({run_dir!r}, "train.max_steps=8", "batch.grad_accum=1"), task_builder=task)
 except TrainingInterrupted as stop:
     report = pathlib.Path({run_dir!r}).parent / f"rank{{os.environ['RANK']}}.txt"
     report.write_text(f"stopped at step {{stop.step}}, status {{stop.exit_code}}")

@@ -3,7 +3,7 @@
 Two ranks each take half of every global batch; DistributedDataParallel (and FSDP2) average
 their gradients, and the trainer's normalisation by the update's total target count makes the
 result that of one process seeing the whole batch. Resuming with the same number of ranks is
-exact too. A second test launches through torchrun, whose environment variables train() reads. A
+exact too. A second test launches through torchrun, whose environment variables run_training() reads. A
 third compares the gradients of one update, before any optimizer step, with those of one process.
 """
 
@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from attn.data.batches import IndexedBatches
 from attn.data.collate import collate_translation
 from attn.data.samplers import TokenBudgetSampler
-from attn.training import train
+from attn.training import run_training
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskData, translation_batch
 
@@ -62,7 +62,7 @@ def run_config(run_dir, *overrides):
 def worker(rank, world_size, root):
     faulthandler.dump_traceback_later(100, exit=True)  # a hung rank shows where it waits, then exits
     torch.set_num_threads(1)
-    # One process group for all the runs, as under torchrun; train() finds it and keeps it. A file
+    # One process group for all the runs, as under torchrun; run_training() finds it and keeps it. A file
     # rendezvous, because creating and destroying TCP stores in quick succession can hang.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=world_size)
@@ -70,7 +70,7 @@ def worker(rank, world_size, root):
     for name, strategy, first_stop in RUNS:
         config = run_config(f"{root}/{name}", f"train.strategy={strategy}")
         for stop in sorted({first_stop, STEPS}):
-            run = train(config.override(f"train.max_steps={stop}"), task_builder=reversal_task)
+            run = run_training(config.override(f"train.max_steps={stop}"), task_builder=reversal_task)
             losses.setdefault(name, []).extend(run.losses)
     dist.destroy_process_group()
     if rank == 0:
@@ -90,7 +90,7 @@ def run_two_ranks(target, root):
 
 
 def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
-    single = train(run_config(tmp_path / "single"), task_builder=reversal_task).losses
+    single = run_training(run_config(tmp_path / "single"), task_builder=reversal_task).losses
     run_two_ranks(worker, tmp_path)
     losses = json.loads((tmp_path / "losses.json").read_text())
     assert len(single) == STEPS and len(set(single)) == STEPS
@@ -107,7 +107,7 @@ from test_ddp import reversal_task, run_config
 import gc
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from attn.training import train
+from attn.training import run_training
 destroy = dist.destroy_process_group
 def checked_destroy(*args, **kwargs):
     # The group must not outlive itself in a DDP wrapper: its destructor would then run later with the GIL held.
@@ -115,14 +115,14 @@ def checked_destroy(*args, **kwargs):
     print("DDP-AT-DESTROY", alive)
     destroy(*args, **kwargs)
 dist.destroy_process_group = checked_destroy
-result = train(run_config({run_dir!r}, "train.max_steps=2"), task_builder=reversal_task)
+result = run_training(run_config({run_dir!r}, "train.max_steps=2"), task_builder=reversal_task)
 if result.checkpoint is not None:
     print("LOSSES", json.dumps(result.losses))
 """
 
 
 def test_torchrun_launch_rendezvous_from_the_environment(tmp_path):
-    """The way users run it: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT; train() joins and leaves."""
+    """The way users run it: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT; run_training() joins and leaves."""
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED.format(here=str(Path(__file__).parent), run_dir=str(tmp_path / "run")))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
@@ -132,7 +132,7 @@ def test_torchrun_launch_rendezvous_from_the_environment(tmp_path):
     assert done.stdout.count("DDP-AT-DESTROY 0") == 2, done.stdout
     (losses,) = [line for line in done.stdout.splitlines() if line.startswith("LOSSES ")]  # the ranks' lines interleave
     launched = json.loads(losses.removeprefix("LOSSES "))
-    single = train(run_config(tmp_path / "single", "train.max_steps=2"), task_builder=reversal_task).losses
+    single = run_training(run_config(tmp_path / "single", "train.max_steps=2"), task_builder=reversal_task).losses
     assert launched == pytest.approx(single, rel=1e-5, abs=1e-5)
 
 

@@ -19,7 +19,7 @@ from attn.app.continuation import continue_texts, prompt_ids
 from attn.app.translation import translate
 from attn.app.serve import ServedModel, create_app
 from attn.app.serve.routes import PAGE
-from attn.app.serve.work import classify_task
+from attn.app.serve.work import classify_job
 from attn.artifacts import Bundle
 from attn.decoding import GenerationConfig
 
@@ -259,9 +259,9 @@ def test_a_pair_classifier_classifies_each_input_with_its_second_text(client: Te
 def test_pair_requests_batched_together_each_get_their_own_answers(bundles: dict[str, Bundle]) -> None:
     served = ServedModel("pairs", bundles["pairs"])
     texts, pairs = ["In the", "And God said", "Sea la luz"], ["beginning", "Let there be", "y fue"]
-    first = classify_task(served, texts[:2], pairs[:2])
-    second = classify_task(served, texts[2:], pairs[2:])
-    assert first.group == second.group != classify_task(ServedModel("c", bundles["classifier"]), texts).group
+    first = classify_job(served, texts[:2], pairs[:2])
+    second = classify_job(served, texts[2:], pairs[2:])
+    assert first.group == second.group != classify_job(ServedModel("c", bundles["classifier"]), texts).group
     assert list(first.sizes) == [6 + 9 + 3, 12 + 12 + 3]  # [CLS] text [SEP] pair [SEP], a token per character
     mine, theirs = first.run([first, second])
     as_json = [[{"label": p.label, "score": p.probability, "probabilities": p.probabilities} for p in found]

@@ -1,5 +1,5 @@
-"""The serving engine: waiting tasks run together (within the token budget, by group), one at a time without
-batching; a full queue raises QueueFull with a retry time; a cancelled task's work is dropped; drain finishes
+"""The serving engine: waiting jobs run together (within the token budget, by group), one at a time without
+batching; a full queue raises QueueFull with a retry time; a cancelled job's work is dropped; drain finishes
 what was admitted; completions decode in a continuous batch that gives each request its tokens alone."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Metrics:
 
 
 class Recorder:
-    """A `Batch.run` that records the tasks of each call; the first call waits for `release`."""
+    """A `Batch.run` that records the jobs of each call; the first call waits for `release`."""
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []

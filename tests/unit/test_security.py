@@ -20,7 +20,7 @@ from attn.artifacts.torch_files import load_torch_file
 from attn.config import preset
 from attn.errors import CheckpointError
 from attn.models import build_model
-from attn.training import retention, train
+from attn.training import retention, run_training
 from attn.training.finetune import initial_model
 from attn.training.runconfig import RunConfig
 
@@ -90,7 +90,7 @@ def test_a_pickle_in_trainer_state_is_refused_by_load_checkpoint(poisoned_run):
 def test_a_pickle_in_trainer_state_is_refused_on_resume(poisoned_run):
     config, marker = poisoned_run
     with pytest.raises(CheckpointError, match=REFUSED):
-        train(config, task_builder=never_called)
+        run_training(config, task_builder=never_called)
     assert not marker.exists()
 
 

@@ -69,7 +69,7 @@ _SMOKE = {
 
 
 @dataclasses.dataclass
-class TaskReport:
+class StepReport:
     name: str
     run_dir: Path
     train_seconds: float
@@ -99,7 +99,7 @@ def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
 
 
 def _report(name: str, trained: _Trained, metrics: dict[str, Any], samples: list[str],
-            check: BaselineCheck) -> TaskReport:
+            check: BaselineCheck) -> StepReport:
     """Prints the baseline check (and, when it failed, the warning with the likely causes)."""
     print(check.line())
     result = trained.result
@@ -107,10 +107,10 @@ def _report(name: str, trained: _Trained, metrics: dict[str, Any], samples: list
         print(f"attn: warning: {warning}", flush=True)
     metrics = {**metrics, **check.record(), "updates": result.step, "precision": result.precision,
                "tokens_per_s": round(result.tokens_per_s)}
-    return TaskReport(name, result.run_dir, trained.seconds, metrics, samples, result.step, check)
+    return StepReport(name, result.run_dir, trained.seconds, metrics, samples, result.step, check)
 
 
-def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
+def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
     _print_heading("1/3 translation: English -> Spanish (the paper's encoder-decoder)")
     trained = _train("translation", run_dir, smoke, quiet)
     loaded = load_model(run_dir)
@@ -125,7 +125,7 @@ def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     return _report("translation", trained, result, samples, check)
 
 
-def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
+def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
     _print_heading("2/3 language model: Shakespeare, character by character (decoder-only)")
     trained = _train("lm", run_dir, smoke, quiet)
     loaded = load_model(run_dir)
@@ -143,7 +143,7 @@ def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
     return _report("lm", trained, result, [sample], check)
 
 
-def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> TaskReport:
+def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
     _print_heading("3/3 classification: fortune-cookie topics (fine-tuned all-MiniLM-L6-v2)")
     trained = _train("classification", run_dir, smoke, quiet)
     loaded = load_model(run_dir)
@@ -188,7 +188,7 @@ def run_quickstart(run_dir: str | Path = "runs/quickstart", budget: str = "full"
     return summary
 
 
-def _print_summary(reports: list[TaskReport], smoke: bool) -> None:
+def _print_summary(reports: list[StepReport], smoke: bool) -> None:
     """A line per step: the updates made (and the recipe's when it was tuned), the score against the baseline."""
     print("\n=== summary ===")
     for report in reports:

@@ -21,7 +21,7 @@ from attn.artifacts import load_model
 from attn.config import ModelConfig
 from attn.errors import ConfigError
 from attn.training import RunResult, read_run_tables
-from attn.training import train as train_run
+from attn.training import run_training
 from attn.training.runconfig import RunConfig, apply_overrides
 
 
@@ -57,7 +57,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
 
 
 def train(run_config: RunConfig, model_config: ModelConfig | None = None) -> RunResult:
-    """Trains the run's task as `run_config` says (`attn.training.train` with the task's data adapter),
+    """Trains the run's task as `run_config` says (`attn.training.run_training` with the task's data adapter),
     resuming from the run's latest checkpoint if there is one.
 
     Args:
@@ -69,7 +69,7 @@ def train(run_config: RunConfig, model_config: ModelConfig | None = None) -> Run
         What the run did (on every rank; checkpoint paths only on rank 0).
 
     Raises:
-        ConfigError: an unknown task or invalid settings; see `attn.training.train` for the others.
+        ConfigError: an unknown task or invalid settings; see `attn.training.run_training` for the others.
 
     Example (two updates of the character-level Shakespeare recipe, from the repository's root):
         >>> import tempfile
@@ -81,7 +81,7 @@ def train(run_config: RunConfig, model_config: ModelConfig | None = None) -> Run
         >>> result.step, load_model(run_dir, "cpu").task
         (2, 'lm')
     """
-    return train_run(run_config, model_config, task_builder=get_task(run_config.task, trainable=True).build)
+    return run_training(run_config, model_config, task_builder=get_task(run_config.task, trainable=True).build)
 
 
 def check_run(config: RunConfig, result: RunResult) -> tuple[BaselineCheck, str] | None:

@@ -1,6 +1,6 @@
 """Training: one engine for the three architectures and their tasks.
 
-`train(run_config, task_builder=...)` (`run`) sets a run up and fits it; `runconfig` reads a TOML
+`run_training(run_config, task_builder=...)` (`run`) sets a run up and fits it; `runconfig` reads a TOML
 run configuration (`attn.load_run_config` adds the task's defaults); `tasks` holds the task
 adapters, which the task registry (`attn.app.tasks`) hands down; `trainer` is the loop and `update`
 one update's loss and gradients, `signals` stops it cleanly, `retention` keeps a run's checkpoints
@@ -15,12 +15,12 @@ from attn.training.retention import (
     save_checkpoint,
     write_averaged_checkpoint,
 )
-from attn.training.run import train
+from attn.training.run import run_training
 from attn.training.runconfig import RunConfig, read_run_tables
 from attn.training.signals import TrainingInterrupted
 from attn.training.trainer import RunResult, Trainer
 
 __all__ = [
     "RunConfig", "RunResult", "Trainer", "TrainingInterrupted", "average_checkpoints", "last_checkpoints",
-    "read_run_tables", "save_checkpoint", "train", "write_averaged_checkpoint",
+    "read_run_tables", "run_training", "save_checkpoint", "write_averaged_checkpoint",
 ]

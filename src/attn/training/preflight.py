@@ -1,7 +1,7 @@
 """Checks made before a run trains a tokenizer or builds a model, so nobody waits for a run that
 is bound to fail at its first checkpoint.
 
-`check_run` makes sure the run directory can be created and written, and that its disk has room
+`prepare_run_dir` makes sure the run directory can be created and written, and that its disk has room
 for two checkpoints (the last one stays while the next is written) and the logs. A checkpoint's
 size is estimated from the configured model: float32 weights plus Adam's two float32 moments
 in `trainer_state.pt`, plus a margin for configs, tokenizer and generator states.
@@ -41,7 +41,7 @@ def parameter_count(config: ModelConfig) -> int:
         return count_parameters(build_model(config))
 
 
-def check_run(run_dir: str | Path, config: ModelConfig) -> Path:
+def prepare_run_dir(run_dir: str | Path, config: ModelConfig) -> Path:
     """Creates the run directory and checks that it is writable and that its disk has room for the run.
 
     Args:

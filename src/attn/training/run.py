@@ -1,7 +1,7 @@
 """A training run from its configuration: check the run directory, build the task, start or resume
 the model (or fine-tune a pretrained one), and fit.
 
-`train(run_config, task_builder=...)` is the entry point; `attn.train` calls it with the builder
+`run_training(run_config, task_builder=...)` is the entry point; `attn.train` calls it with the builder
 of the run's task (the task registry, `attn.app.tasks`). Before it trains a tokenizer or builds a model it checks
 that the run directory can be written and that its disk has room for two checkpoints
 (`attn.training.preflight`); it refuses a run directory that holds checkpoints unless
@@ -26,14 +26,14 @@ from attn.training.distributed import (
     shutdown,
 )
 from attn.training.finetune import copy_pretrained, initial_model
-from attn.training.preflight import check_run
+from attn.training.preflight import prepare_run_dir
 from attn.training.retention import config_difference
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskBuilder, TaskContext
 from attn.training.trainer import RunResult, Trainer
 
 
-def train(run_config: RunConfig, model_config: ModelConfig | None = None, *, task_builder: TaskBuilder) -> RunResult:
+def run_training(run_config: RunConfig, model_config: ModelConfig | None = None, *, task_builder: TaskBuilder) -> RunResult:
     """Trains a model as `run_config` says, resuming from the run's latest checkpoint if there is one.
 
     Works the same in one process and under `torchrun` (see `attn.training.distributed`).
@@ -75,7 +75,7 @@ def _preflight(config: RunConfig, model_config: ModelConfig, ctx: DistContext) -
     problem = None
     if ctx.is_main:
         try:
-            check_run(config.run_dir, model_config)
+            prepare_run_dir(config.run_dir, model_config)
         except TrainingError as err:
             problem = err
     problem = all_gather_objects(problem, ctx)[0]

@@ -14,7 +14,7 @@ from attn.config import preset
 from attn.data import files
 from attn.errors import CheckpointError, TrainingError
 from attn.models import build_model
-from attn.training import preflight, retention, train
+from attn.training import preflight, retention, run_training
 
 MiB = 2**20
 DiskUsage = collections.namedtuple("DiskUsage", "total used free")
@@ -34,7 +34,7 @@ def test_the_checkpoint_size_estimate():
 
 def test_the_estimate_bounds_a_real_checkpoint(tmp_path):
     config = quick_config(tmp_path / "run", "train.max_steps=1")
-    checkpoint = train(config, task_builder=reversal_builder()).checkpoint
+    checkpoint = run_training(config, task_builder=reversal_builder()).checkpoint
     n_params = preflight.parameter_count(preset("paper-base-tiny"))
     size = sum(file.stat().st_size for file in checkpoint.iterdir())
     assert 12 * n_params < size < preflight.checkpoint_bytes(n_params)
@@ -44,14 +44,14 @@ def test_a_run_dir_that_is_a_file_fails_before_anything_is_built(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.write_text("not a directory")
     with pytest.raises(TrainingError, match=rf"run_dir {run_dir} is a file, not a directory; set run_dir"):
-        train(quick_config(run_dir), task_builder=never_called)
+        run_training(quick_config(run_dir), task_builder=never_called)
 
 
 def test_a_run_dir_under_a_file_names_the_path(tmp_path):
     (tmp_path / "file").write_text("")
     run_dir = tmp_path / "file" / "run"
     with pytest.raises(TrainingError, match=rf"run_dir {run_dir} cannot be created .*Not a directory"):
-        train(quick_config(run_dir), task_builder=never_called)
+        run_training(quick_config(run_dir), task_builder=never_called)
 
 
 def test_an_unwritable_parent_names_the_path_and_the_fix(tmp_path, monkeypatch):
@@ -72,9 +72,9 @@ def test_a_full_disk_fails_before_anything_is_built(tmp_path, monkeypatch):
     needed = preflight.required_disk_bytes(n_params) / MiB
     message = rf"has 10 MiB free, the run needs about {needed:.0f} MiB \(two checkpoints of {n_params:,} parameters"
     with pytest.raises(TrainingError, match=message):
-        train(quick_config(tmp_path / "run"), task_builder=never_called)
+        run_training(quick_config(tmp_path / "run"), task_builder=never_called)
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: DiskUsage(100 * MiB, 0, round(needed * MiB)))
-    assert train(quick_config(tmp_path / "run", "train.max_steps=1"), task_builder=reversal_builder()).step == 1
+    assert run_training(quick_config(tmp_path / "run", "train.max_steps=1"), task_builder=reversal_builder()).step == 1
 
 
 def test_the_cli_prints_a_preflight_error_on_one_line(tmp_path, capsys):
@@ -168,6 +168,6 @@ def test_training_stops_with_a_checkpoint_error_when_the_disk_fills(tmp_path, mo
     monkeypatch.setattr(ckpt.safetensors.torch, "save_model", fills_up)
     config = quick_config(tmp_path, "train.checkpoint_interval=1", "train.max_steps=3")
     with pytest.raises(CheckpointError, match="step-00000002: cannot write the checkpoint"):
-        train(config, task_builder=reversal_builder())
+        run_training(config, task_builder=reversal_builder())
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000001"]
     assert ckpt.load_checkpoint(tmp_path, with_state=True).state["step"] == 1

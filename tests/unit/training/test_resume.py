@@ -10,7 +10,7 @@ from attn.app.tasks import get_task
 from attn.artifacts.checkpoint import load_checkpoint
 from attn.data.readers import load_labelled
 from attn.data.tokenizers import Tokenizer
-from attn.training import train
+from attn.training import run_training
 from attn.training.logs import read_metrics
 from attn.training.runconfig import RunConfig
 
@@ -24,11 +24,11 @@ def validation_records(run_dir, leave_out=None):
 
 def assert_resume_is_exact(tmp_path, config, steps, builder=None):
     builder = builder or get_task(config.task).build
-    straight = train(config.override(f"run_dir={tmp_path / 'straight'}", f"train.max_steps={2 * steps}"),
+    straight = run_training(config.override(f"run_dir={tmp_path / 'straight'}", f"train.max_steps={2 * steps}"),
                      task_builder=builder)
     split = config.override(f"run_dir={tmp_path / 'split'}")
-    first = train(split.override(f"train.max_steps={steps}"), task_builder=builder)
-    second = train(split.override(f"train.max_steps={2 * steps}"), task_builder=builder)
+    first = run_training(split.override(f"train.max_steps={steps}"), task_builder=builder)
+    second = run_training(split.override(f"train.max_steps={2 * steps}"), task_builder=builder)
     assert first.losses + second.losses == straight.losses
     a, b = (load_checkpoint(tmp_path / name).model.state_dict() for name in ("straight", "split"))
     assert all(torch.equal(a[key], b[key]) for key in a)

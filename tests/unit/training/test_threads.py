@@ -7,7 +7,7 @@ import torch
 from training_helpers import quick_config, reversal_builder
 
 from attn.errors import ConfigError
-from attn.training import train
+from attn.training import run_training
 from attn.training import trainer as trainer_module
 from attn.training.logs import read_metrics
 from attn.training.threads import ThreadChoice, probe_threads
@@ -67,7 +67,7 @@ def run_counting_threads(monkeypatch, config, seconds_at):
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(trainer_module, "accumulate_gradients", timed_accumulate)
     monkeypatch.setattr(trainer_module.Trainer, "train_step", counting_step)
-    return train(config, task_builder=reversal_builder()), counts
+    return run_training(config, task_builder=reversal_builder()), counts
 
 
 def test_a_time_budgeted_cpu_run_probes_once_and_trains_on_the_fastest_count(tmp_path, monkeypatch, two_threads):
@@ -83,10 +83,10 @@ def test_the_probe_leaves_the_run_as_it_was(tmp_path, two_threads):
     """The probe's passes draw dropout masks, take a batch and leave gradients: a budgeted run that probes
     and one pinned to the count it chose make the same updates."""
     builder, budget = reversal_builder(dropout=0.1), ("train.max_steps=3", "train.max_minutes=60")
-    probed = train(quick_config(tmp_path / "probed", *budget), task_builder=builder).losses
+    probed = run_training(quick_config(tmp_path / "probed", *budget), task_builder=builder).losses
     (record,) = [r for r in read_metrics(tmp_path / "probed" / "metrics.jsonl") if "threads" in r]
     pinned = quick_config(tmp_path / "pinned", *budget, f"train.threads={record['threads']}")
-    assert train(pinned, task_builder=builder).losses == probed
+    assert run_training(pinned, task_builder=builder).losses == probed
 
 
 def test_a_run_without_a_budget_keeps_torchs_count(tmp_path, monkeypatch, two_threads):

@@ -20,7 +20,7 @@ from attn.config import preset
 from attn.data.batches import Batch, lm_batch
 from attn.errors import CheckpointError, ConfigError, TrainingError
 from attn.training import precision as precision_module
-from attn.training import train
+from attn.training import run_training
 from attn.training import trainer as trainer_module
 from attn.training import update as update_module
 from attn.training.distributed import init_distributed
@@ -64,7 +64,7 @@ def test_a_tiny_model_overfits_one_batch(tmp_path, task):
         return TaskData(preset(name).replace(dropout=0.0), head, ignore, RepeatBatch(batch), None)
 
     config = quick_config(tmp_path, f"train.max_steps={steps}", "train.label_smoothing=0.0", "optim.lr=1e-2")
-    result = train(config, task_builder=build)
+    result = run_training(config, task_builder=build)
     assert result.losses[0] > 1.0
     assert result.losses[-1] < 0.05
 
@@ -81,7 +81,7 @@ def test_compiled_training_compiles_the_loss_with_the_model_and_matches_eager(tm
     losses = {}
     for flag in ("false", "true"):
         config = quick_config(tmp_path / flag, "train.max_steps=3", f"train.compile={flag}")
-        losses[flag] = train(config, task_builder=build).losses
+        losses[flag] = run_training(config, task_builder=build).losses
     assert update_module.batch_loss in compiled  # forward and loss in one graph, not the module alone
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
     assert losses["true"][-1] < losses["true"][0]
@@ -138,7 +138,7 @@ def test_a_nan_loss_stops_with_the_step_and_no_nan_checkpoint(tmp_path, monkeypa
     nan_on_call(monkeypatch, bad_call=3)
     config = quick_config(tmp_path, "train.max_steps=5", "train.checkpoint_interval=1")
     with pytest.raises(TrainingError, match=r"step 3: the training loss is nan; lower optim.lr, set optim.clip"):
-        train(config, task_builder=reversal_builder())
+        run_training(config, task_builder=reversal_builder())
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000001", "step-00000002"]
 
 
@@ -147,7 +147,7 @@ def test_a_nan_loss_can_skip_the_update(tmp_path, monkeypatch):
     config = quick_config(
         tmp_path, "train.max_steps=4", "train.checkpoint_interval=1", "train.keep_last=10", "train.on_nonfinite=skip"
     )
-    result = train(config, task_builder=reversal_builder())
+    result = run_training(config, task_builder=reversal_builder())
     assert math.isnan(result.losses[2]) and all(math.isfinite(x) for x in result.losses[:2] + result.losses[3:])
     weights = [ckpt.load_checkpoint(p).model.state_dict() for p in ckpt.list_checkpoints(tmp_path)]
     assert len(weights) == 4 and all(torch.isfinite(t).all() for w in weights for t in w.values())
@@ -159,7 +159,7 @@ def test_a_nan_loss_can_skip_the_update(tmp_path, monkeypatch):
 def test_early_stopping_when_the_metric_stops_improving(tmp_path):
     # lr = 0: the validation loss never improves after the first evaluation.
     config = quick_config(tmp_path, "optim.lr=0.0", "train.eval_interval=1", "train.patience=2", "train.max_steps=10")
-    result = train(config, task_builder=reversal_builder())
+    result = run_training(config, task_builder=reversal_builder())
     assert result.stopped_early and result.step == 3 and result.best_step == 1
     assert ckpt.best_checkpoint(tmp_path).name == "step-00000001"
     assert result.metrics["val_loss"] == pytest.approx(result.best_metric)
@@ -174,7 +174,7 @@ def test_metrics_file_records_training_and_validation(tmp_path):
         tmp_path, "train.max_steps=4", "train.eval_interval=2", "train.log_interval=2", "optim.schedule=noam",
         "optim.warmup_steps=4", "optim.lr=2.0",
     )
-    result = train(config, task_builder=reversal_builder())
+    result = run_training(config, task_builder=reversal_builder())
     records = read_metrics(tmp_path / "metrics.jsonl")
     training = [r for r in records if "loss" in r]
     validation = [r for r in records if "val_loss" in r]
@@ -189,16 +189,16 @@ def test_metrics_file_records_training_and_validation(tmp_path):
 
 
 def test_resuming_needs_the_same_model_and_refuses_to_overwrite(tmp_path):
-    train(quick_config(tmp_path, "train.max_steps=1"), task_builder=reversal_builder())
+    run_training(quick_config(tmp_path, "train.max_steps=1"), task_builder=reversal_builder())
     with pytest.raises(CheckpointError, match="differs from this run's in 'd_ff'"):
-        train(quick_config(tmp_path, "train.max_steps=2", "model.d_ff=48"), task_builder=reversal_builder())
+        run_training(quick_config(tmp_path, "train.max_steps=2", "model.d_ff=48"), task_builder=reversal_builder())
     with pytest.raises(ConfigError, match="already holds checkpoints"):
-        train(quick_config(tmp_path, "train.max_steps=2", "train.resume=false"), task_builder=reversal_builder())
+        run_training(quick_config(tmp_path, "train.max_steps=2", "train.resume=false"), task_builder=reversal_builder())
 
 
 def test_an_unknown_metric_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="train.metric: unknown metric 'bleu'"):
-        train(quick_config(tmp_path, "train.metric=bleu"), task_builder=reversal_builder())
+        run_training(quick_config(tmp_path, "train.metric=bleu"), task_builder=reversal_builder())
 
 
 def test_model_flops_and_utilisation():
@@ -243,7 +243,7 @@ def test_a_time_budgeted_cosine_run_decays_with_the_clock_and_stops_when_it_runs
     config = quick_config(
         tmp_path / "run", "optim.schedule=cosine", "train.max_steps=1000", "train.max_minutes=1", "train.quiet=false"
     )
-    result = train(config, task_builder=reversal_builder())
+    result = run_training(config, task_builder=reversal_builder())
     bar = capsys.readouterr().err.split("\r")
     assert "100%" in bar[-1] and "60/60 s" in bar[-1] and "step=4" in bar[-1]  # the budget's bar, not 1000 steps'
     lrs = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lr" in r]
@@ -257,10 +257,10 @@ def test_an_overshooting_last_update_ends_the_bar_at_the_budget_and_the_run_resu
     clock = itertools.count(0, 25)  # 25 s per step: the third update ends at 75 s of a 60 s budget
     monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
     config = quick_config(tmp_path / "run", "train.max_steps=1000", "train.max_minutes=1", "train.quiet=false")
-    result = train(config, task_builder=reversal_builder())
+    result = run_training(config, task_builder=reversal_builder())
     assert result.step == 3 and result.checkpoint is not None
     assert "100%" in capsys.readouterr().err.split("\r")[-1]
-    resumed = train(config.override("train.resume=true"), task_builder=reversal_builder())  # budget already spent
+    resumed = run_training(config.override("train.resume=true"), task_builder=reversal_builder())  # budget already spent
     assert resumed.step == 3 and "100%" in capsys.readouterr().err.split("\r")[-1]
 
 
@@ -273,7 +273,7 @@ def test_a_run_five_times_slower_than_its_recipe_still_leaves_warmup_and_decays_
         tmp_path / "run", "optim.schedule=cosine", "optim.warmup_steps=50", "optim.min_lr_ratio=0.1",
         "train.max_steps=100000", "train.max_minutes=1",
     )
-    result = train(config, task_builder=reversal_builder())
+    result = run_training(config, task_builder=reversal_builder())
     lrs = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lr" in r]
 
     def cosine(progress):
@@ -290,14 +290,14 @@ def test_a_run_five_times_slower_than_its_recipe_still_leaves_warmup_and_decays_
 def test_the_precision_choice_and_the_probe_figures_go_to_the_log_and_metrics(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(precision_module.AUTO_ENV, raising=False)  # the probe decides here
     monkeypatch.setattr(precision_module, "_probe", lambda device, shape: (1e-3, 0.1))  # bf16 100x slower
-    result = train(quick_config(tmp_path, "train.precision=auto", "train.quiet=false"), task_builder=reversal_builder())
+    result = run_training(quick_config(tmp_path, "train.precision=auto", "train.quiet=false"), task_builder=reversal_builder())
     assert result.precision == "fp32"
     record = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert record == {"step": 0, "precision": "fp32", "precision_requested": "auto",
                       "precision_reason": "a bf16 matmul runs at 0.01x the speed of fp32 on this CPU",
                       "probe_fp32_ms": 1.0, "probe_bf16_ms": 100.0, "bf16_speedup": 0.01}
     assert "attn: precision fp32 (requested auto: a bf16 matmul runs at 0.01x" in capsys.readouterr().err
-    forced = train(quick_config(tmp_path / "bf16", "train.precision=bf16"), task_builder=reversal_builder())
+    forced = run_training(quick_config(tmp_path / "bf16", "train.precision=bf16"), task_builder=reversal_builder())
     assert forced.precision == "bf16"  # obeyed, but the quiet run still warns, with the measured ratio
     assert "warning: train.precision = bf16, but a bf16 matmul runs at 0.01x the speed" in capsys.readouterr().err
 
@@ -306,16 +306,16 @@ def test_a_resumed_auto_run_keeps_the_precision_it_started_in(tmp_path, monkeypa
     """A probe that decides otherwise when the run resumes (a busier or another machine) does not switch
     precision mid-run: 2 + 2 updates give the losses of 4 in bf16, and an explicit precision is obeyed."""
     monkeypatch.setenv(precision_module.AUTO_ENV, "bf16")
-    whole = train(quick_config(tmp_path / "whole", "train.precision=auto"), task_builder=reversal_builder())
+    whole = run_training(quick_config(tmp_path / "whole", "train.precision=auto"), task_builder=reversal_builder())
     config = quick_config(tmp_path / "parts", "train.precision=auto", "train.max_steps=2")
-    first = train(config, task_builder=reversal_builder())
+    first = run_training(config, task_builder=reversal_builder())
     monkeypatch.setenv(precision_module.AUTO_ENV, "fp32")
-    rest = train(config.override("train.max_steps=4", "train.resume=true"), task_builder=reversal_builder())
+    rest = run_training(config.override("train.max_steps=4", "train.resume=true"), task_builder=reversal_builder())
     assert whole.precision == first.precision == rest.precision == "bf16"
     assert first.losses + rest.losses == pytest.approx(whole.losses, rel=1e-6)
     records = [r for r in read_metrics(tmp_path / "parts" / "metrics.jsonl") if "precision" in r]
     assert [(r["precision"], r["precision_reason"]) for r in records] == [
         ("bf16", "ATTN_AUTO_PRECISION=bf16"), ("bf16", "chosen when the run started; a resumed run keeps it")]
-    explicit = train(config.override("train.max_steps=5", "train.resume=true", "train.precision=fp32"),
+    explicit = run_training(config.override("train.max_steps=5", "train.resume=true", "train.precision=fp32"),
                      task_builder=reversal_builder())
     assert explicit.precision == "fp32"

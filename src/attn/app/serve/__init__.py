@@ -2,7 +2,7 @@
 
 `registry` names the served models and says what each can do; `schemas` holds the request and
 response bodies; `engine` runs each model's work on its own thread, batched; `work` builds the
-engine's tasks from the application's inference modules; `routes` checks requests, builds tasks and shapes
+engine's jobs from the application's inference modules; `routes` checks requests, builds jobs and shapes
 answers; `errors` gives every failure one JSON shape; `gate` limits bodies, drains on shutdown
 and counts requests; `metrics` the Prometheus metrics; `app` puts them together and runs the server.
 """

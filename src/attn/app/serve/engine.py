@@ -1,24 +1,24 @@
 """The engine behind `attn serve`: one worker thread per model, running the requests that wait together.
 
-Routes hand the engine tasks; the model runs on the engine's own thread (torch releases the GIL), never
-on the event loop. Two kinds of task:
+Routes hand the engine jobs; the model runs on the engine's own thread (torch releases the GIL), never
+on the event loop. Two kinds of job:
 
-- A `Batch` task (translate, classify, embed, attention) runs with the other waiting tasks of the same
-  `group` (route and settings): the oldest waiting task, then others of its group, shortest first, while
-  the batch's padded size (rows x longest row) stays within `max_batch_tokens`. One call of the task's
-  `run` computes all of them. A batch that fails is run again task by task, so a bad request fails alone.
-- A `Rows` task (completions) decodes its rows in the model's `RunningBatch`: CONTINUOUS batching. Between
+- A `Batch` job (translate, classify, embed, attention) runs with the other waiting jobs of the same
+  `group` (route and settings): the oldest waiting job, then others of its group, shortest first, while
+  the batch's padded size (rows x longest row) stays within `max_batch_tokens`. One call of the job's
+  `run` computes all of them. A batch that fails is run again job by job, so a bad request fails alone.
+- A `Rows` job (completions) decodes its rows in the model's `RunningBatch`: CONTINUOUS batching. Between
   two decode steps, waiting rows join the running batch (while the prompt + new-token room of its rows stays
-  within `max_batch_tokens`) and finished rows leave. Each new token goes to the task's stream at once.
+  within `max_batch_tokens`) and finished rows leave. Each new token goes to the job's stream at once.
 
-With `batching=False` every task runs alone, one at a time: the baseline the batched engine is measured against.
+With `batching=False` every job runs alone, one at a time: the baseline the batched engine is measured against.
 
-At most `max_queue` tasks wait or run; one more raises `QueueFull` with a retry time (the recent mean
-task latency). A caller that stops waiting (a client that disconnected) cancels its task: a waiting task is
-dropped, a decoding one leaves the batch at the next step. `drain` stops new tasks and returns once
+At most `max_queue` jobs wait or run; one more raises `QueueFull` with a retry time (the recent mean
+job latency). A caller that stops waiting (a client that disconnected) cancels its job: a waiting job is
+dropped, a decoding one leaves the batch at the next step. `drain` stops new jobs and returns once
 every admitted one is done.
 
-Metrics (when given): the number of tasks waiting or running (`queue_length{model}`) and the requests in each
+Metrics (when given): the number of jobs waiting or running (`queue_length{model}`) and the requests in each
 batch or decode step (`batch_size{model,route}`). Times to first token are the routes' to measure: they
 start the clock when the request arrives.
 """
@@ -37,11 +37,11 @@ from attn.decoding import GenerationConfig, RowToken, RunningBatch
 from attn.errors import AttnError
 
 _END = object()  # closes a stream
-_LATENCY_MEMORY = 0.9  # weight of the past in the mean task latency behind Retry-After
+_LATENCY_MEMORY = 0.9  # weight of the past in the mean job latency behind Retry-After
 
 
 class QueueFull(Exception):
-    """The model's queue holds `max_queue` tasks already.
+    """The model's queue holds `max_queue` jobs already.
 
     Attributes:
         retry_after_s: when a retry may find room, in seconds.
@@ -53,7 +53,7 @@ class QueueFull(Exception):
 
 
 class Closed(AttnError):
-    """The engine is draining or drained and takes no new task."""
+    """The engine is draining or drained and takes no new job."""
 
 
 class EngineMetrics(Protocol):
@@ -65,13 +65,13 @@ class EngineMetrics(Protocol):
 
 @dataclasses.dataclass(eq=False)
 class Batch:
-    """Work that runs in one call with the other waiting tasks of its group.
+    """Work that runs in one call with the other waiting jobs of its group.
 
     Attributes:
         route: the route it serves (a metrics label).
-        group: tasks of equal groups may run together (e.g. the route and its decoding settings).
+        group: jobs of equal groups may run together (e.g. the route and its decoding settings).
         sizes: the token count of each of its input rows (what the batch budget counts).
-        run: computes the results of several tasks of one group together, one result per task, in order.
+        run: computes the results of several jobs of one group together, one result per job, in order.
     """
 
     route: str
@@ -104,7 +104,7 @@ class Rows:
 
 
 @dataclasses.dataclass(eq=False)
-class _Task:
+class _Job:
     """A submitted piece of work and the way back to the event loop that waits for it."""
 
     work: Batch | Rows
@@ -115,21 +115,21 @@ class _Task:
     rows_left: int = 0
 
     def send(self, item: Any) -> None:
-        """Puts `item` on the task's queue from the worker thread (dropped once the task is cancelled)."""
+        """Puts `item` on the job's queue from the worker thread (dropped once the job is cancelled)."""
         if not self.cancelled:
             self.loop.call_soon_threadsafe(self.out.put_nowait, item)
 
 
 class Engine:
-    """Runs one model's tasks on its own thread, together when `batching`, one at a time otherwise.
+    """Runs one model's jobs on its own thread, together when `batching`, one at a time otherwise.
 
     Args:
         name: the model's name (the metrics' `model` label).
-        running: the model's `RunningBatch` (decoder-only models), None for models without `Rows` tasks.
-        batching: run waiting tasks together (False: one task at a time, the comparison baseline).
-        max_queue: the most tasks waiting or running.
+        running: the model's `RunningBatch` (decoder-only models), None for models without `Rows` jobs.
+        batching: run waiting jobs together (False: one job at a time, the comparison baseline).
+        max_queue: the most jobs waiting or running.
         max_batch_tokens: the budget of one batch: padded input tokens of a `Batch` group, prompt plus
-            new-token room of the rows in the running batch. A task larger than the budget runs alone.
+            new-token room of the rows in the running batch. A job larger than the budget runs alone.
         metrics: where the queue length and batch sizes go (None: nowhere).
     """
 
@@ -142,8 +142,8 @@ class Engine:
         self.max_batch_tokens = max_batch_tokens
         self.metrics = metrics
         self._lock = threading.Condition()
-        self._waiting: collections.deque[_Task] = collections.deque()
-        self._decoding: dict[_Task, None] = {}  # Rows tasks in the running batch, in arrival order
+        self._waiting: collections.deque[_Job] = collections.deque()
+        self._decoding: dict[_Job, None] = {}  # Rows jobs in the running batch, in arrival order
         self._admitted = 0
         self._closing = False
         self._mean_latency = 1.0
@@ -151,48 +151,48 @@ class Engine:
         self._thread.start()
 
     async def submit(self, work: Batch) -> Any:
-        """Runs a `Batch` task and returns its result (or raises its error).
+        """Runs a `Batch` job and returns its result (or raises its error).
 
         Raises:
-            QueueFull: `max_queue` tasks wait or run already.
+            QueueFull: `max_queue` jobs wait or run already.
             Closed: the engine is draining.
         """
-        task = self._admit(work)
+        job = self._admit(work)
         try:
-            result = await task.out.get()
+            result = await job.out.get()
         except asyncio.CancelledError:
-            task.cancelled = True
+            job.cancelled = True
             raise
         if isinstance(result, BaseException):
             raise result
         return result
 
     def submit_stream(self, work: Rows) -> AsyncIterator[Any]:
-        """The chunks of a `Rows` task as its tokens are chosen, every row's in token order.
+        """The chunks of a `Rows` job as its tokens are chosen, every row's in token order.
 
         Raises (at once, before anything is iterated):
-            QueueFull: `max_queue` tasks wait or run already.
+            QueueFull: `max_queue` jobs wait or run already.
             Closed: the engine is draining.
         """
         return self._chunks(self._admit(work))
 
     async def drain(self) -> None:
-        """Takes no new task, and returns once every admitted task is done and the worker thread stopped."""
+        """Takes no new job, and returns once every admitted job is done and the worker thread stopped."""
         with self._lock:
             self._closing = True
             self._lock.notify()
         await asyncio.to_thread(self._thread.join)
 
-    async def _chunks(self, task: _Task) -> AsyncIterator[Any]:
+    async def _chunks(self, job: _Job) -> AsyncIterator[Any]:
         try:
-            while (item := await task.out.get()) is not _END:
+            while (item := await job.out.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
-            task.cancelled = True  # a no-op after the end; else the rows leave the batch at the next step
+            job.cancelled = True  # a no-op after the end; else the rows leave the batch at the next step
 
-    def _admit(self, work: Batch | Rows) -> _Task:
+    def _admit(self, work: Batch | Rows) -> _Job:
         if isinstance(work, Rows) and self.running is None:
             raise TypeError(f"model {self.name!r} has no running batch: only decoder-only models decode rows")
         with self._lock:
@@ -200,19 +200,19 @@ class Engine:
                 raise Closed(f"model {self.name!r} is shutting down and takes no new requests")
             if self._admitted >= self.max_queue:
                 raise QueueFull(retry_after_s=self._mean_latency)
-            task = _Task(work, asyncio.get_running_loop(), asyncio.Queue())
-            self._waiting.append(task)
+            job = _Job(work, asyncio.get_running_loop(), asyncio.Queue())
+            self._waiting.append(job)
             self._admitted += 1
             self._lock.notify()
         self._count()
-        return task
+        return job
 
-    def _done(self, task: _Task, item: Any) -> None:
-        """Sends the task's last item and frees its place in the queue."""
-        task.send(item)
+    def _done(self, job: _Job, item: Any) -> None:
+        """Sends the job's last item and frees its place in the queue."""
+        job.send(item)
         with self._lock:
             self._admitted -= 1
-            latency = time.monotonic() - task.submitted
+            latency = time.monotonic() - job.submitted
             self._mean_latency = _LATENCY_MEMORY * self._mean_latency + (1 - _LATENCY_MEMORY) * latency
         self._count()
 
@@ -241,13 +241,13 @@ class Engine:
                 self._step(joining)
 
     def _drop_cancelled(self) -> None:
-        for task in [t for t in self._waiting if t.cancelled]:
-            self._waiting.remove(task)
+        for job in [t for t in self._waiting if t.cancelled]:
+            self._waiting.remove(job)
             self._admitted -= 1
         self._count()
 
-    def _take_batch(self) -> list[_Task]:
-        """The oldest waiting `Batch` task and, when batching, others of its group within the budget."""
+    def _take_batch(self) -> list[_Job]:
+        """The oldest waiting `Batch` job and, when batching, others of its group within the budget."""
         first = next((t for t in self._waiting if isinstance(t.work, Batch)), None)
         if first is None:
             return []
@@ -255,57 +255,57 @@ class Engine:
         if self.batching:
             same = [t for t in self._waiting if t is not first and isinstance(t.work, Batch)
                     and t.work.group == first.work.group]
-            for task in sorted(same, key=lambda t: max(t.work.sizes, default=0)):
-                more, longer = rows + len(task.work.sizes), max([longest, *task.work.sizes])
+            for job in sorted(same, key=lambda t: max(t.work.sizes, default=0)):
+                more, longer = rows + len(job.work.sizes), max([longest, *job.work.sizes])
                 if more * longer > self.max_batch_tokens:
                     break
-                chosen.append(task)
+                chosen.append(job)
                 rows, longest = more, longer
-        for task in chosen:
-            self._waiting.remove(task)
+        for job in chosen:
+            self._waiting.remove(job)
         return chosen
 
-    def _take_rows(self) -> list[_Task]:
-        """The waiting `Rows` tasks that join the running batch now, in arrival order, within the budget."""
+    def _take_rows(self) -> list[_Job]:
+        """The waiting `Rows` jobs that join the running batch now, in arrival order, within the budget."""
         if self.running is None or (not self.batching and self._decoding):
             return []
         used = sum(t.work.size for t in self._decoding)
         joining = []
-        for task in [t for t in self._waiting if isinstance(t.work, Rows)]:
-            if (self._decoding or joining) and (not self.batching or used + task.work.size > self.max_batch_tokens):
+        for job in [t for t in self._waiting if isinstance(t.work, Rows)]:
+            if (self._decoding or joining) and (not self.batching or used + job.work.size > self.max_batch_tokens):
                 break
-            joining.append(task)
-            used += task.work.size
-            self._waiting.remove(task)
+            joining.append(job)
+            used += job.work.size
+            self._waiting.remove(job)
         return joining
 
-    def _run_batch(self, tasks: list[_Task]) -> None:
-        work = tasks[0].work
-        self._observe_batch(work.route, len(tasks))
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        work = jobs[0].work
+        self._observe_batch(work.route, len(jobs))
         try:
-            results = work.run([t.work for t in tasks])
+            results = work.run([t.work for t in jobs])
         except Exception as error:  # one bad request must not fail the others: run each alone
-            if len(tasks) == 1:
-                self._done(tasks[0], error)
+            if len(jobs) == 1:
+                self._done(jobs[0], error)
                 return
-            for task in tasks:
-                self._run_batch([task])
+            for job in jobs:
+                self._run_batch([job])
             return
-        for task, result in zip(tasks, results, strict=True):
-            self._done(task, result)
+        for job, result in zip(jobs, results, strict=True):
+            self._done(job, result)
 
-    def _step(self, joining: list[_Task]) -> None:
-        for task in joining:
-            self._join(task)
-        for task in [t for t in self._decoding if t.cancelled]:
-            self._leave(task, _END)
+    def _step(self, joining: list[_Job]) -> None:
+        for job in joining:
+            self._join(job)
+        for job in [t for t in self._decoding if t.cancelled]:
+            self._leave(job, _END)
         if not self._decoding:
             return
         try:
             tokens = self.running.step()
-        except Exception as error:  # the batch is lost: fail its tasks, start afresh
-            for task in list(self._decoding):
-                self._leave(task, error)
+        except Exception as error:  # the batch is lost: fail its jobs, start afresh
+            for job in list(self._decoding):
+                self._leave(job, error)
             return
         routes = collections.Counter(t.work.route for t in self._decoding)
         for route, count in routes.items():
@@ -313,36 +313,36 @@ class Engine:
         for token in tokens:
             self._emit(token)
 
-    def _join(self, task: _Task) -> None:
-        work = task.work
+    def _join(self, job: _Job) -> None:
+        work = job.work
         try:
             for row, (prompt, config) in enumerate(zip(work.prompts, work.configs, strict=True)):
-                self.running.add((task, row), prompt, config)
+                self.running.add((job, row), prompt, config)
         except Exception as error:
             for row in range(len(work.prompts)):
-                self.running.remove((task, row))
-            self._done(task, error)
+                self.running.remove((job, row))
+            self._done(job, error)
             return
-        task.rows_left = len(work.prompts)
-        self._decoding[task] = None
+        job.rows_left = len(work.prompts)
+        self._decoding[job] = None
 
-    def _leave(self, task: _Task, item: Any) -> None:
-        for row in range(len(task.work.prompts)):
-            self.running.remove((task, row))
-        del self._decoding[task]
-        self._done(task, item)
+    def _leave(self, job: _Job, item: Any) -> None:
+        for row in range(len(job.work.prompts)):
+            self.running.remove((job, row))
+        del self._decoding[job]
+        self._done(job, item)
 
     def _emit(self, token: RowToken) -> None:
-        task, row = token.key
-        if task not in self._decoding:  # an earlier row of the task failed in this step
+        job, row = token.key
+        if job not in self._decoding:  # an earlier row of the job failed in this step
             return
         try:
-            task.send(task.work.chunk(row, token))
+            job.send(job.work.chunk(row, token))
         except Exception as error:
-            self._leave(task, error)
+            self._leave(job, error)
             return
         if token.finish is not None:
-            task.rows_left -= 1
-            if task.rows_left == 0:
-                del self._decoding[task]
-                self._done(task, _END)
+            job.rows_left -= 1
+            if job.rows_left == 0:
+                del self._decoding[job]
+                self._done(job, _END)

@@ -1,7 +1,7 @@
-"""The HTTP routes of docs/serve-api.md: each checks its request, builds an engine task and submits it.
+"""The HTTP routes of docs/serve-api.md: each checks its request, builds an engine job and submits it.
 
 Model work never runs here (it runs on the model's engine thread, see `engine` and `work`); a
-route only validates, tokenizes to count and check, and turns the task's result into the response.
+route only validates, tokenizes to count and check, and turns the job's result into the response.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from attn.app.serve.schemas import (
 from attn.app.serve.work import (
     Chunk,
     Translation,
-    attention_task,
-    classify_task,
+    attention_job,
+    classify_job,
     completion_rows,
-    embed_task,
-    translate_task,
+    embed_job,
+    translate_job,
 )
 from attn.decoding import GenerationConfig
 from attn.decoding.attention_maps import layer_count
@@ -103,10 +103,10 @@ def _checked(make: Callable[[], T], param: str) -> T:
         raise _invalid(error, param) from None
 
 
-async def _run(request: Request, served: ServedModel, task: Batch, param: str) -> Any:
-    """The result of `task` on the served model's engine; a mistake it finds is a 422 naming `param`."""
+async def _run(request: Request, served: ServedModel, job: Batch, param: str) -> Any:
+    """The result of `job` on the served model's engine; a mistake it finds is a 422 naming `param`."""
     try:
-        return await _state(request).engines[served.name].submit(task)
+        return await _state(request).engines[served.name].submit(job)
     except AttnError as error:
         raise _invalid(error, param) from None
 
@@ -253,8 +253,8 @@ async def translate(body: TranslateRequest, request: Request) -> Any:
     if body.max_tokens is not None and body.max_tokens > served.max_positions:
         raise ApiError(422, f"max_tokens: {body.max_tokens} is more than the model's max_positions="
                        f"{served.max_positions}; ask for at most {served.max_positions}", "max_tokens")
-    task = _checked(lambda: translate_task(served, body.texts(), config, body.alignment), "inputs")
-    found: list[Translation] = await _run(request, served, task, "inputs")
+    job = _checked(lambda: translate_job(served, body.texts(), config, body.alignment), "inputs")
+    found: list[Translation] = await _run(request, served, job, "inputs")
     return {"model": served.name, "translations": [_translation(t) for t in found]}
 
 
@@ -271,9 +271,9 @@ def _translation(found: Translation) -> dict[str, Any]:
              summary="Sentence embeddings of an encoder (mean-pooled, L2-normalised; OpenAI embeddings)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     served = _served(request, body.model, "embeddings")
-    task = embed_task(served, body.texts())
-    vectors = await _run(request, served, task, "input")
-    tokens = sum(task.sizes)
+    job = embed_job(served, body.texts())
+    vectors = await _run(request, served, job, "input")
+    tokens = sum(job.sizes)
     return {"object": "list", "model": served.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors.tolist())]}
 
@@ -283,8 +283,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
 async def classify(body: ClassifyRequest, request: Request) -> Any:
     served = _served(request, body.model, "classify")
     pairs = _pairs(served, body)
-    task = _checked(lambda: classify_task(served, body.texts(), pairs), "pairs")
-    found: list[Prediction] = await _run(request, served, task, "inputs")
+    job = _checked(lambda: classify_job(served, body.texts(), pairs), "pairs")
+    found: list[Prediction] = await _run(request, served, job, "inputs")
     return {"model": served.name, "results": [{"label": p.label, "score": p.probability,
                                                "probabilities": p.probabilities} for p in found]}
 
@@ -322,7 +322,7 @@ def _check_layer_head(served: ServedModel, kind: str, layer: int | None, head: i
 async def attention(body: AttentionRequest, request: Request) -> Any:
     served = _served(request, body.model, "attention")
     _check_layer_head(served, body.kind, body.layer, body.head)
-    (found,) = await _run(request, served, attention_task(served, body.text, body.kind, body.layer, body.head), "text")
+    (found,) = await _run(request, served, attention_job(served, body.text, body.kind, body.layer, body.head), "text")
     return {"model": served.name, "kind": body.kind, "layers": found.layers, "heads": found.heads,
             "queries": found.queries, "keys": found.keys, "target": found.target,
             "weights": found.weights.double().round(decimals=6).tolist()}

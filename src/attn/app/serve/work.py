@@ -1,9 +1,9 @@
-"""The engine tasks that routes build: what each route computes with the application's inference
-modules (`translation`, `continuation`, `classification`, `attention_views`), and how tasks of one
+"""The engine jobs that routes build: what each route computes with the application's inference
+modules (`translation`, `continuation`, `classification`, `attention_views`), and how jobs of one
 group run together.
 
-A `TextBatch` holds one request's texts; its `run` computes the texts of all the tasks the engine
-put together in one call of the library and gives each task its share. A completion is `Rows` for
+A `TextBatch` holds one request's texts; its `run` computes the texts of all the jobs the engine
+put together in one call of the library and gives each job its share. A completion is `Rows` for
 the model's running batch; its `chunk` turns each new token into a `Chunk` (text, log-probabilities,
 and the attention the page asked for). Nothing here knows about HTTP: routes shape the answers.
 """
@@ -35,7 +35,7 @@ from attn.decoding import GenerationConfig, RowToken
 
 @dataclasses.dataclass(eq=False)
 class TextBatch(Batch):
-    """A `Batch` task over a request's texts (one size per text), and their second texts for a
+    """A `Batch` job over a request's texts (one size per text), and their second texts for a
     sentence-pair classifier."""
 
     texts: list[str]
@@ -47,7 +47,7 @@ class Chunk:
     """One new token of one choice of a completion.
 
     Attributes:
-        index: the choice (the row of the `Rows` task).
+        index: the choice (the row of the `Rows` job).
         token: the token, its text and log-probabilities (`token.finish` set on the choice's last).
         attention: when asked, how the model attended when it chose the token.
     """
@@ -77,20 +77,20 @@ class Translation:
 
 
 def _together(compute: Callable[[list[str]], Sequence[Any]]) -> Callable[[list[Batch]], list[Any]]:
-    """A `Batch.run` that computes the texts of all its tasks in one call; each task gets its slice."""
+    """A `Batch.run` that computes the texts of all its jobs in one call; each job gets its slice."""
 
-    def run(tasks: list[Batch]) -> list[Any]:
-        return _shares(tasks, compute([text for task in tasks for text in task.texts]))
+    def run(jobs: list[Batch]) -> list[Any]:
+        return _shares(jobs, compute([text for job in jobs for text in job.texts]))
 
     return run
 
 
-def _shares(tasks: list[Batch], results: Sequence[Any]) -> list[Any]:
-    """The results of the texts of all `tasks`, in order, cut into one slice per task."""
+def _shares(jobs: list[Batch], results: Sequence[Any]) -> list[Any]:
+    """The results of the texts of all `jobs`, in order, cut into one slice per job."""
     shares, start = [], 0
-    for task in tasks:
-        shares.append(results[start : start + len(task.texts)])
-        start += len(task.texts)
+    for job in jobs:
+        shares.append(results[start : start + len(job.texts)])
+        start += len(job.texts)
     return shares
 
 
@@ -99,13 +99,13 @@ def _sizes(served: ServedModel, texts: list[str]) -> list[int]:
     return [len(ids) for ids in served.bundle.tokenizer.encode_batch(texts, add_special=True)]
 
 
-def embed_task(served: ServedModel, texts: list[str]) -> TextBatch:
+def embed_job(served: ServedModel, texts: list[str]) -> TextBatch:
     """Result: (len(texts), d_model) embeddings, as `classification.embed`."""
     return TextBatch("embeddings", ("embeddings",), _sizes(served, texts),
                      _together(lambda all_texts: embed(served.bundle, all_texts)), texts)
 
 
-def classify_task(served: ServedModel, texts: list[str], pairs: list[str] | None = None) -> TextBatch:
+def classify_job(served: ServedModel, texts: list[str], pairs: list[str] | None = None) -> TextBatch:
     """Result: one `Prediction` per text (or pair texts[i], pairs[i]), as `classification.classify`.
 
     Raises:
@@ -114,16 +114,16 @@ def classify_task(served: ServedModel, texts: list[str], pairs: list[str] | None
     bundle = served.bundle
     ids, _ = classifier_inputs(bundle.tokenizer, texts, pairs, served.max_positions)
 
-    def run(tasks: list[Batch]) -> list[Any]:
-        all_texts = [text for task in tasks for text in task.texts]
-        all_pairs = None if pairs is None else [pair for task in tasks for pair in task.pairs]
-        return _shares(tasks, classify(bundle, all_texts, pairs=all_pairs))
+    def run(jobs: list[Batch]) -> list[Any]:
+        all_texts = [text for job in jobs for text in job.texts]
+        all_pairs = None if pairs is None else [pair for job in jobs for pair in job.pairs]
+        return _shares(jobs, classify(bundle, all_texts, pairs=all_pairs))
 
     return TextBatch("classify", ("classify", pairs is not None), [len(row) for row in ids], run, texts, pairs)
 
 
-def translate_task(served: ServedModel, texts: list[str], config: GenerationConfig, aligned: bool) -> TextBatch:
-    """Result: one `Translation` per text (tasks with the same settings run together)."""
+def translate_job(served: ServedModel, texts: list[str], config: GenerationConfig, aligned: bool) -> TextBatch:
+    """Result: one `Translation` per text (jobs with the same settings run together)."""
     sizes = [len(ids) for ids in source_ids(served.bundle, texts)]
 
     def compute(all_texts: list[str]) -> list[Translation]:
@@ -143,7 +143,7 @@ def _translation(served: ServedModel, source: list[int], hypotheses: list, align
     return Translation(texts, token_pieces(bundle, source), token_pieces(bundle, best), alignment(bundle, source, best))
 
 
-def attention_task(served: ServedModel, text: str, kind: str, layer: int | None, head: int | None) -> TextBatch:
+def attention_job(served: ServedModel, text: str, kind: str, layer: int | None, head: int | None) -> TextBatch:
     """Result: a one-element list with the `AttentionLayers` of the text (maps are computed text by text)."""
 
     def compute(texts: list[str]) -> list[AttentionLayers]:

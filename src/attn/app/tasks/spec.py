@@ -85,7 +85,7 @@ class TaskSpec:
         return self.data is not None
 
     def build(self, config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-        """The task's training data for `config` (a `TaskBuilder`, what `attn.training.train` takes).
+        """The task's training data for `config` (a `TaskBuilder`, what `attn.training.run_training` takes).
 
         Raises:
             ConfigError: the task is not trained, or the model's architecture is not the task's.
