@@ -11,7 +11,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from attn.app.serve.engine import Batch, Closed, Engine, QueueFull, Rows
+from attn.app.serve.engine import BatchJob, Closed, Engine, QueueFull, RowsJob
 from attn.config import preset
 from attn.decoding import GenerationConfig, RunningBatch, generate
 from attn.models import build_model
@@ -28,26 +28,26 @@ class Metrics:
 
 
 class Recorder:
-    """A `Batch.run` that records the jobs of each call; the first call waits for `release`."""
+    """A `BatchJob.run` that records the jobs of each call; the first call waits for `release`."""
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def __call__(self, works: list[Batch]) -> list[str]:
+    def __call__(self, works: list[BatchJob]) -> list[str]:
         self.calls.append([w.group_name for w in works])
         self.started.set()
         self.release.wait(10)
         return [f"done {w.group_name}" for w in works]
 
-    def work(self, name: str, group: str = "g", sizes: tuple[int, ...] = (3,)) -> Batch:
-        work = Batch("embeddings", group, sizes, self)
+    def work(self, name: str, group: str = "g", sizes: tuple[int, ...] = (3,)) -> BatchJob:
+        work = BatchJob("embeddings", group, sizes, self)
         work.group_name = name  # what the recorder reports
         return work
 
 
-async def _submit_while_busy(engine: Engine, recorder: Recorder, works: list[Batch]) -> list[str]:
+async def _submit_while_busy(engine: Engine, recorder: Recorder, works: list[BatchJob]) -> list[str]:
     """Submits a blocker, then `works` while the blocker runs; every result."""
     blocker = asyncio.ensure_future(engine.submit(recorder.work("blocker", group="other")))
     await asyncio.to_thread(recorder.started.wait, 10)
@@ -75,14 +75,14 @@ def test_waiting_tasks_of_one_group_run_together_within_the_budget(batching: boo
 
 
 def test_a_failing_batch_is_run_again_task_by_task_so_only_the_bad_one_fails() -> None:
-    def run(works: list[Batch]) -> list[int]:
+    def run(works: list[BatchJob]) -> list[int]:
         if any(w.sizes == (0,) for w in works):
             raise ValueError("bad input")
         return [w.sizes[0] for w in works]
 
     async def main() -> list[object]:
         engine = Engine("m", None, True, max_queue=10, max_batch_tokens=100)
-        return await asyncio.gather(*[engine.submit(Batch("classify", "g", (n,), run)) for n in (1, 0, 2)],
+        return await asyncio.gather(*[engine.submit(BatchJob("classify", "g", (n,), run)) for n in (1, 0, 2)],
                                     return_exceptions=True)
 
     first, bad, last = asyncio.run(main())
@@ -149,11 +149,11 @@ def lm():
     return build_model(preset("gpt2-tiny").replace(dropout=0.0)).eval()
 
 
-def _rows(prompts: list[list[int]], config: GenerationConfig) -> Rows:
-    return Rows("completions", prompts, [config] * len(prompts), lambda row, token: (row, token.token, token.finish))
+def _rows(prompts: list[list[int]], config: GenerationConfig) -> RowsJob:
+    return RowsJob("completions", prompts, [config] * len(prompts), lambda row, token: (row, token.token, token.finish))
 
 
-async def _collect(engine: Engine, work: Rows, stop_after: int | None = None) -> list[tuple]:
+async def _collect(engine: Engine, work: RowsJob, stop_after: int | None = None) -> list[tuple]:
     chunks = []
     stream = engine.submit_stream(work)
     async for chunk in stream:

@@ -3,11 +3,11 @@
 Routes hand the engine jobs; the model runs on the engine's own thread (torch releases the GIL), never
 on the event loop. Two kinds of job:
 
-- A `Batch` job (translate, classify, embed, attention) runs with the other waiting jobs of the same
+- A `BatchJob` (translate, classify, embed, attention) runs with the other waiting jobs of the same
   `group` (route and settings): the oldest waiting job, then others of its group, shortest first, while
   the batch's padded size (rows x longest row) stays within `max_batch_tokens`. One call of the job's
   `run` computes all of them. A batch that fails is run again job by job, so a bad request fails alone.
-- A `Rows` job (completions) decodes its rows in the model's `RunningBatch`: CONTINUOUS batching. Between
+- A `RowsJob` (completions) decodes its rows in the model's `RunningBatch`: CONTINUOUS batching. Between
   two decode steps, waiting rows join the running batch (while the prompt + new-token room of its rows stays
   within `max_batch_tokens`) and finished rows leave. Each new token goes to the job's stream at once.
 
@@ -64,7 +64,7 @@ class EngineMetrics(Protocol):
 
 
 @dataclasses.dataclass(eq=False)
-class Batch:
+class BatchJob:
     """Work that runs in one call with the other waiting jobs of its group.
 
     Attributes:
@@ -77,11 +77,11 @@ class Batch:
     route: str
     group: Hashable
     sizes: Sequence[int]
-    run: Callable[[list[Batch]], list[Any]]
+    run: Callable[[list[BatchJob]], list[Any]]
 
 
 @dataclasses.dataclass(eq=False)
-class Rows:
+class RowsJob:
     """Rows for the running batch of a decoder-only model: a completion's prompts and their settings.
 
     Attributes:
@@ -107,9 +107,9 @@ class Rows:
 class _Job:
     """A submitted piece of work and the way back to the event loop that waits for it."""
 
-    work: Batch | Rows
+    work: BatchJob | RowsJob
     loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue  # a Batch's one result (or exception); a Rows' chunks, an exception, then _END
+    out: asyncio.Queue  # a BatchJob's one result (or exception); a RowsJob's chunks, an exception, then _END
     submitted: float = dataclasses.field(default_factory=time.monotonic)
     cancelled: bool = False
     rows_left: int = 0
@@ -125,10 +125,10 @@ class Engine:
 
     Args:
         name: the model's name (the metrics' `model` label).
-        running: the model's `RunningBatch` (decoder-only models), None for models without `Rows` jobs.
+        running: the model's `RunningBatch` (decoder-only models), None for models without `RowsJob` jobs.
         batching: run waiting jobs together (False: one job at a time, the comparison baseline).
         max_queue: the most jobs waiting or running.
-        max_batch_tokens: the budget of one batch: padded input tokens of a `Batch` group, prompt plus
+        max_batch_tokens: the budget of one batch: padded input tokens of a `BatchJob` group, prompt plus
             new-token room of the rows in the running batch. A job larger than the budget runs alone.
         metrics: where the queue length and batch sizes go (None: nowhere).
     """
@@ -143,15 +143,15 @@ class Engine:
         self.metrics = metrics
         self._lock = threading.Condition()
         self._waiting: collections.deque[_Job] = collections.deque()
-        self._decoding: dict[_Job, None] = {}  # Rows jobs in the running batch, in arrival order
+        self._decoding: dict[_Job, None] = {}  # RowsJobs in the running batch, in arrival order
         self._admitted = 0
         self._closing = False
         self._mean_latency = 1.0
         self._thread = threading.Thread(target=self._serve, name=f"attn-engine-{name}", daemon=True)
         self._thread.start()
 
-    async def submit(self, work: Batch) -> Any:
-        """Runs a `Batch` job and returns its result (or raises its error).
+    async def submit(self, work: BatchJob) -> Any:
+        """Runs a `BatchJob` job and returns its result (or raises its error).
 
         Raises:
             QueueFull: `max_queue` jobs wait or run already.
@@ -167,8 +167,8 @@ class Engine:
             raise result
         return result
 
-    def submit_stream(self, work: Rows) -> AsyncIterator[Any]:
-        """The chunks of a `Rows` job as its tokens are chosen, every row's in token order.
+    def submit_stream(self, work: RowsJob) -> AsyncIterator[Any]:
+        """The chunks of a `RowsJob` job as its tokens are chosen, every row's in token order.
 
         Raises (at once, before anything is iterated):
             QueueFull: `max_queue` jobs wait or run already.
@@ -192,8 +192,8 @@ class Engine:
         finally:
             job.cancelled = True  # a no-op after the end; else the rows leave the batch at the next step
 
-    def _admit(self, work: Batch | Rows) -> _Job:
-        if isinstance(work, Rows) and self.running is None:
+    def _admit(self, work: BatchJob | RowsJob) -> _Job:
+        if isinstance(work, RowsJob) and self.running is None:
             raise TypeError(f"model {self.name!r} has no running batch: only decoder-only models decode rows")
         with self._lock:
             if self._closing:
@@ -247,13 +247,13 @@ class Engine:
         self._count()
 
     def _take_batch(self) -> list[_Job]:
-        """The oldest waiting `Batch` job and, when batching, others of its group within the budget."""
-        first = next((t for t in self._waiting if isinstance(t.work, Batch)), None)
+        """The oldest waiting `BatchJob` job and, when batching, others of its group within the budget."""
+        first = next((t for t in self._waiting if isinstance(t.work, BatchJob)), None)
         if first is None:
             return []
         chosen, rows, longest = [first], len(first.work.sizes), max(first.work.sizes, default=0)
         if self.batching:
-            same = [t for t in self._waiting if t is not first and isinstance(t.work, Batch)
+            same = [t for t in self._waiting if t is not first and isinstance(t.work, BatchJob)
                     and t.work.group == first.work.group]
             for job in sorted(same, key=lambda t: max(t.work.sizes, default=0)):
                 more, longer = rows + len(job.work.sizes), max([longest, *job.work.sizes])
@@ -266,12 +266,12 @@ class Engine:
         return chosen
 
     def _take_rows(self) -> list[_Job]:
-        """The waiting `Rows` jobs that join the running batch now, in arrival order, within the budget."""
+        """The waiting `RowsJob` jobs that join the running batch now, in arrival order, within the budget."""
         if self.running is None or (not self.batching and self._decoding):
             return []
         used = sum(t.work.size for t in self._decoding)
         joining = []
-        for job in [t for t in self._waiting if isinstance(t.work, Rows)]:
+        for job in [t for t in self._waiting if isinstance(t.work, RowsJob)]:
             if (self._decoding or joining) and (not self.batching or used + job.work.size > self.max_batch_tokens):
                 break
             joining.append(job)

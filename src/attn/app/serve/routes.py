@@ -24,7 +24,7 @@ from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
 from attn.app.serve.metrics import ServeMetrics
 from attn.app.serve.registry import ServedModel
-from attn.app.serve.engine import Batch, Closed, Engine, Rows
+from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.schemas import (
     AttentionRequest,
     AttentionResponse,
@@ -103,7 +103,7 @@ def _checked(make: Callable[[], T], param: str) -> T:
         raise _invalid(error, param) from None
 
 
-async def _run(request: Request, served: ServedModel, job: Batch, param: str) -> Any:
+async def _run(request: Request, served: ServedModel, job: BatchJob, param: str) -> Any:
     """The result of `job` on the served model's engine; a mistake it finds is a 422 naming `param`."""
     try:
         return await _state(request).engines[served.name].submit(job)
@@ -147,7 +147,7 @@ class _Completion:
     """
 
     served: ServedModel
-    rows: Rows
+    rows: RowsJob
     head: dict[str, Any]
     prompts: list[str]
     prompt_tokens: int

@@ -3,7 +3,7 @@ modules (`translation`, `continuation`, `classification`, `attention_views`), an
 group run together.
 
 A `TextBatch` holds one request's texts; its `run` computes the texts of all the jobs the engine
-put together in one call of the library and gives each job its share. A completion is `Rows` for
+put together in one call of the library and gives each job its share. A completion is `RowsJob` for
 the model's running batch; its `chunk` turns each new token into a `Chunk` (text, log-probabilities,
 and the attention the page asked for). Nothing here knows about HTTP: routes shape the answers.
 """
@@ -26,7 +26,7 @@ from attn.app.attention_views import (
 )
 from attn.app.classification import classify, embed
 from attn.app.continuation import CompletionText, GeneratedToken
-from attn.app.serve.engine import Batch, Rows
+from attn.app.serve.engine import BatchJob, RowsJob
 from attn.app.serve.registry import ServedModel
 from attn.app.translation import source_ids, translate_hypotheses
 from attn.data.framing import classifier_inputs
@@ -34,8 +34,8 @@ from attn.decoding import GenerationConfig, RowToken
 
 
 @dataclasses.dataclass(eq=False)
-class TextBatch(Batch):
-    """A `Batch` job over a request's texts (one size per text), and their second texts for a
+class TextBatch(BatchJob):
+    """A `BatchJob` job over a request's texts (one size per text), and their second texts for a
     sentence-pair classifier."""
 
     texts: list[str]
@@ -47,7 +47,7 @@ class Chunk:
     """One new token of one choice of a completion.
 
     Attributes:
-        index: the choice (the row of the `Rows` job).
+        index: the choice (the row of the `RowsJob` job).
         token: the token, its text and log-probabilities (`token.finish` set on the choice's last).
         attention: when asked, how the model attended when it chose the token.
     """
@@ -76,16 +76,16 @@ class Translation:
     alignment: Tensor | None
 
 
-def _together(compute: Callable[[list[str]], Sequence[Any]]) -> Callable[[list[Batch]], list[Any]]:
-    """A `Batch.run` that computes the texts of all its jobs in one call; each job gets its slice."""
+def _together(compute: Callable[[list[str]], Sequence[Any]]) -> Callable[[list[BatchJob]], list[Any]]:
+    """A `BatchJob.run` that computes the texts of all its jobs in one call; each job gets its slice."""
 
-    def run(jobs: list[Batch]) -> list[Any]:
+    def run(jobs: list[BatchJob]) -> list[Any]:
         return _shares(jobs, compute([text for job in jobs for text in job.texts]))
 
     return run
 
 
-def _shares(jobs: list[Batch], results: Sequence[Any]) -> list[Any]:
+def _shares(jobs: list[BatchJob], results: Sequence[Any]) -> list[Any]:
     """The results of the texts of all `jobs`, in order, cut into one slice per job."""
     shares, start = [], 0
     for job in jobs:
@@ -114,7 +114,7 @@ def classify_job(served: ServedModel, texts: list[str], pairs: list[str] | None 
     bundle = served.bundle
     ids, _ = classifier_inputs(bundle.tokenizer, texts, pairs, served.max_positions)
 
-    def run(jobs: list[Batch]) -> list[Any]:
+    def run(jobs: list[BatchJob]) -> list[Any]:
         all_texts = [text for job in jobs for text in job.texts]
         all_pairs = None if pairs is None else [pair for job in jobs for pair in job.pairs]
         return _shares(jobs, classify(bundle, all_texts, pairs=all_pairs))
@@ -154,7 +154,7 @@ def attention_job(served: ServedModel, text: str, kind: str, layer: int | None, 
 
 
 def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list[GenerationConfig],
-                    logprobs: int, attention: tuple[int, int | None] | None) -> Rows:
+                    logprobs: int, attention: tuple[int, int | None] | None) -> RowsJob:
     """One row per choice (prompt ids and decoding settings); the stream yields a `Chunk` per token.
 
     Args:
@@ -172,4 +172,4 @@ def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list
         contexts[row].append(token.token)
         return Chunk(row, texts[row].push(token.token, token.scores, token.finish), seen)
 
-    return Rows("completions", prompts, configs, chunk)
+    return RowsJob("completions", prompts, configs, chunk)
