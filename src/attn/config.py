@@ -202,7 +202,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (enums as their string values)."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return plain_fields(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
@@ -237,8 +237,10 @@ def _divisor_hint(d_model: int, heads: int) -> int:
     return min(divisors, key=lambda h: abs(h - heads))
 
 
-def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, enum.Enum) else value
+def plain_fields(obj: Any) -> dict[str, Any]:
+    """A config dataclass's fields as a JSON-ready dict (enums as their string values)."""
+    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return {name: value.value if isinstance(value, enum.Enum) else value for name, value in values.items()}
 
 
 def _field_names(cls: type) -> list[str]:

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attn.config import ModelConfig, coerce_fields, from_dict, preset
+from attn.config import ModelConfig, coerce_fields, from_dict, plain_fields, preset
 from attn.data.readers import Fields
 from attn.data.tokenizer_pipelines import minimum_vocab_size
 from attn.data.tokenizers import TRAINED_KINDS
@@ -101,7 +101,7 @@ class DataConfig:
 
     def fields(self) -> Fields:
         """How to read the data files: the format, the fields and the join."""
-        return Fields.from_mapping(_section_dict(self))
+        return Fields.from_mapping(plain_fields(self))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +315,7 @@ class RunConfig:
         out: dict[str, Any] = {"task": self.task, "run_dir": self.run_dir}
         for name in SECTIONS:
             section = getattr(self, name)
-            out[name] = section.to_dict() if isinstance(section, ModelSection) else _section_dict(section)
+            out[name] = section.to_dict() if isinstance(section, ModelSection) else plain_fields(section)
         return out
 
     @classmethod
@@ -426,11 +426,7 @@ def _build_section(name: str, kind: type, data: Any) -> Any:
     try:
         return kind.from_dict(data) if kind is ModelSection else from_dict(kind, data)
     except ConfigError as err:
-        raise ConfigError(f"{name}.{err.field}", _message(err)) from None
-
-
-def _message(err: ConfigError) -> str:
-    return str(err).removeprefix(f"{err.field}: ")
+        raise ConfigError(f"{name}.{err.field}", str(err).removeprefix(f"{err.field}: ")) from None
 
 
 def _toml_value(value: Any) -> str:
@@ -444,11 +440,6 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"[{', '.join(_toml_value(item) for item in value)}]"
     raise TypeError(f"no TOML form for {type(value).__name__} {value!r}")
-
-
-def _section_dict(section: Any) -> dict[str, Any]:
-    values = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
-    return {name: value.value if isinstance(value, enum.Enum) else value for name, value in values.items()}
 
 
 def _check_at_least(obj: Any, minimums: Mapping[str, float]) -> None:
