@@ -95,15 +95,9 @@ def self_attention_inputs(
     queries, keys = positions.size(1), key_positions.size(1)
     mask = padded_keys(key_tokens)
     if causal and queries > 1:  # a single newest query may see every key
-        mask = _causal_part(mask, queries, keys, positions.device)
+        order = CAUSAL if mask is None and queries == keys else causal_mask(queries, keys, positions.device)
+        mask = order if mask is None else mask & order
     return mask, positional.rotation(positions), positional.bias(positions, key_positions)
-
-
-def _causal_part(mask: Tensor | None, queries: int, keys: int, device: torch.device) -> Mask:
-    if mask is None and queries == keys:
-        return CAUSAL
-    order = causal_mask(queries, keys, device)
-    return order if mask is None else mask & order
 
 
 def check_tokens(tokens: Tensor, mask: Tensor | None, max_positions: int, offset: int = 0) -> None:
