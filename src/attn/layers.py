@@ -52,13 +52,11 @@ class PostNorm(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
-class PreNorm(nn.Module):
-    """x + Dropout(Sublayer(LayerNorm(x))): trains deep stacks without warmup tricks (GPT-2)."""
+class PreNorm(PostNorm):
+    """x + Dropout(Sublayer(LayerNorm(x))): trains deep stacks without warmup tricks (GPT-2).
 
-    def __init__(self, d_model: int, eps: float, dropout: float) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+    The same LayerNorm and dropout as `PostNorm`, arranged the other way round.
+    """
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         return x + self.dropout(sublayer(self.norm(x)))
