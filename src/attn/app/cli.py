@@ -281,7 +281,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     written = None
     if task is not None:
         # Written before training, so that a run killed at any point still has the config that reproduces it.
-        written = write_run_config(config, _command()) if os.environ.get("RANK", "0") == "0" else None
+        # The run.toml's header is this process's command line.
+        command = shlex.join(["attn", *sys.argv[1:]])
+        written = write_run_config(config, command) if os.environ.get("RANK", "0") == "0" else None
         print(f"attn: training {task} in {config.run_dir}", flush=True)
     try:
         result = train(config)
@@ -329,11 +331,6 @@ def train_config(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
                                          "--train FILE --valid FILE")
         run_dir = args.run_dir or default_run_dir(task)
     return configure(tables, data, args.minutes, args.preset or "", run_dir or "", overrides), task
-
-
-def _command() -> str:
-    """This process's command line, as the header of the run.toml it writes."""
-    return shlex.join(["attn", *sys.argv[1:]])
 
 
 def _resume_command(config: str, overrides: Sequence[str], quiet: bool) -> str:

@@ -27,10 +27,10 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import safetensors
 import safetensors.torch
@@ -53,8 +53,6 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 BEST = "best"
 _STEP = "step-"
-
-T = TypeVar("T")
 
 
 class CheckpointWriteError(CheckpointError, OSError):
@@ -240,7 +238,7 @@ def load_checkpoint(
         CheckpointError: a file is missing or corrupt, or a weight is missing, unexpected or mis-shaped.
     """
     folder = resolve_checkpoint(path)
-    model_config = _read_config(folder / MODEL_CONFIG_FILE, ModelConfig.from_dict)
+    model_config = _read_model_config(folder / MODEL_CONFIG_FILE)
     model = build_model(model_config, attention)
     load_weights(model, folder / MODEL_FILE)
     run_file = folder / RUN_CONFIG_FILE
@@ -350,12 +348,12 @@ def _read_json(file: Path) -> dict[str, Any]:
     return data
 
 
-def _read_config(file: Path, parse: Callable[[Any], T]) -> T:
+def _read_model_config(file: Path) -> ModelConfig:
     try:
-        return parse(_read_json(file))
+        return ModelConfig.from_dict(_read_json(file))
+    except CheckpointError:
+        raise
     except AttnError as err:
-        if isinstance(err, CheckpointError):
-            raise
         raise CheckpointError(f"{file}: {err}; the checkpoint was written by another version of attn") from err
 
 

@@ -146,13 +146,8 @@ class KeyTable:
             for ours, *theirs in _fill_slots((r.ours, *r.theirs), self.slots)
         ]
 
-    def expanded_derived(self, prefixed: bool) -> list[Derived]:
-        return self._expand_single(self.derived, prefixed)
-
-    def expanded_unused(self, prefixed: bool) -> list[Unused]:
-        return self._expand_single(self.unused, prefixed)
-
-    def _expand_single(self, items: Sequence[K], prefixed: bool) -> list[K]:
+    def expanded_single(self, items: Sequence[K], prefixed: bool) -> list[K]:
+        """`derived` or `unused` entries with slots filled in and the base prefix applied when `prefixed`."""
         return [
             dataclasses.replace(item, theirs=self._full_name(name, prefixed))
             for item in items
@@ -214,11 +209,11 @@ def load_into(model: nn.Module, table: KeyTable, checkpoint: Mapping[str, Tensor
         if found is not None:
             values.setdefault(r.ours, []).append((found, r.theirs[0]))
             remaining.difference_update(r.theirs)
-    for d in table.expanded_derived(prefixed):
+    for d in table.expanded_single(table.derived, prefixed):
         if d.theirs in checkpoint:
             _check_derived(d, checkpoint[d.theirs], source)
             remaining.discard(d.theirs)
-    unused = {u.theirs: u.why for u in table.expanded_unused(prefixed) if u.theirs in checkpoint}
+    unused = {u.theirs: u.why for u in table.expanded_single(table.unused, prefixed) if u.theirs in checkpoint}
     remaining.difference_update(unused)
     if remaining:
         raise CheckpointError(

@@ -10,7 +10,7 @@ matrices become our fused `qkv`, and cross-attention key/value our fused `kv`.
 Embedding sharing: `share_encoder_decoder_embeddings` with tied output is our `Tying.ALL`;
 separate vocabularies with a tied output are `Tying.DECODER`; nothing tied is `Tying.NONE`.
 
-Decoding (`decoding_rules`): `MarianTokenizer` ends every source with `</s>`; the pad ban and the
+Decoding (`FAMILY.decoding`): `MarianTokenizer` ends every source with `</s>`; the pad ban and the
 forced final `</s>` come from the directory's generation settings, as `generate` reads them.
 """
 
@@ -20,7 +20,7 @@ import functools
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from attn.artifacts.pretrained.decoding import DecodingRules, hf_decoding_rules
+from attn.artifacts.pretrained.decoding import hf_decoding_rules
 from attn.artifacts.pretrained.keymap import (
     ROW_VECTOR,
     ConfigTable,
@@ -184,10 +184,6 @@ def hf_config(config: ModelConfig, ids: SpecialIds) -> dict[str, Any]:
     }
 
 
-def decoding_rules(settings: Mapping[str, Any], start_id: int | None) -> DecodingRules:
-    """`generate`'s rules for a Marian directory: its tokenizer frames sources as `… </s>`."""
-    return hf_decoding_rules(settings, start_id, frame_sources=True)
-
-
+# `generate`'s rules for a Marian directory: its tokenizer frames sources as `… </s>`.
 FAMILY = Family("marian", model_config, key_table, hf_config, prefixed=lambda config: True, task="translation",
-                decoding=decoding_rules)
+                decoding=functools.partial(hf_decoding_rules, frame_sources=True))
