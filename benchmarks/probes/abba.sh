@@ -1,9 +1,10 @@
 #!/bin/bash
 # README command 1 (without the install), or one recipe's training, at two commits back to back in the
-# order BASE, HEAD, HEAD, BASE on the same machine, so that a drift of the host touches both alike.
+# order BASE, HEAD, HEAD, BASE (or $ORDER) on the same machine, so that a drift of the host touches both alike.
 #
 #     benchmarks/probes/abba.sh BASE HEAD                                    # the quickstart
 #     benchmarks/probes/abba.sh BASE HEAD configs/quickstart-translation.toml  # one recipe, training only
+#     ORDER="base head head base base head" benchmarks/probes/abba.sh BASE HEAD  # three runs each
 #
 # Run from the repository root with its venv installed; each commit gets a git worktree under $OUT,
 # where every log and each run's metrics.jsonl land too.
@@ -31,5 +32,9 @@ run() {  # label, run number
   done
   cd "$ROOT"
 }
-run base 1; run head 1; run head 2; run base 2
+declare -A runs=([base]=0 [head]=0)
+for label in ${ORDER:-base head head base}; do
+  runs[$label]=$(( ${runs[$label]} + 1 ))
+  run "$label" "${runs[$label]}"
+done
 echo DONE
