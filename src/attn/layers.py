@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -96,3 +97,27 @@ class Embeddings(nn.Module):
 def embedding_scale(d_model: int, scaled: bool) -> float:
     return math.sqrt(d_model) if scaled else 1.0
 
+
+
+DECODE_ROWS = 256  # up to this many rows a call is a decode step's, not a sequence's
+
+
+class OutputProjection(nn.Linear):
+    """logits = x W^T + b, (..., d_model) -> (..., vocab): the vocabulary projection of every architecture.
+
+    A decode step multiplies a few rows by the whole (vocab, d_model) matrix, where `F.linear` on the CPU
+    is slow: for 2 to `DECODE_ROWS` rows, `(W @ x^T)^T` (the weight on the left, as it is stored) is about
+    3x faster at gpt2's 50,257 x 768 on 2 cores, 1.28x a whole greedy decode step at batch 4
+    (`benchmarks/results/projection-decode/`). So without autograd on the CPU the module takes that
+    layout, and `F.linear` everywhere else (training, a GPU, `torch.compile`, one row, longer inputs).
+    Parameters and state-dict keys are `nn.Linear`'s, so the weight can be tied to an embedding.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., d_model) -> (..., vocab)."""
+        rows = x.numel() // x.size(-1)
+        decoding = not torch.is_grad_enabled() and x.device.type == "cpu" and not torch.compiler.is_compiling()
+        if not (decoding and 1 < rows <= DECODE_ROWS):
+            return F.linear(x, self.weight, self.bias)
+        logits = (self.weight @ x.reshape(rows, -1).t()).t().contiguous().view(*x.shape[:-1], -1)  # (..., vocab)
+        return logits if self.bias is None else logits + self.bias

@@ -25,6 +25,7 @@ from attn.layers import (
     ACTIVATIONS,
     Embeddings,
     FeedForward,
+    OutputProjection,
     PostNorm,
     PreNorm,
     embedding_scale,
@@ -127,9 +128,9 @@ class _Parts:
         cross = CrossAttention(c.d_model, c.heads, c.attention_bias, c.attention_dropout, self.attend)
         return DecoderBlock(self.self_attention(), cross, self.ffn(), self.residual)
 
-    def lm_head(self, tokens: nn.Embedding) -> nn.Linear:
+    def lm_head(self, tokens: nn.Embedding) -> OutputProjection:
         """The vocabulary projection, logits = x W^T + b; W is the token embedding when tied (section 3.4)."""
-        projection = nn.Linear(self.c.d_model, self.c.vocab_size, bias=self.c.output_bias)
+        projection = OutputProjection(self.c.d_model, self.c.vocab_size, bias=self.c.output_bias)
         if self.c.tying != Tying.NONE:
             projection.weight = tokens.weight
         return projection

@@ -76,6 +76,9 @@ def test_compiled_training_compiles_the_loss_with_the_model_and_matches_eager(tm
         model = preset("gpt2-tiny").replace(dropout=0.0, attention_dropout=0.0)
         return TaskData(model, head, ignore, RepeatBatch(batch), None)
 
+    # A cache of its own: torch's shared cache in /tmp served a kernel compiled in another CPU mode (the
+    # suite run plainly, then under ATEN_CPU_CAPABILITY=avx2) that failed with an index out of bounds.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     compiled, real_compile = [], torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or real_compile(fn, **kw))
     losses = {}
