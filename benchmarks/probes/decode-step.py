@@ -1,5 +1,8 @@
 """Greedy decoding tokens/s of a randomly initialised gpt2 (124M) at batch 1 and 4, 48 new tokens after 16,
-tree's library (PYTHONPATH) per process; printed as JSON."""
+2 threads: the library of the tree on PYTHONPATH, the median of 5 timed calls, printed as JSON.
+
+    PYTHONPATH=TREE/src python benchmarks/probes/decode-step.py
+"""
 import json, statistics, sys, time
 import torch
 from attn import GenerationConfig, build_model, generate, preset
