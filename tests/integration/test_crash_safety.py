@@ -54,6 +54,7 @@ warmup_steps = 0
 batch_size = 4
 block_size = 32
 [train]
+precision = "fp32"  # the runs compared are separate processes: a probe could choose differently in each
 max_steps = {steps}
 eval_interval = {eval_interval}
 eval_batches = 2
