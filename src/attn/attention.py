@@ -5,9 +5,12 @@
 (fused kernels, no (T x T) weights kept for backward on the flash/memory-efficient paths). A
 model picks one of the two once, in the builder. Masks follow `attn.masks`: True = may attend.
 
-Departures from the paper: self-attention projects Q, K and V with one fused (d_model x 3 d_model)
-matrix, which is the same as three separate projections stacked; an optional additive score bias
-carries relative position information (T5), and rotary positions rotate Q and K (RoFormer).
+Departures from the paper: self-attention projects Q, K and V with one fused matrix, which is the
+same as three separate projections stacked; an optional additive score bias carries relative
+position information (T5), and rotary positions rotate Q and K (RoFormer). Its successors' options
+are here too: fewer key/value heads than query heads, each shared by a group of query heads
+(grouped-query attention, Ainslie et al. 2023), a head size other than d_model / h, normalised
+queries and keys (QK-norm), another score scale and a soft cap on the scores (`Scores`).
 
 Attention maps are opt-in: inside `module.capture()` an attention module computes its weights with
 the written-out formula and records them; outside it, `forward` never forms them on the fast path.
@@ -17,42 +20,67 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.masks import CausalMask, Mask, cheap_to_read, materialize, with_bias
 
 
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """How the scores are formed from Q K^T: times `scale` (None: 1/sqrt(d_k)), then capped at
+    `softcap` tanh(s / softcap) when `softcap` > 0 (Gemma 2)."""
+
+    scale: float | None = None
+    softcap: float = 0.0
+
+
+PLAIN_SCORES = Scores()
+
+
 class AttentionFn(Protocol):
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Mask, bias: Tensor | None, dropout: float
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Mask, bias: Tensor | None, dropout: float, scores: Scores
     ) -> Tensor: ...
 
 
-def attention_weights(q: Tensor, k: Tensor, mask: Mask = None, bias: Tensor | None = None) -> Tensor:
+def shared_kv(x: Tensor, heads: int) -> Tensor:
+    """(B, h_kv, T, d) -> (B, heads, T, d): each key/value head repeated for its group of query heads."""
+    return x.repeat_interleave(heads // x.size(1), dim=1)
+
+
+def attention_weights(
+    q: Tensor, k: Tensor, mask: Mask = None, bias: Tensor | None = None, scores: Scores = PLAIN_SCORES
+) -> Tensor:
     """softmax(Q K^T / sqrt(d_k) + bias) with masked scores at -inf; fully masked rows are all zero.
 
     Args:
         q: (B, h, Tq, d_k) queries.
-        k: (B, h, Tk, d_k) keys.
+        k: (B, h_kv, Tk, d_k) keys; h_kv divides h (grouped-query attention).
         mask: bool, broadcastable to (B, h, Tq, Tk), True = may attend; or `CAUSAL`.
         bias: float, broadcastable to (B, h, Tq, Tk), added to the scores.
+        scores: the scale and soft cap of Q K^T.
 
     Returns:
         (B, h, Tq, Tk) attention weights; each row sums to 1, or to 0 if all its keys are masked.
     """
     mask = materialize(mask, q.size(-2), k.size(-2), q.device)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
+    scale = scores.scale if scores.scale is not None else 1 / math.sqrt(q.size(-1))
+    logits = q @ shared_kv(k, q.size(1)).transpose(-2, -1) * scale  # (B, h, Tq, Tk)
+    if scores.softcap:
+        logits = scores.softcap * torch.tanh(logits / scores.softcap)
     if bias is not None:
-        scores = scores + bias
+        logits = logits + bias
     if mask is None:
-        return scores.softmax(dim=-1)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1)  # NaN in fully masked rows: the softmax of only -inf
+        return logits.softmax(dim=-1)
+    logits = logits.masked_fill(~mask, float("-inf"))
+    weights = logits.softmax(dim=-1)  # NaN in fully masked rows: the softmax of only -inf
     return weights.masked_fill(empty_rows(mask), 0.0)
 
 
@@ -73,19 +101,21 @@ def scaled_dot_product_attention(
     mask: Mask = None,
     bias: Tensor | None = None,
     dropout: float = 0.0,
+    scores: Scores = PLAIN_SCORES,
 ) -> Tensor:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, equation (1) of the paper.
 
     Args:
-        q: (B, h, Tq, d_k); k: (B, h, Tk, d_k); v: (B, h, Tk, d_v).
+        q: (B, h, Tq, d_k); k: (B, h_kv, Tk, d_k); v: (B, h_kv, Tk, d_v), h_kv dividing h.
         mask: bool, broadcastable to (B, h, Tq, Tk), True = may attend; or `CAUSAL`.
         bias: optional additive score bias, broadcastable to (B, h, Tq, Tk).
         dropout: dropout probability on the attention weights (0 in eval mode).
+        scores: the scale and soft cap of Q K^T.
 
     Returns:
         (B, h, Tq, d_v).
     """
-    return F.dropout(attention_weights(q, k, mask, bias), dropout) @ v
+    return F.dropout(attention_weights(q, k, mask, bias, scores), dropout) @ shared_kv(v, q.size(1))
 
 
 def fast_attention(
@@ -95,17 +125,24 @@ def fast_attention(
     mask: Mask = None,
     bias: Tensor | None = None,
     dropout: float = 0.0,
+    scores: Scores = PLAIN_SCORES,
 ) -> Tensor:
     """The same function as `scaled_dot_product_attention`, through PyTorch's fused SDPA kernels.
 
     A query row whose keys are all masked gives exactly 0, as in the reference, whatever the kernel.
+    Soft-capped scores have no fused kernel: they take the reference's written-out path.
     """
+    if scores.softcap:
+        return scaled_dot_product_attention(q, k, v, mask, bias, dropout, scores)
+    sdpa = functools.partial(
+        F.scaled_dot_product_attention, dropout_p=dropout, scale=scores.scale, enable_gqa=k.size(1) != q.size(1)
+    )
     if isinstance(mask, CausalMask) and bias is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        return sdpa(q, k, v, is_causal=True)
     mask = materialize(mask, q.size(-2), k.size(-2), q.device)
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=with_bias(mask, bias), dropout_p=dropout)
+        return sdpa(q, k, v, attn_mask=bias)
+    out = sdpa(q, k, v, attn_mask=with_bias(mask, bias))
     # What a kernel returns for a fully masked row differs (0 on CPU, NaN on others): make it 0.
     # Training batches have no row without keys; where the flags are cheap to read, the zeroing (a pass
     # over the output and one over its gradient) runs only when a row is empty.
@@ -152,7 +189,8 @@ class AttentionCapture:
 
     Attributes:
         weights: (B, h, Tq, Tk) attention probabilities; rows of masked-out queries are zero.
-        values: (B, h, Tk, d_k) the values they weight.
+        values: (B, h, Tk, d_k) the values they weight (a shared key/value head repeated for each
+            query head of its group).
         output: (B, Tq, d_model) what the module returned: out(merge_heads(weights @ values)).
     """
 
@@ -161,30 +199,52 @@ class AttentionCapture:
     output: Tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """The head layout of an attention module: `heads` query heads of size `head_dim`, sharing
+    `kv_heads` key/value heads (as many as query heads in the paper's multi-head attention)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def query_size(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
 class MultiHead(nn.Module):
     """What self- and cross-attention share: attending with h heads, then the output projection W^O.
 
-    Subclasses add their input projections and then `out` (d_model x d_model), and call `combine`.
+    Subclasses add their input projections and then `out` (h d_k -> d_model), and call `combine`.
     """
 
     out: nn.Linear
     _captures: list[AttentionCapture] | None = None
 
-    def __init__(self, heads: int, dropout: float, attend: AttentionFn) -> None:
+    def __init__(self, layout: Heads, dropout: float, attend: AttentionFn, scores: Scores) -> None:
         """`dropout`: the probability of dropping an attention weight in training mode."""
         super().__init__()
-        self.heads = heads
+        self.heads = layout.heads
+        self.kv_heads = layout.kv_heads
+        self.head_dim = layout.head_dim
         self.dropout = dropout
         self.attend = attend
+        self.scores = scores
 
     def combine(self, q: Tensor, k: Tensor, v: Tensor, mask: Mask, bias: Tensor | None) -> Tensor:
-        """q (B, h, Tq, d_k), k and v (B, h, Tk, d_k) -> (B, Tq, d_model)."""
+        """q (B, h, Tq, d_k), k and v (B, h_kv, Tk, d_k) -> (B, Tq, d_model)."""
         p = self.dropout if self.training else 0.0
         if self._captures is None:
-            return self.out(merge_heads(self.attend(q, k, v, mask, bias, p)))
-        weights = attention_weights(q, k, mask, bias)  # (B, h, Tq, Tk)
-        output = self.out(merge_heads(F.dropout(weights, p) @ v))
-        self._captures.append(AttentionCapture(weights, v, output))
+            return self.out(merge_heads(self.attend(q, k, v, mask, bias, p, self.scores)))
+        weights = attention_weights(q, k, mask, bias, self.scores)  # (B, h, Tq, Tk)
+        values = shared_kv(v, self.heads)
+        output = self.out(merge_heads(F.dropout(weights, p) @ values))
+        self._captures.append(AttentionCapture(weights, values, output))
         return output
 
     @contextlib.contextmanager
@@ -202,18 +262,34 @@ class MultiHead(nn.Module):
 
 
 class SelfAttention(MultiHead):
-    """Multi-head self-attention: h heads of size d_k = d_model / h over one sequence."""
+    """Multi-head self-attention over one sequence: h query heads, h_kv key/value heads of size d_k.
 
-    def __init__(self, d_model: int, heads: int, bias: bool, dropout: float, attend: AttentionFn) -> None:
-        super().__init__(heads, dropout, attend)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)
+    `qkv` is [W_Q; W_K; W_V] stacked ((h + 2 h_kv) d_k x d_model). `q_norm` and `k_norm` act on the
+    query and key projections before the heads are split (identities unless the model has QK-norm).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        layout: Heads,
+        bias: tuple[bool, bool],
+        dropout: float,
+        attend: AttentionFn,
+        scores: Scores = PLAIN_SCORES,
+        qk_norms: tuple[nn.Module, nn.Module] | None = None,
+    ) -> None:
+        """`bias`: whether the input projections and the output projection have biases."""
+        super().__init__(layout, dropout, attend, scores)
+        self.qkv = nn.Linear(d_model, layout.query_size + 2 * layout.kv_size, bias=bias[0])
+        self.out = nn.Linear(layout.query_size, d_model, bias=bias[1])
+        self.q_norm, self.k_norm = qk_norms or (nn.Identity(), nn.Identity())
+        self.sizes = (layout.query_size, layout.kv_size, layout.kv_size)
 
     def project(self, x: Tensor, rotate: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, d_model) -> q, k, v each (B, h, T, d_k), with positions applied to q and k."""
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, T, d_model)
-        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
-        return rotate(q), rotate(k), v
+        """(B, T, d_model) -> q (B, h, T, d_k), k and v (B, h_kv, T, d_k), positions applied to q and k."""
+        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
+        q, k = split_heads(self.q_norm(q), self.heads), split_heads(self.k_norm(k), self.kv_heads)
+        return rotate(q), rotate(k), split_heads(v, self.kv_heads)
 
     def forward(
         self,
@@ -225,26 +301,28 @@ class SelfAttention(MultiHead):
     ) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model). `cache` prepends past keys/values when decoding."""
         q, k, v = self.project(x, rotate)
-        k, v = cache.update(k, v)  # (B, h, Tk, d_k) with Tk >= T when cached
+        k, v = cache.update(k, v)  # (B, h_kv, Tk, d_k) with Tk >= T when cached
         return self.combine(q, k, v, mask, bias)
 
 
 class CrossAttention(MultiHead):
     """Multi-head attention of decoder queries over the encoder output ("memory")."""
 
-    def __init__(self, d_model: int, heads: int, bias: bool, dropout: float, attend: AttentionFn) -> None:
-        super().__init__(heads, dropout, attend)
-        self.q = nn.Linear(d_model, d_model, bias=bias)
-        self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)
+    def __init__(
+        self, d_model: int, layout: Heads, bias: tuple[bool, bool], dropout: float, attend: AttentionFn
+    ) -> None:
+        super().__init__(layout, dropout, attend, PLAIN_SCORES)
+        self.q = nn.Linear(d_model, layout.query_size, bias=bias[0])
+        self.kv = nn.Linear(d_model, 2 * layout.kv_size, bias=bias[0])
+        self.out = nn.Linear(layout.query_size, d_model, bias=bias[1])
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S, d_model) -> k, v each (B, h, S, d_k); computed once per source when decoding."""
+        """(B, S, d_model) -> k, v each (B, h_kv, S, d_k); computed once per source when decoding."""
         k, v = self.kv(memory).chunk(2, dim=-1)
-        return split_heads(k, self.heads), split_heads(v, self.heads)
+        return split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
-        """x (B, T, d_model), memory k/v (B, h, S, d_k), mask (B, 1, 1, S) -> (B, T, d_model)."""
+        """x (B, T, d_model), memory k/v (B, h_kv, S, d_k), mask (B, 1, 1, S) -> (B, T, d_model)."""
         q = split_heads(self.q(x), self.heads)  # (B, h, T, d_k)
         k, v = memory_kv
         return self.combine(q, k, v, mask, bias=None)

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from attn.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
 from attn.errors import ShapeError
 from attn.layers import FeedForward
-from attn.masks import CAUSAL, Mask, causal_mask, padded_keys, positions_from_mask
+from attn.kv_cache import KVCache
+from attn.masks import CAUSAL, Mask, causal_mask, materialize, padded_keys, positions_from_mask, window_mask
 from attn.positional import NoPositions
 
 
@@ -73,12 +74,23 @@ class DecoderBlock(nn.Module):
         return self.ffn_residual(x, self.ffn)
 
 
+class SlidingWindow(nn.Module):
+    """What a decoder's sliding-window layers attend with: the keys fewer than `size` positions
+    behind each query, rotated by `positions` (Gemma 3 rotates them with another base)."""
+
+    def __init__(self, size: int, positions: NoPositions) -> None:
+        super().__init__()
+        self.size = size
+        self.positions = positions
+
+
 def self_attention_inputs(
     positional: NoPositions,
     positions: Tensor,
     key_positions: Tensor,
     key_tokens: Tensor | None,
     causal: bool,
+    window: int = 0,
 ) -> tuple[Mask, Callable[[Tensor], Tensor], Tensor | None]:
     """What every self-attention layer of a stack needs, computed once per forward.
 
@@ -87,6 +99,7 @@ def self_attention_inputs(
         key_positions: (B, Tk) positions of the keys (Tk > Tq when decoding with a cache).
         key_tokens: (B, Tk) bool, True for real key tokens; None when nothing is padded.
         causal: whether query i may only see keys up to its own place in the sequence.
+        window: when > 0, a query sees only keys fewer than `window` positions behind it.
 
     Returns:
         The mask (boolean, broadcastable to (B, h, Tq, Tk); `CAUSAL`; or None), the rotation applied
@@ -97,6 +110,9 @@ def self_attention_inputs(
     if causal and queries > 1:  # a single newest query may see every key
         order = CAUSAL if mask is None and queries == keys else causal_mask(queries, keys, positions.device)
         mask = order if mask is None else mask & order
+    if window:
+        near = window_mask(positions, key_positions, window)
+        mask = near if mask is None else materialize(mask, queries, keys, positions.device) & near
     return mask, positional.rotation(positions), positional.bias(positions, key_positions)
 
 
@@ -119,3 +135,9 @@ def token_positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
         b, t = tokens.shape
         return torch.arange(t, device=tokens.device).expand(b, t)
     return positions_from_mask(mask)
+
+
+def empty_cache(attn: SelfAttention, layers: int, batch: int, max_length: int) -> KVCache:
+    """A KV cache for `layers` layers like `attn`: sized by its key/value heads, in its weights' dtype and device."""
+    weight = attn.qkv.weight
+    return KVCache(layers, batch, attn.kv_heads, max_length, attn.head_dim, weight.dtype, weight.device)

@@ -32,8 +32,29 @@ class Activation(str, enum.Enum):
 
 
 class NormPlacement(str, enum.Enum):
-    POST = "post"  # LayerNorm(x + Sublayer(x)), as in the paper
-    PRE = "pre"  # x + Sublayer(LayerNorm(x)), as in GPT-2
+    POST = "post"  # Norm(x + Sublayer(x)), as in the paper
+    PRE = "pre"  # x + Sublayer(Norm(x)), as in GPT-2 and Llama
+    PRE_POST = "pre-post"  # x + Norm(Sublayer(Norm(x))), as in Gemma 2 and 3
+    OUTPUT = "output"  # x + Norm(Sublayer(x)), as in OLMo 2
+
+
+class Norm(str, enum.Enum):
+    LAYER = "layernorm"  # (x - mean) / std * w + b (the paper, BERT, GPT-2)
+    RMS = "rmsnorm"  # x / rms(x) * w, no bias (Llama)
+    RMS_UNIT_OFFSET = "rmsnorm-unit-offset"  # x / rms(x) * (1 + w), w initialised at 0 (Gemma)
+
+
+class QKNorm(str, enum.Enum):
+    NONE = "none"
+    HEAD = "head"  # each head's query and key normalised over its d_k features (Qwen3, Gemma 3)
+    PROJECTION = "projection"  # the whole query and key projections normalised (OLMo 2)
+
+
+class RopeScaling(str, enum.Enum):
+    NONE = "none"
+    LINEAR = "linear"  # every frequency divided by rope_factor (position interpolation)
+    LLAMA3 = "llama3"  # low frequencies divided by rope_factor, high kept, a smooth blend between
+    YARN = "yarn"  # NTK-by-parts blend and a temperature on the scores (Peng et al. 2023)
 
 
 class Positional(str, enum.Enum):
@@ -52,6 +73,11 @@ class SinusoidalLayout(str, enum.Enum):
 class Pooling(str, enum.Enum):
     FIRST = "first"  # the first token's vector, through the pooler when pooler=true (BERT)
     MEAN = "mean"  # the mean of the real tokens' vectors (sentence-transformers)
+
+
+class LayerType(str, enum.Enum):
+    FULL = "full_attention"
+    SLIDING = "sliding_attention"  # each query sees the last `sliding_window` positions only
 
 
 class Tying(str, enum.Enum):
@@ -82,6 +108,15 @@ class ModelConfig:
     an encoder-only model classifies: the first token's ("first") or the mean of the real tokens'
     ("mean", for checkpoints trained as sentence embedders, such as all-MiniLM-L6-v2).
 
+    Attention fields: `kv_heads` key/value heads shared by groups of the `heads` query heads
+    (grouped-query attention; 0 means as many as query heads); `head_size` the size d_k of a head
+    (0 means d_model / heads); `attention_scale_dim` the d in the scores' 1/sqrt(d) (0 means d_k;
+    Gemma's query_pre_attn_scalar); `attention_softcap` and `logit_softcap` cap the attention
+    scores and the output logits at c tanh(x / c) (0 means no cap); `layer_types` says which
+    decoder layers attend over a sliding window of `sliding_window` positions (empty: all layers
+    slide when sliding_window > 0, none otherwise), and those layers rotate with
+    `local_rotary_base` (0 means rotary_base) and without rope scaling.
+
     Example:
         >>> from attn import ModelConfig, preset
         >>> small = preset("paper-base").replace(d_model=256, d_ff=1024)
@@ -104,17 +139,38 @@ class ModelConfig:
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     activation: Activation = Activation.RELU
+    gated_ffn: bool = False
     norm: NormPlacement = NormPlacement.POST
+    normalization: Norm = Norm.LAYER
     final_norm: bool = False
     norm_eps: float = 1e-5
     positional: Positional = Positional.SINUSOIDAL
     sinusoidal_layout: SinusoidalLayout = SinusoidalLayout.INTERLEAVED
     rotary_base: float = 10000.0
+    rotary_fraction: float = 1.0
+    rope_scaling: RopeScaling = RopeScaling.NONE
+    rope_factor: float = 1.0
+    rope_original_positions: int = 0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_attention_factor: float = 0.0
+    local_rotary_base: float = 0.0
     relative_buckets: int = 32
     relative_max_distance: int = 128
     scale_embedding: bool = True
     tying: Tying = Tying.ALL
+    kv_heads: int = 0
+    head_size: int = 0
     attention_bias: bool = True
+    attention_out_bias: bool | None = None
+    qk_norm: QKNorm = QKNorm.NONE
+    attention_scale_dim: int = 0
+    attention_softcap: float = 0.0
+    logit_softcap: float = 0.0
+    sliding_window: int = 0
+    layer_types: tuple[LayerType, ...] = ()
     ffn_bias: bool = True
     output_bias: bool = False
     type_vocab_size: int = 0
@@ -132,8 +188,31 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        """d_k = d_v = d_model / h (section 3.2.2)."""
-        return self.d_model // self.heads
+        """d_k = d_v = d_model / h (section 3.2.2), unless `head_size` sets it."""
+        return self.head_size or self.d_model // self.heads
+
+    @property
+    def key_value_heads(self) -> int:
+        """The number of key/value heads: `kv_heads`, or one per query head."""
+        return self.kv_heads or self.heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """The features of a head that rotary positions rotate (the first `rotary_fraction` of d_k)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def out_bias(self) -> bool:
+        """Whether attention's output projection W^O has a bias (`attention_out_bias`, else `attention_bias`)."""
+        return self.attention_bias if self.attention_out_bias is None else self.attention_out_bias
+
+    @property
+    def decoder_layer_types(self) -> tuple[LayerType, ...]:
+        """Each decoder layer's attention: `layer_types`, or all sliding when only `sliding_window` is set."""
+        if self.layer_types:
+            return self.layer_types
+        kind = LayerType.SLIDING if self.sliding_window else LayerType.FULL
+        return (kind,) * self.decoder_layers
 
     @property
     def source_vocab_size(self) -> int:
@@ -143,10 +222,18 @@ class ModelConfig:
         for name in ("d_model", "heads", "d_ff", "vocab_size", "max_positions"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be a positive integer, got {getattr(self, name)}")
-        for name in ("encoder_layers", "decoder_layers", "src_vocab_size", "type_vocab_size", "num_labels"):
+        for name in (
+            "encoder_layers", "decoder_layers", "src_vocab_size", "type_vocab_size", "num_labels", "kv_heads",
+            "head_size", "attention_scale_dim", "sliding_window", "rope_original_positions",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.d_model % self.heads:
+        if self.heads % self.key_value_heads:
+            raise ConfigError(
+                "kv_heads", f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}: each key/value "
+                "head serves an equal group of query heads"
+            )
+        if not self.head_size and self.d_model % self.heads:
             raise ConfigError(
                 "d_model",
                 f"d_model={self.d_model} is not divisible by heads={self.heads}; "
@@ -164,6 +251,33 @@ class ModelConfig:
             raise ConfigError("norm_eps", f"must be a small positive number such as 1e-5, got {self.norm_eps}")
         if not self.rotary_base > 1:
             raise ConfigError("rotary_base", f"must be > 1 (10000 is usual), got {self.rotary_base}")
+        if not (self.local_rotary_base == 0 or self.local_rotary_base > 1):
+            raise ConfigError("local_rotary_base", f"must be 0 (same as rotary_base) or > 1, got {self.local_rotary_base}")
+        if not 0 < self.rotary_fraction <= 1:
+            raise ConfigError("rotary_fraction", f"must be in (0, 1], got {self.rotary_fraction}")
+        for name in ("attention_softcap", "logit_softcap"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0 (0 means no cap), got {getattr(self, name)}")
+        self._validate_rope_scaling()
+
+    def _validate_rope_scaling(self) -> None:
+        if self.rope_scaling == RopeScaling.NONE:
+            return
+        if not self.rope_factor > 0:
+            raise ConfigError("rope_factor", f"must be > 0, got {self.rope_factor}")
+        if self.rope_scaling == RopeScaling.LINEAR:
+            return
+        if not self.rope_original_positions:
+            raise ConfigError(
+                "rope_original_positions",
+                f"{self.rope_scaling.value} scaling needs the context length the model was trained at "
+                "(rope_original_positions, Hugging Face's original_max_position_embeddings)",
+            )
+        if self.rope_scaling == RopeScaling.LLAMA3 and not self.rope_high_freq_factor > self.rope_low_freq_factor:
+            raise ConfigError(
+                "rope_high_freq_factor",
+                f"must exceed rope_low_freq_factor={self.rope_low_freq_factor}, got {self.rope_high_freq_factor}",
+            )
 
     def _validate_combinations(self) -> None:
         arch = self.architecture
@@ -184,12 +298,13 @@ class ModelConfig:
                     f"tying='all' shares one matrix, but src_vocab_size={self.src_vocab_size} != "
                     f"vocab_size={self.vocab_size}; use a joint vocabulary or tying='decoder'",
                 )
-        if self.positional == Positional.ROTARY and self.head_dim % 2:
+        if self.positional == Positional.ROTARY and self.rotary_dims % 2:
             raise ConfigError(
                 "positional",
-                f"rotary positions rotate pairs of features, but the head size d_model/heads="
-                f"{self.head_dim} is odd; choose d_model and heads with an even quotient",
+                f"rotary positions rotate pairs of features, but {self.rotary_dims} of the head's {self.head_dim} "
+                "rotate (head size times rotary_fraction); choose sizes that make it even",
             )
+        self._validate_layer_types()
         if arch != Architecture.ENCODER_ONLY and (self.type_vocab_size or self.num_labels):
             raise ConfigError(
                 "type_vocab_size" if self.type_vocab_size else "num_labels",
@@ -198,6 +313,21 @@ class ModelConfig:
         if self.pooling == Pooling.MEAN and self.pooler:
             raise ConfigError(
                 "pooling", "pooling='mean' averages the hidden states and reads no pooler; set pooler=false"
+            )
+
+    def _validate_layer_types(self) -> None:
+        if self.architecture != Architecture.DECODER_ONLY and (self.sliding_window or self.layer_types):
+            raise ConfigError("sliding_window", "sliding-window layers belong to decoder-only models; set it to 0")
+        if self.layer_types and len(self.layer_types) != self.decoder_layers:
+            raise ConfigError(
+                "layer_types",
+                f"names {len(self.layer_types)} layers, but the model has decoder_layers={self.decoder_layers}",
+            )
+        if LayerType.SLIDING in self.layer_types and not self.sliding_window:
+            raise ConfigError("sliding_window", "layer_types has sliding layers: set sliding_window >= 1")
+        if self.sliding_window and self.positional == Positional.RELATIVE:
+            raise ConfigError(
+                "sliding_window", "sliding windows take rotary or absolute positions, not relative; set it to 0"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,6 +359,12 @@ class ModelConfig:
             max_positions=64,
             relative_max_distance=16,
             num_labels=3 if self.architecture == Architecture.ENCODER_ONLY else 0,
+            kv_heads=2 if self.kv_heads else 0,
+            head_size=16 if self.head_size else 0,
+            attention_scale_dim=16 if self.attention_scale_dim else 0,
+            sliding_window=min(self.sliding_window, 8),
+            layer_types=self.layer_types[: min(self.decoder_layers, 2)],
+            rope_original_positions=min(self.rope_original_positions, 32),
         )
 
 
@@ -239,8 +375,15 @@ def _divisor_hint(d_model: int, heads: int) -> int:
 
 def plain_fields(obj: Any) -> dict[str, Any]:
     """A config dataclass's fields as a JSON-ready dict (enums as their string values)."""
-    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    return {name: value.value if isinstance(value, enum.Enum) else value for name, value in values.items()}
+    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
 
 
 def _field_names(cls: type) -> list[str]:
@@ -275,6 +418,9 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
         if option in (int, str, float) and isinstance(value, option) and not isinstance(value, bool):
             return value
         if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
+            item, *rest = typing.get_args(option)
+            if rest == [Ellipsis] and isinstance(item, type) and issubclass(item, enum.Enum):
+                return tuple(_parse_enum(name, item, v) for v in value)
             return tuple(value)
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
     raise ConfigError(name, f"expected {names}, got {type(value).__name__} {value!r}")

@@ -1,9 +1,10 @@
-"""The paper's small parts: position-wise FFN, residual + LayerNorm wrappers, embeddings.
+"""The paper's small parts and their successors: FFNs, norms, residual wrappers, embeddings.
 
-Post-norm (section 3.1: LayerNorm(x + Dropout(Sublayer(x)))) and pre-norm
-(x + Dropout(Sublayer(LayerNorm(x)))) are two small wrappers with one interface; the builder
-picks one. Dropout sits where section 5.4 puts it: on every sub-layer output before the
-residual add, and on the sum of embeddings and positional encodings.
+Post-norm (section 3.1: Norm(x + Dropout(Sublayer(x)))), pre-norm (x + Dropout(Sublayer(Norm(x)))),
+pre-and-post-norm (Gemma) and output-norm (OLMo 2) are small wrappers with one interface; the
+builder picks one, and the norm inside (LayerNorm or RMSNorm). Dropout sits where section 5.4 puts
+it: on every sub-layer output before the residual add, and on the sum of embeddings and positional
+encodings.
 """
 
 from __future__ import annotations
@@ -41,12 +42,48 @@ class FeedForward(nn.Module):
         return self.w2(self.dropout(self.act(self.w1(x))))
 
 
-class PostNorm(nn.Module):
-    """LayerNorm(x + Dropout(Sublayer(x))): the paper's arrangement."""
+class GatedFeedForward(FeedForward):
+    """FFN(x) = W_2 (act(W_gate x) * W_up x): SwiGLU with SiLU, GeGLU with GELU (Shazeer 2020).
 
-    def __init__(self, d_model: int, eps: float, dropout: float) -> None:
+    `w1` holds W_gate and W_up stacked, [gate; up], (2 d_ff x d_model): one matrix product for both.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: Activation, bias: bool, dropout: float) -> None:
+        super().__init__(d_model, d_ff, activation, bias, dropout)
+        self.w1 = nn.Linear(d_model, 2 * d_ff, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model)."""
+        gate, up = self.w1(x).chunk(2, dim=-1)
+        return self.w2(self.dropout(self.act(gate) * up))
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * (offset + w) over groups of `size` features (Zhang & Sennrich 2019).
+
+    `offset` is 0 for Llama's form and 1 for Gemma's, whose weight starts at 0. With `size` smaller
+    than the input's last dimension each group of `size` features is normalised alone: the heads of
+    a query or key projection (QK-norm).
+    """
+
+    def __init__(self, size: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.weight = nn.Parameter(torch.full((size,), 1.0 - offset))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: Tensor) -> Tensor:
+        size = self.weight.numel()
+        groups = x.unflatten(-1, (-1, size))  # (..., n, size)
+        return F.rms_norm(groups, (size,), self.weight + self.offset, self.eps).flatten(-2)
+
+
+class PostNorm(nn.Module):
+    """Norm(x + Dropout(Sublayer(x))): the paper's arrangement."""
+
+    def __init__(self, norm: nn.Module, dropout: float) -> None:
+        super().__init__()
+        self.norm = norm
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
@@ -54,13 +91,31 @@ class PostNorm(nn.Module):
 
 
 class PreNorm(PostNorm):
-    """x + Dropout(Sublayer(LayerNorm(x))): trains deep stacks without warmup tricks (GPT-2).
+    """x + Dropout(Sublayer(Norm(x))): trains deep stacks without warmup tricks (GPT-2, Llama).
 
-    The same LayerNorm and dropout as `PostNorm`, arranged the other way round.
+    The same norm and dropout as `PostNorm`, arranged the other way round.
     """
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         return x + self.dropout(sublayer(self.norm(x)))
+
+
+class OutputNorm(PostNorm):
+    """x + Dropout(Norm(Sublayer(x))): the sub-layer's output normalised inside the residual (OLMo 2)."""
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return x + self.dropout(self.norm(sublayer(x)))
+
+
+class PrePostNorm(PostNorm):
+    """x + Dropout(PostNorm(Sublayer(Norm(x)))): normalised on the way in and out (Gemma 2 and 3)."""
+
+    def __init__(self, norm: nn.Module, post_norm: nn.Module, dropout: float) -> None:
+        super().__init__(norm, dropout)
+        self.post_norm = post_norm
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return x + self.dropout(self.post_norm(sublayer(self.norm(x))))
 
 
 class Embeddings(nn.Module):
@@ -121,3 +176,15 @@ class OutputProjection(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         logits = (self.weight @ x.reshape(rows, -1).t()).t().contiguous().view(*x.shape[:-1], -1)  # (..., vocab)
         return logits if self.bias is None else logits + self.bias
+
+
+class SoftCappedProjection(OutputProjection):
+    """logits = c tanh((x W^T + b) / c): the vocabulary projection with Gemma 2's final soft-cap c."""
+
+    def __init__(self, d_model: int, vocab_size: int, bias: bool, cap: float) -> None:
+        super().__init__(d_model, vocab_size, bias=bias)
+        self.cap = cap
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., d_model) -> (..., vocab), each logit in (-cap, cap)."""
+        return self.cap * torch.tanh(super().forward(x) / self.cap)

@@ -76,6 +76,12 @@ def causal_mask(queries: int, keys: int | None = None, device: torch.device | No
     return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)[None, None]
 
 
+def window_mask(positions: Tensor, key_positions: Tensor, window: int) -> Tensor:
+    """(B, Tq), (B, Tk) positions -> (B, 1, Tq, Tk) bool: a query sees the keys fewer than `window`
+    positions behind it (with a causal mask: its last `window` positions, itself included)."""
+    return (positions[:, :, None] - key_positions[:, None, :] < window)[:, None]
+
+
 def positions_from_mask(mask: Tensor) -> Tensor:
     """(B, T) bool token mask -> (B, T) long positions counted over real tokens only.
 

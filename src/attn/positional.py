@@ -80,26 +80,74 @@ class LearnedPositions(NoPositions):
 
 
 class RotaryPositions(NoPositions):
-    """Rotary position embedding: feature pairs (j, j + d_k/2) rotate by angle pos * base^(-2j/d_k)."""
+    """Rotary position embedding: feature pairs (j, j + d/2) rotate by angle pos * inv_freq[j].
 
-    def __init__(self, max_positions: int, head_dim: int, base: float) -> None:
+    Only the first `dims` features of a head rotate (all of them unless the model rotates a
+    fraction, as Phi-3 may); `scale` multiplies cos and sin (YaRN's attention factor).
+    """
+
+    def __init__(self, max_positions: int, inv_freq: Tensor, scale: float = 1.0) -> None:
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d_k/2,)
-        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (P, d_k/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (P, d_k)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (P, d/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (P, d)
+        self.dims = angles.size(-1)
+        self.register_buffer("cos", (angles.cos() * scale).float(), persistent=False)
+        self.register_buffer("sin", (angles.sin() * scale).float(), persistent=False)
 
     def rotation(self, positions: Tensor) -> Callable[[Tensor], Tensor]:
-        cos = self.cos[positions][:, None]  # (B, 1, T, d_k)
+        cos = self.cos[positions][:, None]  # (B, 1, T, d)
         sin = self.sin[positions][:, None]
+        dims = self.dims
 
         def rotate(x: Tensor) -> Tensor:
-            first, second = x.chunk(2, dim=-1)
-            turned = torch.cat([-second, first], dim=-1)  # (B, h, T, d_k)
-            return x * cos.to(x.dtype) + turned * sin.to(x.dtype)
+            turned = x[..., :dims]
+            first, second = turned.chunk(2, dim=-1)
+            half_turn = torch.cat([-second, first], dim=-1)  # (B, h, T, d)
+            rotated = turned * cos.to(x.dtype) + half_turn * sin.to(x.dtype)
+            return rotated if dims == x.size(-1) else torch.cat([rotated, x[..., dims:]], dim=-1)
 
         return rotate
+
+
+def rotary_frequencies(dims: int, base: float) -> Tensor:
+    """inv_freq[j] = base^(-2j / dims) for the dims / 2 rotated pairs, in float64."""
+    return base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims)
+
+
+def linear_scaling(inv_freq: Tensor, factor: float) -> Tensor:
+    """Position interpolation: every frequency divided by `factor`."""
+    return inv_freq / factor
+
+
+def llama3_scaling(inv_freq: Tensor, factor: float, original: int, low: float, high: float) -> Tensor:
+    """Llama 3.1's rule: wavelengths longer than original / low are divided by `factor`, those shorter
+    than original / high kept, and those between blended linearly in original / wavelength."""
+    wavelength = 2 * math.pi / inv_freq
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def yarn_scaling(
+    inv_freq: Tensor, base: float, factor: float, original: int, beta_fast: float, beta_slow: float
+) -> Tensor:
+    """YaRN's NTK-by-parts blend (Peng et al. 2023): pairs that turn fewer than `beta_slow` times over
+    the original context are interpolated (divided by `factor`), those that turn more than
+    `beta_fast` times kept, with a linear ramp over the pair index between the two."""
+    dims = 2 * inv_freq.numel()
+
+    def pair_turning(turns: float) -> float:  # the pair index that turns `turns` times over `original`
+        return dims * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), dims - 1)
+    span = (high - low) or 0.001
+    ramp = ((torch.arange(inv_freq.numel(), dtype=torch.float64) - low) / span).clamp(0.0, 1.0)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's default scale of cos and sin, 0.1 ln(factor) + 1 (1 for no extension)."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
 def relative_bucket(distance: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:

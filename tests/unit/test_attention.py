@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from attn.attention import (
+    Heads,
     SelfAttention,
     attention_weights,
     fast_attention,
@@ -236,7 +237,7 @@ def test_dropout_is_torch_s_in_training_and_off_in_eval_mode():
     torch.manual_seed(3)
     torch.testing.assert_close(dropped, ffn.w2(F.dropout(F.relu(ffn.w1(x)), 0.4)), atol=1e-5, rtol=1e-5)
     assert torch.equal(ffn.eval()(x), ffn.w2(F.relu(ffn.w1(x))))
-    layer = SelfAttention(8, 2, bias=True, dropout=0.5, attend=fast_attention)
+    layer = SelfAttention(8, Heads(2, 2, 4), bias=(True, True), dropout=0.5, attend=fast_attention)
     assert not torch.equal(layer(x, None, lambda t: t), layer(x, None, lambda t: t))
     layer.eval()
     assert torch.equal(layer(x, None, lambda t: t), layer(x, None, lambda t: t))

@@ -10,6 +10,7 @@ from attn.positional import (
     RelativePositionBias,
     RotaryPositions,
     relative_bucket,
+    rotary_frequencies,
     sinusoidal_table,
 )
 
@@ -33,7 +34,7 @@ def test_sinusoidal_concatenated_entries(pos, i):
 
 
 def test_rotary_rotates_feature_pairs_by_position_angle():
-    rope = RotaryPositions(16, head_dim=4, base=10000.0)
+    rope = RotaryPositions(16, rotary_frequencies(4, 10000.0))
     x = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 1, 1, 4).expand(1, 1, 3, 4)
     rotated = rope.rotation(torch.tensor([[0, 1, 5]]))(x)
     for t, pos in enumerate([0, 1, 5]):
@@ -45,7 +46,7 @@ def test_rotary_rotates_feature_pairs_by_position_angle():
 
 
 def test_rotary_scores_depend_only_on_relative_position():
-    rope = RotaryPositions(64, head_dim=8, base=10000.0)
+    rope = RotaryPositions(64, rotary_frequencies(8, 10000.0))
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
 

@@ -1,23 +1,28 @@
 """The one place where a `ModelConfig` chooses modules.
 
 `build_model(config)` returns an `EncoderDecoder`, an `Encoder` or a `Decoder`; every variant
-(norm placement, positional scheme, activation, tying, biases) is decided here, so no model's
+(norm and its placement, positional scheme and rope scaling, activation and gating, head layout,
+QK-norm, score scale and caps, sliding windows, tying, biases) is decided here, so no model's
 `forward` branches on the config.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from attn.attention import ATTENTION_FUNCTIONS, CrossAttention, SelfAttention
-from attn.blocks import Block, DecoderBlock
+from attn.attention import ATTENTION_FUNCTIONS, CrossAttention, Heads, Scores, SelfAttention
+from attn.blocks import Block, DecoderBlock, SlidingWindow
 from attn.config import (
     Architecture,
+    LayerType,
     ModelConfig,
+    Norm,
     NormPlacement,
     Pooling,
     Positional,
+    QKNorm,
+    RopeScaling,
     Tying,
 )
 from attn.errors import ConfigError
@@ -25,9 +30,14 @@ from attn.layers import (
     ACTIVATIONS,
     Embeddings,
     FeedForward,
+    GatedFeedForward,
+    OutputNorm,
     OutputProjection,
     PostNorm,
     PreNorm,
+    PrePostNorm,
+    RMSNorm,
+    SoftCappedProjection,
     embedding_scale,
 )
 from attn.models.decoder import Decoder
@@ -46,6 +56,11 @@ from attn.positional import (
     RelativePositionBias,
     RotaryPositions,
     SinusoidalPositions,
+    linear_scaling,
+    llama3_scaling,
+    rotary_frequencies,
+    yarn_attention_factor,
+    yarn_scaling,
 )
 
 Model = EncoderDecoder | Encoder | Decoder
@@ -91,7 +106,7 @@ class _Parts:
         return {
             Positional.SINUSOIDAL: lambda: SinusoidalPositions(c.max_positions, c.d_model, c.sinusoidal_layout),
             Positional.LEARNED: lambda: LearnedPositions(c.max_positions, c.d_model),
-            Positional.ROTARY: lambda: RotaryPositions(c.max_positions, c.head_dim, c.rotary_base),
+            Positional.ROTARY: lambda: RotaryPositions(c.max_positions, *rope_frequencies(c)),
             Positional.RELATIVE: lambda: RelativePositionBias(
                 c.heads, c.relative_buckets, c.relative_max_distance, bidirectional
             ),
@@ -105,33 +120,68 @@ class _Parts:
         scale = embedding_scale(c.d_model, c.scale_embedding)
         return Embeddings(tokens, scale, self.positions(bidirectional), segments, norm, c.dropout)
 
+    def norm(self, size: int | None = None) -> nn.Module:
+        """The model's norm over `size` features (d_model by default; d_k for QK-norm per head)."""
+        c, size = self.c, size or self.c.d_model
+        return {
+            Norm.LAYER: lambda: nn.LayerNorm(size, eps=c.norm_eps),
+            Norm.RMS: lambda: RMSNorm(size, c.norm_eps),
+            Norm.RMS_UNIT_OFFSET: lambda: RMSNorm(size, c.norm_eps, offset=1.0),
+        }[c.normalization]()
+
     def residual(self) -> nn.Module:
-        wrapper = PostNorm if self.c.norm == NormPlacement.POST else PreNorm
-        return wrapper(self.c.d_model, self.c.norm_eps, self.c.dropout)
+        c = self.c
+        return {
+            NormPlacement.POST: lambda: PostNorm(self.norm(), c.dropout),
+            NormPlacement.PRE: lambda: PreNorm(self.norm(), c.dropout),
+            NormPlacement.PRE_POST: lambda: PrePostNorm(self.norm(), self.norm(), c.dropout),
+            NormPlacement.OUTPUT: lambda: OutputNorm(self.norm(), c.dropout),
+        }[c.norm]()
 
     def final_norm(self) -> nn.Module:
-        return nn.LayerNorm(self.c.d_model, eps=self.c.norm_eps) if self.c.final_norm else nn.Identity()
+        return self.norm() if self.c.final_norm else nn.Identity()
+
+    def heads(self) -> Heads:
+        return Heads(self.c.heads, self.c.key_value_heads, self.c.head_dim)
+
+    def qk_norms(self) -> tuple[nn.Module, nn.Module] | None:
+        """Norms of the query and key projections: per head over d_k, or over each whole projection."""
+        c = self.c
+        return {
+            QKNorm.NONE: lambda: None,
+            QKNorm.HEAD: lambda: (self.norm(c.head_dim), self.norm(c.head_dim)),
+            QKNorm.PROJECTION: lambda: (self.norm(c.heads * c.head_dim), self.norm(c.key_value_heads * c.head_dim)),
+        }[c.qk_norm]()
 
     def self_attention(self) -> SelfAttention:
         c = self.c
-        return SelfAttention(c.d_model, c.heads, c.attention_bias, c.attention_dropout, self.attend)
+        scale = c.attention_scale_dim**-0.5 if c.attention_scale_dim else None
+        scores = Scores(scale, c.attention_softcap)
+        bias = (c.attention_bias, c.out_bias)
+        return SelfAttention(c.d_model, self.heads(), bias, c.attention_dropout, self.attend, scores, self.qk_norms())
 
     def ffn(self) -> FeedForward:
         c = self.c
-        return FeedForward(c.d_model, c.d_ff, c.activation, c.ffn_bias, c.activation_dropout)
+        kind = GatedFeedForward if c.gated_ffn else FeedForward
+        return kind(c.d_model, c.d_ff, c.activation, c.ffn_bias, c.activation_dropout)
 
     def block(self) -> Block:
         return Block(self.self_attention(), self.ffn(), self.residual)
 
     def decoder_block(self) -> DecoderBlock:
         c = self.c
-        cross = CrossAttention(c.d_model, c.heads, c.attention_bias, c.attention_dropout, self.attend)
+        cross = CrossAttention(c.d_model, self.heads(), (c.attention_bias, c.out_bias), c.attention_dropout, self.attend)
         return DecoderBlock(self.self_attention(), cross, self.ffn(), self.residual)
 
     def lm_head(self, tokens: nn.Embedding) -> OutputProjection:
         """The vocabulary projection, logits = x W^T + b; W is the token embedding when tied (section 3.4)."""
-        projection = OutputProjection(self.c.d_model, self.c.vocab_size, bias=self.c.output_bias)
-        if self.c.tying != Tying.NONE:
+        c = self.c
+        projection = (
+            SoftCappedProjection(c.d_model, c.vocab_size, c.output_bias, c.logit_softcap)
+            if c.logit_softcap
+            else OutputProjection(c.d_model, c.vocab_size, bias=c.output_bias)
+        )
+        if c.tying != Tying.NONE:
             projection.weight = tokens.weight
         return projection
 
@@ -161,13 +211,44 @@ class _Parts:
         classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
         return Encoder(self.encoder_stack(tokens), mlm, lm_head, pooler, classifier, c.dropout)
 
+    def sliding_window(self) -> SlidingWindow | None:
+        """What sliding layers attend with: their window and their rotation (absolute positions are
+        already in the embeddings); with `local_rotary_base`, rotary positions of that base, unscaled."""
+        c = self.c
+        if LayerType.SLIDING not in c.decoder_layer_types:
+            return None
+        if c.positional != Positional.ROTARY:
+            return SlidingWindow(c.sliding_window, NoPositions())
+        local = c.replace(rotary_base=c.local_rotary_base, rope_scaling=RopeScaling.NONE) if c.local_rotary_base else c
+        return SlidingWindow(c.sliding_window, RotaryPositions(c.max_positions, *rope_frequencies(local)))
+
     def decoder(self) -> Decoder:
         c = self.c
         tokens = nn.Embedding(c.vocab_size, c.d_model)
         blocks = [self.block() for _ in range(c.decoder_layers)]
+        sliding = [kind == LayerType.SLIDING for kind in c.decoder_layer_types]
         return Decoder(
-            self.embeddings(tokens, False), blocks, self.final_norm(), self.lm_head(tokens), c.max_positions
+            self.embeddings(tokens, False), blocks, self.final_norm(), self.lm_head(tokens), c.max_positions,
+            self.sliding_window(), sliding,
         )
+
+
+def rope_frequencies(config: ModelConfig) -> tuple[Tensor, float]:
+    """The rotary inverse frequencies of `config` after its rope scaling, and the scale of cos and sin."""
+    c = config
+    inv_freq = rotary_frequencies(c.rotary_dims, c.rotary_base)
+    original = c.rope_original_positions
+    return {
+        RopeScaling.NONE: lambda: (inv_freq, 1.0),
+        RopeScaling.LINEAR: lambda: (linear_scaling(inv_freq, c.rope_factor), 1.0),
+        RopeScaling.LLAMA3: lambda: (
+            llama3_scaling(inv_freq, c.rope_factor, original, c.rope_low_freq_factor, c.rope_high_freq_factor), 1.0
+        ),
+        RopeScaling.YARN: lambda: (
+            yarn_scaling(inv_freq, c.rotary_base, c.rope_factor, original, c.yarn_beta_fast, c.yarn_beta_slow),
+            c.yarn_attention_factor or yarn_attention_factor(c.rope_factor),
+        ),
+    }[c.rope_scaling]()
 
 
 def init_weights(model: nn.Module, config: ModelConfig) -> None:

@@ -1,21 +1,23 @@
 """The decoder-only model: a causal language model (GPT-style).
 
 Embeddings -> N x Block with a causal mask -> final norm -> vocabulary projection. The blocks
-are the encoder's blocks: only the mask differs. `forward` scores a whole sequence;
-`decode_step` extends a `KVCache` with new tokens and scores only them.
+are the encoder's blocks: only the mask differs. Some layers may attend over a sliding window
+(Mistral, Gemma): each block reads the attention inputs of its own kind, full or windowed, all
+computed once per forward. `forward` scores a whole sequence; `decode_step` extends a `KVCache`
+with new tokens and scores only them.
 
 Departures from the paper: none in the parts; the paper has no decoder-only model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import Block, check_tokens, self_attention_inputs, token_positions
+from attn.blocks import Block, SlidingWindow, check_tokens, empty_cache, self_attention_inputs, token_positions
 from attn.kv_cache import KVCache
 from attn.layers import Embeddings
 from attn.masks import positions_from_mask
@@ -31,13 +33,18 @@ class Decoder(nn.Module):
         final_norm: nn.Module,
         lm_head: nn.Linear,
         max_positions: int,
+        window: SlidingWindow | None = None,
+        sliding: Sequence[bool] = (),
     ) -> None:
+        """`window`: what the layers flagged in `sliding` (one flag per block) attend with."""
         super().__init__()
         self.embeddings = embeddings
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = final_norm
         self.lm_head = lm_head
         self.max_positions = max_positions
+        self.windows = nn.ModuleList([window] if window is not None else [])
+        self.views = tuple(int(flag) for flag in sliding) or (0,) * len(blocks)  # index into the inputs
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         """tokens (B, T) long, mask (B, T) bool (True = real) -> next-token logits (B, T, vocab).
@@ -51,11 +58,7 @@ class Decoder(nn.Module):
 
     def new_cache(self, batch: int, max_length: int) -> KVCache:
         """An empty cache for `batch` rows of up to `max_length` tokens, on the model's device."""
-        attn = self.blocks[0].attn
-        weight = attn.qkv.weight
-        head_dim = weight.size(1) // attn.heads
-        cache = KVCache(len(self.blocks), batch, attn.heads, max_length, head_dim, weight.dtype, weight.device)
-        return cache
+        return empty_cache(self.blocks[0].attn, len(self.blocks), batch, max_length)
 
     def decode_step(self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None) -> Tensor:
         """Appends tokens (B, T) to the cache and returns their logits (B, T, vocab).
@@ -73,10 +76,13 @@ class Decoder(nn.Module):
         slots: Iterable[KVSlot],
     ) -> Tensor:
         x = self.embeddings(tokens, positions)  # (B, T, d_model)
-        attn_mask, rotate, bias = self_attention_inputs(
-            self.embeddings.positions, positions, key_positions, key_tokens, causal=True
-        )
-        for block, slot in zip(self.blocks, slots):
-            x = block(x, attn_mask, rotate, bias, slot)
+        full = self_attention_inputs(self.embeddings.positions, positions, key_positions, key_tokens, causal=True)
+        windowed = [
+            self_attention_inputs(w.positions, positions, key_positions, key_tokens, causal=True, window=w.size)
+            for w in self.windows
+        ]
+        inputs = [full, *windowed]
+        for block, slot, view in zip(self.blocks, slots, self.views):
+            x = block(x, *inputs[view], slot)
         return self.final_norm(x)
 

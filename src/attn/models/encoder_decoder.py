@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import DecoderBlock, check_tokens, self_attention_inputs, token_positions
+from attn.blocks import DecoderBlock, check_tokens, empty_cache, self_attention_inputs, token_positions
 from attn.kv_cache import KVCache
 from attn.layers import Embeddings
 from attn.masks import key_mask, padded_keys, positions_from_mask
@@ -75,12 +75,7 @@ class EncoderDecoder(nn.Module):
 
     def new_cache(self, memory: Tensor, src_mask: Tensor | None, max_length: int) -> KVCache:
         """A cache for decoding up to `max_length` tokens per row, holding the memory's keys/values."""
-        attn = self.blocks[0].attn
-        weight = attn.qkv.weight
-        cache = KVCache(
-            len(self.blocks), memory.size(0), attn.heads, max_length, weight.size(1) // attn.heads,
-            weight.dtype, weight.device,
-        )
+        cache = empty_cache(self.blocks[0].attn, len(self.blocks), memory.size(0), max_length)
         cache.memory = [block.cross.memory_kv(memory) for block in self.blocks]
         cache.memory_mask = None if src_mask is None else key_mask(src_mask)
         return cache
