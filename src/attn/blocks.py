@@ -15,9 +15,17 @@ from torch import Tensor, nn
 
 from attn.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
 from attn.errors import ShapeError
-from attn.layers import FeedForward
 from attn.kv_cache import KVCache
-from attn.masks import CAUSAL, Mask, causal_mask, materialize, padded_keys, positions_from_mask, window_mask
+from attn.layers import FeedForward
+from attn.masks import (
+    CAUSAL,
+    Mask,
+    causal_mask,
+    materialize,
+    padded_keys,
+    positions_from_mask,
+    window_mask,
+)
 from attn.positional import NoPositions
 
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attn.attention import ATTENTION_FUNCTIONS, CrossAttention, Heads, Scores, SelfAttention
+from attn.attention import (
+    ATTENTION_FUNCTIONS,
+    CrossAttention,
+    Heads,
+    Scores,
+    SelfAttention,
+)
 from attn.blocks import Block, DecoderBlock, SlidingWindow
 from attn.config import (
     Architecture,

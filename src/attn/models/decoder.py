@@ -17,7 +17,14 @@ import torch
 from torch import Tensor, nn
 
 from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import Block, SlidingWindow, check_tokens, empty_cache, self_attention_inputs, token_positions
+from attn.blocks import (
+    Block,
+    SlidingWindow,
+    check_tokens,
+    empty_cache,
+    self_attention_inputs,
+    token_positions,
+)
 from attn.kv_cache import KVCache
 from attn.layers import Embeddings
 from attn.masks import positions_from_mask

@@ -17,7 +17,13 @@ import torch
 from torch import Tensor, nn
 
 from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import DecoderBlock, check_tokens, empty_cache, self_attention_inputs, token_positions
+from attn.blocks import (
+    DecoderBlock,
+    check_tokens,
+    empty_cache,
+    self_attention_inputs,
+    token_positions,
+)
 from attn.kv_cache import KVCache
 from attn.layers import Embeddings
 from attn.masks import key_mask, padded_keys, positions_from_mask
