@@ -2,9 +2,12 @@
 norm placement, left padding, the reset lifecycle, overflow, reordering, and the rows of a
 continuous batch (stacking caches, trimming padding).
 
-Cached decoding runs without autograd, so its steps go through the output projection's decoding layouts
-(the weight on the left; a transposed copy for one row); the uncached reference runs with autograd on,
-through `F.linear` on the weight itself.
+The Llama family's parts (grouped-query attention, QK-norm, sliding windows, rope scaling, soft caps,
+their norms) decode with the cache as without, and the cache holds key/value heads, not query heads.
+
+Cached decoding runs without autograd, so its steps go through the output projection's decoding layout
+(the weight on the left); the uncached reference runs with autograd on, through `F.linear` on the weight
+itself.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.config import ModelConfig, NormPlacement, Positional, preset
+from attn.config import ModelConfig, Norm, NormPlacement, Positional, QKNorm, RopeScaling, preset
 from attn.errors import GenerationError
 from attn.kv_cache import KVCache, stack_rows
 from attn.models import Decoder, EncoderDecoder, build_model
@@ -49,6 +52,60 @@ def test_decoder_cached_equals_uncached(positional, norm):
     with torch.no_grad():
         cached = _decode_in_pieces(model, tokens, model.new_cache(2, 12), prefix=5)
     assert_close(cached, full, atol=1e-5, rtol=0)
+
+
+LLAMA = dict(
+    positional=Positional.ROTARY, normalization=Norm.RMS, gated_ffn=True, activation="silu", attention_bias=False,
+    ffn_bias=False, kv_heads=2, dropout=0.0, attention_dropout=0.0,
+)
+LLAMA_VARIANTS = {
+    "llama": {},
+    "multi-query": {"kv_heads": 1},
+    "qwen2-bias": {"attention_bias": True, "attention_out_bias": False},
+    "qk-norm-head": {"qk_norm": QKNorm.HEAD, "head_size": 16},
+    "qk-norm-projection": {"qk_norm": QKNorm.PROJECTION, "norm": NormPlacement.OUTPUT},
+    "gemma2": {"normalization": Norm.RMS_UNIT_OFFSET, "norm": NormPlacement.PRE_POST, "activation": "gelu-tanh",
+               "attention_scale_dim": 24, "attention_softcap": 5.0, "logit_softcap": 3.0, "sliding_window": 4,
+               "layer_types": ("sliding_attention", "full_attention"), "scale_embedding": True},
+    "gemma3-local-base": {"sliding_window": 3, "layer_types": ("sliding_attention", "full_attention"),
+                          "local_rotary_base": 500.0, "rotary_base": 1e6},
+    "mistral-window": {"sliding_window": 5},
+    "llama3-scaling": {"rope_scaling": RopeScaling.LLAMA3, "rope_factor": 8.0, "rope_original_positions": 16},
+    "yarn-partial": {"rope_scaling": RopeScaling.YARN, "rope_factor": 4.0, "rope_original_positions": 16,
+                     "rotary_fraction": 0.5},
+}
+
+
+@pytest.mark.parametrize("variant", list(LLAMA_VARIANTS))
+def test_llama_parts_decode_with_the_cache_as_without(variant):
+    torch.manual_seed(0)
+    model = build_model(preset("gpt2-tiny").replace(**{**LLAMA, **LLAMA_VARIANTS[variant]})).eval()
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16]]
+    steps = torch.randint(0, 97, (2, 6))
+    longest = max(map(len, prompts))
+    batch = torch.tensor([[0] * (longest - len(p)) + p for p in prompts])
+    mask = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts])
+    with torch.no_grad():
+        cache = model.new_cache(2, longest + 6)
+        first = model.decode_step(batch, cache, mask)[:, -1:]
+        batched = torch.cat([first] + [model.decode_step(steps[:, t : t + 1], cache) for t in range(6)], dim=1)
+    assert cache.keys.size(2) == model.blocks[0].attn.kv_heads == LLAMA_VARIANTS[variant].get("kv_heads", 2)
+    for row, prompt in enumerate(prompts):
+        alone = _uncached(model, torch.tensor([prompt + steps[row].tolist()]))[:, len(prompt) - 1 :]
+        assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=0)
+
+
+def test_grouped_query_cache_bytes_are_two_x_layers_x_kv_heads_x_head_dim_x_length():
+    """SmolLM2-135M's shape (30 layers, 9 query heads sharing 3 key/value heads of 64) at 2,048 tokens, fp32."""
+    config = preset("gpt2").replace(
+        d_model=576, heads=9, kv_heads=3, decoder_layers=30, max_positions=2048, positional=Positional.ROTARY,
+        normalization=Norm.RMS, gated_ffn=True, d_ff=1536,
+    )
+    with torch.device("meta"):
+        cache = build_model(config).new_cache(1, 2048)
+    size = cache.keys.numel() * cache.keys.element_size() + cache.values.numel() * cache.values.element_size()
+    assert size == 2 * 30 * 3 * 64 * 2048 * 4  # 94.4 MB; a third of what 9 query heads would take
+    assert cache.keys.shape == (30, 1, 3, 2048, 64)
 
 
 @pytest.mark.parametrize(("positional", "norm"), VARIANTS, ids=IDS)
