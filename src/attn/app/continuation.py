@@ -54,12 +54,12 @@ class GeneratedToken:
     """One new token of a continuation, with its text and log-probabilities (see `CompletionText`).
 
     Attributes:
-        id: the token id (the final EOS too).
+        id: the token id (the final EOS or stop id too).
         text: the text that arrives with this token; "" while text is held back (a character not
             yet complete, or what may be the start of a stop string: it comes with a later token).
         logprob: the token's log-probability under the scores it was chosen from.
         top: the most likely tokens of this step as (id, log-probability), best first.
-        finish: None, except on the last token: "stop" (EOS or a stop string) or "length" (the limit).
+        finish: None, except on the last token: "stop" (EOS, a stop id or a stop string) or "length" (the limit).
     """
 
     id: int
@@ -79,17 +79,18 @@ class CompletionText:
 
     Args:
         loaded: the decoder-only model's bundle (its tokenizer and EOS id).
-        stop: the stop strings.
+        config: the continuation's decoding settings: its stop strings, and its stop ids, which end it as the
+            EOS id does and show no text.
         top_logprobs: how many of each step's most likely tokens `GeneratedToken.top` holds.
 
     Example:
         >>> import torch
-        >>> from attn import Bundle, Tokenizer, build_model, preset
+        >>> from attn import Bundle, GenerationConfig, Tokenizer, build_model, preset
         >>> tokenizer = Tokenizer.train_chars(["hello"])
         >>> config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size)
         >>> bundle = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="lm", model_config=config,
         ...                 path=".", eos_id=tokenizer.eos_id)
-        >>> text = CompletionText(bundle, stop=["lo"], top_logprobs=1)
+        >>> text = CompletionText(bundle, GenerationConfig(stop=("lo",)), top_logprobs=1)
         >>> scores = torch.zeros(tokenizer.vocab_size)
         >>> [text.push(tokenizer.token_to_id(c), scores, None).text for c in "hel"]
         ['h', 'e', '']
@@ -98,14 +99,14 @@ class CompletionText:
         ('', 'stop', 0.0)
     """
 
-    def __init__(self, loaded: Bundle, stop: Sequence[str] = (), top_logprobs: int = 0) -> None:
-        self._text = TextStream(loaded.tokenizer.decode, stop)
-        self._eos = loaded.eos_id
+    def __init__(self, loaded: Bundle, config: GenerationConfig, top_logprobs: int = 0) -> None:
+        self._text = TextStream(loaded.tokenizer.decode, config.stop)
+        self._ends = config.end_ids(loaded.eos_id)
         self._top = top_logprobs
 
     def push(self, token: int, scores: Tensor, finish: str | None) -> GeneratedToken:
         """The next token, from its (V,) scores; `finish` is set on the continuation's last token."""
-        text = self._text.push(token) if token != self._eos else ""
+        text = self._text.push(token) if token not in self._ends else ""
         if finish is not None:
             text += self._text.finish()
         logprobs = scores.float().log_softmax(-1)

@@ -161,7 +161,7 @@ def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list
         logprobs: how many top log-probabilities each token carries.
         attention: (layer, head or None for the mean over heads) of the attention each token carries, or None.
     """
-    texts = [CompletionText(served.bundle, config.stop, logprobs) for config in configs]
+    texts = [CompletionText(served.bundle, config, logprobs) for config in configs]
     contexts = [list(prompt) for prompt in prompts]  # what each row's next token attends over
 
     def chunk(row: int, token: RowToken) -> Chunk:
