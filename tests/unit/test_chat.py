@@ -82,24 +82,24 @@ def test_a_hugging_face_directory_gives_its_template_and_the_ids_that_end_genera
 
 def test_a_session_keeps_the_history_and_answers_as_the_library_does(chat: Bundle) -> None:
     session = ChatSession(chat, LIMIT, system="You are terse.")
-    first = "".join(session.reply("Hello! How are you today?"))
-    expected = conversation("Hello! How are you today?", system="You are terse.")
-    assert first == answer_of(chat, expected)
-    second = "".join(session.reply("Tell me a joke."))
-    expected += [{"role": "assistant", "content": first}, {"role": "user", "content": "Tell me a joke."}]
-    assert second == answer_of(chat, expected)
+    first = "".join(session.reply("Tell me a joke."))
+    expected = conversation("Tell me a joke.", system="You are terse.")
+    assert first and first == answer_of(chat, expected)
+    second = "".join(session.reply("Hi"))
+    expected += [{"role": "assistant", "content": first}, {"role": "user", "content": "Hi"}]
+    assert second and second == answer_of(chat, expected)
     assert session.messages == [*expected, {"role": "assistant", "content": second}]
     session.reset()
     assert session.messages == [{"role": "system", "content": "You are terse."}]
-    assert "".join(session.reply("Hello! How are you today?")) == first
+    assert "".join(session.reply("Tell me a joke.")) == first
 
 
 def test_an_answer_cut_short_joins_the_history_as_far_as_it_was_shown(chat: Bundle) -> None:
     session = ChatSession(chat, GenerationConfig(max_new_tokens=30))
-    pieces = session.reply("Hi")
+    pieces = session.reply("Tell me a joke.")
     shown = next(pieces)
-    pieces.close()  # what Ctrl-C during an answer does
-    assert session.messages == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": shown}]
+    pieces.close()  # what Ctrl-C between two pieces of an answer does
+    assert session.messages == [{"role": "user", "content": "Tell me a joke."}, {"role": "assistant", "content": shown}]
 
 
 def test_a_conversation_too_long_for_the_model_leaves_the_history_as_it_was(chat: Bundle) -> None:
@@ -112,7 +112,7 @@ def test_a_conversation_too_long_for_the_model_leaves_the_history_as_it_was(chat
 
 def test_an_answer_ends_at_the_end_of_a_turn_which_it_does_not_show(chat: Bundle) -> None:
     end = chat.tokenizer.token_to_id("<|im_end|>")
-    prompt = chat.render_chat(conversation("What is the capital of France?"))
+    prompt = chat.render_chat(conversation("Tell me a joke."))
     free = continue_texts(chat, [prompt], GenerationConfig(max_new_tokens=60))[0][0].text
-    ended = answer_of(chat, conversation("What is the capital of France?"), GenerationConfig(max_new_tokens=60))
-    assert chat.stop_ids == (end,) and ended != free and free.startswith(ended)  # the model ends its turn early
+    ended = answer_of(chat, conversation("Tell me a joke."), GenerationConfig(max_new_tokens=60))
+    assert chat.stop_ids == (end,) and ended and ended != free and free.startswith(ended)  # it ends its turn early

@@ -13,8 +13,10 @@ import dataclasses
 from collections.abc import Iterator
 
 from attn.app.continuation import generate_stream
+from attn.app.inputs import expect_model
 from attn.artifacts import Bundle
 from attn.decoding import GenerationConfig
+from attn.models import Decoder
 
 Message = dict[str, str]
 
@@ -41,6 +43,10 @@ class ChatSession:
         config: the decoding settings of every answer.
         system: the system message that starts the conversation (None: the template's default, if it has one).
 
+    Raises:
+        ChatTemplateError: the model has no chat template.
+        AttnError: the model is not a decoder-only model.
+
     Example:
         >>> import torch
         >>> from attn import Bundle, GenerationConfig, Tokenizer, build_model, preset
@@ -56,6 +62,8 @@ class ChatSession:
     """
 
     def __init__(self, loaded: Bundle, config: GenerationConfig, system: str | None = None) -> None:
+        expect_model(loaded, Decoder, "chat")
+        loaded.compiled_chat_template()  # a model without a template is refused before the first message
         self.loaded = loaded
         self.config = chat_config(loaded, config)
         self.system = system

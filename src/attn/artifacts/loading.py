@@ -160,9 +160,14 @@ class Bundle:
             >>> bundle.render_chat([{"role": "user", "content": "ab"}])
             'ab</s>'
         """
-        return self._chat_template().render(messages, add_generation_prompt)
+        return self.compiled_chat_template().render(messages, add_generation_prompt)
 
-    def _chat_template(self) -> ChatTemplate:
+    def compiled_chat_template(self) -> ChatTemplate:
+        """The chat template, compiled, with the start token as `bos_token` and the EOS token as `eos_token`.
+
+        Raises:
+            ChatTemplateError: the model has no chat template (the message says where one goes), or it does not compile.
+        """
         if self.chat_template is None:
             raise ChatTemplateError(f"{self.path}: the model has no chat template, so it cannot chat; put the template "
                                     f"it was trained with in {Path(self.path) / CHAT_TEMPLATE_FILE}, or continue plain "
@@ -337,7 +342,7 @@ def _with_chat(bundle: Bundle, where: Path, named: Sequence[int]) -> Bundle:
     ids = set(named)
     if bundle.chat_template is not None:
         try:
-            template = bundle._chat_template()
+            template = bundle.compiled_chat_template()
         except ChatTemplateError as err:
             raise CheckpointError(f"{where}: {err}") from None
         found = end_of_turn_id(template, bundle.tokenizer) if bundle.tokenizer is not None else None
