@@ -45,7 +45,7 @@ def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig) -> It
     expect_model(loaded, Decoder, "text generation")
     ids = prompt_ids(loaded, prompt)
     decode = loaded.tokenizer.decode
-    tokens = stream(loaded.model, ids, _default_limit(config, loaded, len(ids)), eos_id=loaded.eos_id, decode=decode)
+    tokens = stream(loaded.model, ids, default_limit(config, loaded, len(ids)), eos_id=loaded.eos_id, decode=decode)
     return text_pieces(tokens, decode, config.stop)
 
 
@@ -176,7 +176,7 @@ def check_samples(samples: int, config: GenerationConfig) -> None:
 
 
 def _continue_batch(loaded: Bundle, prompts: list[list[int]], config: GenerationConfig) -> list[list[Continuation]]:
-    config = _default_limit(config, loaded, max(map(len, prompts)))
+    config = default_limit(config, loaded, max(map(len, prompts)))
     text = loaded.tokenizer.decode
     if config.beam_size > 1:  # beam search has no stop strings
         found = beam_search(loaded.model, prompts, config, loaded.eos_id)
@@ -196,7 +196,7 @@ def prompt_ids(loaded: Bundle, prompt: str) -> list[int]:
     return ids
 
 
-def _default_limit(config: GenerationConfig, loaded: Bundle, longest: int) -> GenerationConfig:
+def default_limit(config: GenerationConfig, loaded: Bundle, longest: int) -> GenerationConfig:
     """`config` with `DEFAULT_NEW_TOKENS` as its limit when it sets none, fewer when the positions run out."""
     if config.max_new_tokens is not None:
         return config
