@@ -134,7 +134,7 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
                     "\"Answer in one sentence.\"")
     _model(p, "a checkpoint or Hugging Face directory with a chat template")
     p.add_argument("--system", help="the system message that starts every conversation (default: the template's own)")
-    p.add_argument("--max-tokens", "--max-new-tokens", dest="max_new_tokens", type=int,
+    p.add_argument("--max-tokens", "--max-new-tokens", dest="max_new_tokens", type=int, metavar="N",
                    help="most tokens of one answer (default: 200, fewer when the model's positions run out)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature; 0 (the default) answers greedily")
