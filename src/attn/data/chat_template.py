@@ -184,7 +184,7 @@ class ChatTemplate:
                                     "chat template") from None
         except RecursionError:
             raise ChatTemplateError("the model's chat template recursed too deeply; correct the chat template") from None
-        except Exception as error:  # the template is foreign code: any failure of it is reported
+        except Exception as error:  # noqa: BLE001 - the template is foreign code: any failure of it is reported
             raise ChatTemplateError(f"the model's chat template failed on this conversation ({type(error).__name__}: "
                                     f"{error}); check the messages' roles and contents, or correct the template") from None
         finally:
