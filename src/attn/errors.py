@@ -60,3 +60,8 @@ class GenerationError(AttnError, ValueError):
 
 class TrainingError(AttnError):
     """Training cannot go on: a non-finite loss or gradient, or an update without targets."""
+
+
+class ChatTemplateError(AttnError, ValueError):
+    """A chat template that cannot be compiled, or that fails on a conversation: the template refused it
+    (`raise_exception`), broke a rule of the sandbox it runs in, or ran past its time limit."""

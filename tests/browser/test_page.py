@@ -27,7 +27,9 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 import torch
+from chat_models import tiny_chat_bundle
 
+from attn.artifacts import save_model
 from attn.artifacts.checkpoint import write_checkpoint
 from attn.config import preset
 from attn.data.readers import Fields
@@ -84,6 +86,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "cls": _tiny(tmp, "cls", "bert-base-tiny", "classification"),
         "nli": _tiny(tmp, "nli", "bert-base-tiny", "classification", Fields(text_pair_field="hypothesis")),
         "emb": _tiny(tmp, "emb", "minilm-l6-tiny", "embedding", num_labels=0),
+        "chat": save_model(tiny_chat_bundle(), tmp / "chat"),
     }
 
 
@@ -201,7 +204,7 @@ def test_the_model_list_comes_from_the_api_and_the_tabs_follow_each_models_task(
     assert page.eval_on_selector_all("#model option", "os => os.map(o => o.value)") == [m["id"] for m in models]
     expected = {"mt": {"translate", "attention"}, "lm": {"generate", "attention"},
                 "cls": {"classify", "embed", "attention"}, "nli": {"classify", "embed", "attention"},
-                "emb": {"embed", "attention"}}
+                "emb": {"embed", "attention"}, "chat": {"generate", "chat", "attention"}}
     for model in models:
         page.select_option("#model", model["id"])
         tabs = page.eval_on_selector_all("[role=tab]:not([hidden])", "ts => ts.map(t => t.dataset.mode)")
@@ -260,6 +263,35 @@ def test_streamed_greedy_text_equals_the_non_streamed_completion(page: Page, api
     page.uncheck("#stream")
     run_and_wait(page, "generate")
     assert page.inner_text("#completion") == expected
+
+
+def test_a_chat_streams_each_answer_of_the_conversation_so_far(page: Page, api: httpx.Client) -> None:
+    choose(page, "chat", "chat")
+    page.fill("#chat-system", "Be brief.")
+    page.fill("#chat-max-tokens", "30")
+    page.fill("#chat-input", "Tell me a joke about cats and dogs.")
+    run_and_wait(page, "chat")
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Tell me a joke about cats and dogs."}]
+    request = {"model": "chat", "temperature": 0, "max_completion_tokens": 30}
+    answers = []
+    for then in ("Hi", None):
+        answer = api.post("/v1/chat/completions", json={**request, "messages": messages}).json()["choices"][0]
+        answers.append(answer["message"]["content"])
+        shown = page.eval_on_selector_all("#chat-output .message.assistant .text", "ms => ms.map(m => m.textContent)")
+        assert shown == answers and answers[-1]
+        assert int(page.get_attribute("#chat-output", "data-chunks")) > 1  # it came in pieces
+        if then is None:
+            break
+        messages += [answer["message"], {"role": "user", "content": then}]
+        page.fill("#chat-input", then)
+        page.press("#chat-input", "Enter")
+        expect(page.locator("#chat-output .message.assistant")).to_have_count(2)
+        expect(page.locator("#chat-output")).to_have_attribute("data-state", "done", timeout=60_000)
+    assert page.evaluate("window.attnPage.chat") == [*messages[1:], {"role": "assistant", "content": answers[-1]}]
+    page.click("#chat-reset")
+    expect(page.locator("#chat-output .message")).to_have_count(0)
+    assert page.evaluate("window.attnPage.chat") == []
 
 
 def test_sampling_options_seed_and_stop_reach_the_server(page: Page, api: httpx.Client) -> None:

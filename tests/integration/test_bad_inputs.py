@@ -289,6 +289,22 @@ CASES = [
          "ROMEO."), 2, "--stop: beam search stops at EOS only"),
     Case("stop-string-empty", "an empty stop string", generate_from("--stop", "", "ROMEO."), 2,
          "--stop: stop strings must not be empty"),
+    # chat
+    Case("chat-without-template", "`attn chat` with a model that has no chat template", ("chat", "--model", "{lm}"),
+         1, "the model has no chat template, so it cannot chat; put the template it was trained with in "),
+    Case("generate-chat-without-template", "`attn generate --chat` with a model that has no chat template",
+         generate_from("--chat", "ROMEO."), 1, "the model has no chat template, so it cannot chat"),
+    Case("system-without-chat", "a system message for plain generation",
+         generate_from("--system", "Be brief.", "ROMEO."), 2,
+         "--system: is the system message of a chat: give --chat as well"),
+    Case("chat-top-p-greedy", "a nucleus mass for a greedy chat", ("chat", "--model", "{lm}", "--top-p", "0.9"), 2,
+         "--top-p: only applies when sampling: give --temperature above 0 as well"),
+    Case("chat-with-a-classifier", "`attn chat` with an encoder-only model", ("chat", "--model", "{classifier}"), 1,
+         "chat needs a decoder-only model"),
+    Case("chat-template-broken", "a chat template that does not compile", ("chat", "--model", "{case}/ckpt"), 1,
+         "chat_template.jinja: the chat template does not compile: unexpected '}' (line 1 of the template)",
+         copy("{lm}/" + STEP, "ckpt", lambda ckpt: (ckpt / "chat_template.jinja").write_text(
+             "{{ messages[0].content }", encoding="utf-8"))),
     Case("unknown-device", "a device torch does not know", translate("--device", "gpu0", "x"), 2,
          "--device: unknown device 'gpu0'; use auto, cpu, cuda or cuda:N"),
     # data files

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from chat_models import tiny_chat_bundle
 from fastapi.testclient import TestClient
 from serve_models import tiny_bundles
 
@@ -48,7 +49,12 @@ class Case:
     method: str = "POST"
 
 
-LM, TR = {"model": "lm"}, {"model": "translator"}
+LM, TR, CHAT = {"model": "lm"}, {"model": "translator"}, {"model": "chat"}
+CHAT_ROUTE, HI = "/v1/chat/completions", [{"role": "user", "content": "Hi"}]
+# A template that refuses a conversation whose roles do not alternate, as Llama 2's and Mistral's do.
+STRICT = ("{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception("
+          "'Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{{ m.content }}"
+          "{% endfor %}")
 CASES = [
     Case("malformed-json", "/v1/completions", b'{"model": "lm", "prompt": ', 422, None, "the body is not valid JSON"),
     Case("body-not-an-object", "/v1/completions", b"[1, 2]", 422, None, "Input should be a valid dictionary"),
@@ -113,9 +119,9 @@ CASES = [
          "max_tokens: 100 is more than the model's max_positions=64"),
     Case("embeddings-input-empty", "/v1/embeddings", {"model": "encoder", "input": []}, 422, "input",
          "non-blank text"),
-    Case("embeddings-encoding-base64", "/v1/embeddings", {"model": "encoder", "input": "x",
-                                                          "encoding_format": "base64"}, 422, "encoding_format",
-         "Input should be 'float'"),
+    Case("embeddings-encoding-unknown", "/v1/embeddings", {"model": "encoder", "input": "x",
+                                                           "encoding_format": "binary"}, 422, "encoding_format",
+         "Input should be 'float' or 'base64'"),
     Case("attention-text-empty", "/v1/attention", {**LM, "text": ""}, 422, "text", "at least 1 character"),
     Case("attention-kind-unknown", "/v1/attention", {**LM, "text": "x", "kind": "diagonal"}, 422, "kind",
          "Input should be 'encoder', 'decoder', 'cross' or 'self'"),
@@ -131,14 +137,48 @@ CASES = [
          "100 positions exceed the model's max_positions=64"),
     Case("body-too-large", "/v1/embeddings", {"model": "encoder", "input": "x" * MAX_BODY}, 413, None,
          f"more than the server's limit of {MAX_BODY}"),
-    Case("unknown-route", "/v1/chat/completions", {**LM, "prompt": "x"}, 404, None, "no route /v1/chat/completions"),
+    Case("unknown-route", "/v1/edits", {**LM, "prompt": "x"}, 404, None, "no route /v1/edits"),
     Case("wrong-method", "/v1/models", {}, 405, None, "POST is not allowed on /v1/models"),
+    Case("chat-messages-missing", CHAT_ROUTE, CHAT, 422, "messages", "messages: Field required"),
+    Case("chat-messages-empty", CHAT_ROUTE, {**CHAT, "messages": []}, 422, "messages", "at least 1 item"),
+    Case("chat-message-not-an-object", CHAT_ROUTE, {**CHAT, "messages": ["Hi"]}, 422, "messages.0",
+         "messages.0: Input should be a valid dictionary"),
+    Case("chat-role-unknown", CHAT_ROUTE, {**CHAT, "messages": [{"role": "robot", "content": "Hi"}]}, 422,
+         "messages.0.role", "Input should be 'system', 'developer', 'user' or 'assistant'"),
+    Case("chat-content-missing", CHAT_ROUTE, {**CHAT, "messages": [{"role": "user"}]}, 422, "messages.0.content",
+         "messages.0.content: Field required"),
+    Case("chat-content-image", CHAT_ROUTE, {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 422, "messages.0.content",
+         "this server reads text only: give each part as {\"type\": \"text\", \"text\": ...}, not a 'image_url' part"),
+    Case("chat-tools", CHAT_ROUTE, {**CHAT, "messages": HI, "tools": [{"type": "function"}]}, 422, "tools",
+         "this server does not call tools; leave tools out"),
+    Case("chat-top-logprobs-alone", CHAT_ROUTE, {**CHAT, "messages": HI, "top_logprobs": 2}, 422, "top_logprobs",
+         "needs logprobs: true"),
+    Case("chat-top-logprobs-above-20", CHAT_ROUTE, {**CHAT, "messages": HI, "logprobs": True, "top_logprobs": 21},
+         422, "top_logprobs", "less than or equal to 20"),
+    Case("chat-stream-options-alone", CHAT_ROUTE, {**CHAT, "messages": HI, "stream_options": {"include_usage": True}},
+         422, "stream_options", "applies to streamed answers only"),
+    Case("chat-n-greedy", CHAT_ROUTE, {**CHAT, "messages": HI, "n": 2, "temperature": 0}, 422, "n",
+         "greedy decoding and beam search give one continuation per prompt"),
+    Case("chat-stop-empty", CHAT_ROUTE, {**CHAT, "messages": HI, "stop": [""]}, 422, "stop", "must not be empty"),
+    Case("chat-model-without-template", CHAT_ROUTE, {**LM, "messages": HI}, 400, "model",
+         "cannot serve /v1/chat/completions, which needs a decoder-only language model with a chat template"),
+    Case("chat-translator", CHAT_ROUTE, {**TR, "messages": HI}, 400, "model", "which needs a decoder-only language"),
+    Case("chat-template-refuses", CHAT_ROUTE, {"model": "strict", "messages": [{"role": "assistant", "content": "x"}]},
+         422, "messages", "messages: the model's chat template refuses this conversation: Conversation roles must "
+         "alternate user/assistant/user/assistant/..."),
+    Case("chat-longer-than-positions", CHAT_ROUTE, {**CHAT, "messages": [{"role": "user", "content": LONG * 2}]}, 422,
+         "messages", "more than the model's max_positions=64; shorten the prompt"),
+    Case("chat-max-tokens-beyond-positions", CHAT_ROUTE, {**CHAT, "messages": HI, "max_completion_tokens": 60}, 422,
+         "messages", "but max_tokens=60; set max_tokens <= "),
 ]
 
 
 @pytest.fixture(scope="module")
 def client():
+    chat = tiny_chat_bundle(max_positions=64)
     models = [ServedModel(name, bundle) for name, bundle in tiny_bundles().items()]
+    models += [ServedModel("chat", chat), ServedModel("strict", dataclasses.replace(chat, chat_template=STRICT))]
     with TestClient(create_app(models, ServeOptions(max_body_bytes=MAX_BODY))) as client:
         yield client
 

@@ -21,6 +21,8 @@ from attn.decoding import (
     start_decoder,
     stream,
 )
+from attn.decoding.beam_search import beam_search
+from attn.decoding.continuous import RunningBatch
 from attn.decoding.generation import StopStrings
 from attn.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder, build_model
@@ -89,6 +91,23 @@ def test_eos_ends_each_row_where_it_is_generated(lm):
         cut = row.index(eos) if eos in row else len(row)
         assert tokens == row[:cut]
     assert len(stopped[1]) <= 4
+
+
+def test_stop_ids_end_a_row_as_eos_does_in_every_decode(lm):
+    free = generate(lm, PROMPTS, GenerationConfig(max_new_tokens=10), eos_id=EOS)
+    turn = free[1][4]  # a token that row 1 produces at step 4: a chat model's end of turn
+    config = GenerationConfig(max_new_tokens=10, stop_ids=(turn,))
+    stopped = generate(lm, PROMPTS, config, eos_id=EOS)
+    for row, tokens in zip(free, stopped):
+        assert tokens == row[: row.index(turn) if turn in row else len(row)]
+    assert list(stream(lm, PROMPTS[1], config, eos_id=EOS)) == stopped[1]
+    batch = RunningBatch(lm, eos_id=EOS)
+    batch.add("row", PROMPTS[1], config)
+    steps = [batch.step()[0] for _ in range(len(stopped[1]) + 1)]
+    assert [s.token for s in steps] == [*stopped[1], turn] and steps[-1].finish == "stop" and not len(batch)
+    (best,) = beam_search(lm, [PROMPTS[1]], GenerationConfig(max_new_tokens=10, beam_size=2), eos_id=turn)
+    (ended,) = beam_search(lm, [PROMPTS[1]], GenerationConfig(max_new_tokens=10, beam_size=2, stop_ids=(turn,)))
+    assert ended == best  # a stop id ends a hypothesis as the EOS id does
 
 
 def test_stop_string_ends_the_row_after_the_token_that_completes_it(lm):
@@ -233,6 +252,7 @@ def test_translation_length_defaults_to_source_plus_50_within_the_positions(seq2
         ({"beam_size": 2, "sample": True}, "beam search does not sample"),
         ({"length_norm": "average"}, "length_norm: unknown value 'average'"),
         ({"stop": ("",)}, "stop strings must not be empty"),
+        ({"stop_ids": (3, -1)}, r"stop_ids: token ids must be >= 0, got \(3, -1\)"),
     ],
 )
 def test_invalid_configs_name_the_field_and_the_fix(fields, message):

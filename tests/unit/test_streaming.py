@@ -178,7 +178,7 @@ def test_stop_strings_end_streamed_and_whole_continuations_at_the_same_text() ->
         decoding = GenerationConfig(max_new_tokens=40, stop=(stop,))
         expected = text[: text.find(stop)] if stop in text else text
         tokens = generate(loaded.model, [prompt], decoding, decode=tokenizer.decode)[0]
-        completion = CompletionText(loaded, decoding.stop)
+        completion = CompletionText(loaded, decoding)
         pushed = [completion.push(t, torch.zeros(tokenizer.vocab_size), None) for t in tokens[:-1]]
         pushed.append(completion.push(tokens[-1], torch.zeros(tokenizer.vocab_size), "stop"))
         assert "".join(generate_stream(loaded, "Café", decoding)) == expected, why

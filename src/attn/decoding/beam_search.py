@@ -94,7 +94,7 @@ class BeamState:
         finished_score: (B, k) their scores, best first; -inf = empty slot.
         finished_logprob: (B, k) their summed log-probabilities.
         finished_length: (B, k) long, |Y| (EOS included).
-        finished_eos: (B, k) bool, whether each ended with EOS.
+        finished_eos: (B, k) bool, whether each ended with EOS (or one of `config.stop_ids`).
         limits: (B,) long, the most new tokens of each sentence.
     """
 
@@ -158,7 +158,7 @@ def advance(
     parent, token = flat // vocab, flat % vocab
     cand_history = _gather(state.history, parent)  # (B, 2k, T)
     cand_history[:, :, offset + step] = token
-    eos = torch.zeros_like(token, dtype=torch.bool) if eos_id is None else token == eos_id
+    eos = torch.isin(token, torch.tensor(config.end_ids(eos_id), dtype=torch.long, device=token.device))
     ends = eos | (step + 1 >= state.limits[:, None])  # (B, 2k)
     finished = _merge_finished(state, cand_history, cand_logprob, ends, eos, step + 1, config)
     alive_logprob, alive = torch.where(ends, NEG_INF, cand_logprob).topk(k)  # (B, k)

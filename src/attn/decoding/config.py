@@ -40,7 +40,8 @@ class GenerationConfig:
     """How to decode. The defaults are greedy decoding; `GenerationConfig.paper()` is the paper's beam search.
 
     `max_new_tokens=None` means: source length + 50 for translation, and as many as the model's
-    positions allow for a decoder-only model. `seed` seeds a `torch.Generator` for sampling (None
+    positions allow for a decoder-only model. `stop_ids` end a row as the EOS id does (a chat model's
+    end-of-turn token, `<|im_end|>` in ChatML) and, like it, are no part of the output. `seed` seeds a `torch.Generator` for sampling (None
     uses torch's global generator). The beam fields (`beam_size`, `length_penalty`, `length_norm`,
     `early_stopping`, `n_best`) are read by `attn.decoding.beam_search`.
 
@@ -60,6 +61,7 @@ class GenerationConfig:
     suppress: tuple[int, ...] = ()
     force_eos: bool = False
     stop: tuple[str, ...] = ()
+    stop_ids: tuple[int, ...] = ()
     seed: int | None = None
     beam_size: int = 1
     length_penalty: float = 0.6
@@ -75,6 +77,10 @@ class GenerationConfig:
         self._validate_sampling()
         self._validate_penalties()
         self._validate_beam()
+
+    def end_ids(self, eos_id: int | None) -> tuple[int, ...]:
+        """The ids that end a row: `eos_id` (when there is one) and `stop_ids`."""
+        return self.stop_ids if eos_id is None else (eos_id, *self.stop_ids)
 
     @classmethod
     def paper(cls) -> GenerationConfig:
@@ -101,8 +107,9 @@ class GenerationConfig:
             _fail("repetition_penalty", f"must be > 0, got {self.repetition_penalty}; 1.0 turns it off")
         if self.no_repeat_ngram < 0:
             _fail("no_repeat_ngram", f"must be >= 0, got {self.no_repeat_ngram}; 0 turns it off")
-        if any(token < 0 for token in self.suppress):
-            _fail("suppress", f"token ids must be >= 0, got {self.suppress}")
+        for name in ("suppress", "stop_ids"):
+            if any(token < 0 for token in getattr(self, name)):
+                _fail(name, f"token ids must be >= 0, got {getattr(self, name)}")
         if not all(self.stop):
             _fail("stop", "stop strings must not be empty")
 

@@ -9,7 +9,7 @@ Each `step`:
    stacks their cache under the running one (`stack_rows`: tokens end-aligned, shorter rows left-padded);
 2. chooses every row's next token under that row's own settings (`adjust_logits`, `choose_tokens`, a
    `torch.Generator` per seeded row);
-3. drops the rows that finished (EOS, a stop string, their limit) or were `remove`d: `KVCache.reorder`,
+3. drops the rows that finished (EOS or a stop id, a stop string, their limit) or were `remove`d: `KVCache.reorder`,
    then `KVCache.trim_padding` frees the columns that only the departed rows used;
 4. feeds the remaining rows' tokens in one `decode_one_token`.
 
@@ -46,8 +46,8 @@ class RowToken:
         token: the chosen token id (the EOS id too, when the row ends with it).
         scores: (V,) float, the scores the token was chosen from: the model's logits after the logit
             adjustments (penalties, bans, forced EOS), before temperature, top-k and top-p.
-        finish: None while the row goes on; "stop" (EOS or a stop string) or "length" (its token
-            limit) on its last step.
+        finish: None while the row goes on; "stop" (EOS, a stop id or a stop string) or "length" (its
+            token limit) on its last step.
     """
 
     key: Hashable
@@ -171,7 +171,7 @@ class RunningBatch:
         return RowToken(row.key, token, adjusted[0], self._finish(row, token, at_limit))
 
     def _finish(self, row: _Row, token: int, at_limit: bool) -> str | None:
-        if token == self.eos_id:
+        if token in row.config.end_ids(self.eos_id):
             return "stop"
         if row.stops is not None and row.stops.completed(row.history, row.prompt_length):
             return "stop"

@@ -10,9 +10,10 @@ the forced final EOS; `choose_tokens` then takes the argmax or samples (temperat
 top-p). Beam search (`attn.decoding.beam_search`) starts from the same sessions.
 
 Conventions:
-- The lists returned hold the new tokens only: no prompt, no start token, no EOS. A stop string
-  ends its row after the token that completes it; that token is kept.
-- A row stops at EOS, at a stop string, or after its own token limit. Finished rows leave the
+- The lists returned hold the new tokens only: no prompt, no start token, no EOS (nor one of
+  `config.stop_ids`, which end a row as EOS does). A stop string ends its row after the token that
+  completes it; that token is kept.
+- A row stops at EOS or a stop id, at a stop string, or after its own token limit. Finished rows leave the
   batch (`KVCache.reorder`), so the others go on with a smaller one.
 - Lengths are checked before anything runs. A decoder-only cache holds the longest (left-padded)
   prompt and the new tokens but the last, which is never fed back; that must fit in the model's
@@ -104,6 +105,7 @@ def decode_rows(
     generator = seeded_generator(config.seed, session.logits.device)
     rows = torch.arange(session.logits.size(0), device=session.logits.device)
     logits, history, limits = session.logits, session.history, session.limits
+    ends = torch.tensor(config.end_ids(eos_id), dtype=torch.long, device=rows.device)
     stops = StopStrings(config.stop, decode) if config.stop and decode is not None else None
     new: list[list[int]] = [[] for _ in range(logits.size(0))] if stops is not None else []  # rows' new tokens
     for step in range(int(limits.max())):
@@ -112,9 +114,7 @@ def decode_rows(
         tokens = choose_tokens(logits, config, generator)
         history[:, column] = tokens
         yield rows, tokens
-        done = limits == step + 1
-        if eos_id is not None:
-            done |= tokens == eos_id
+        done = (limits == step + 1) | torch.isin(tokens, ends)
         if stops is not None:
             for row, token in zip(new, tokens.tolist(), strict=True):
                 row.append(token)
@@ -137,11 +137,11 @@ def check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | No
         raise GenerationError("force_eos needs eos_id: pass the tokenizer's end-of-sequence id")
 
 
-def _collect(steps: Iterator[tuple[Tensor, Tensor]], batch: int, eos_id: int | None) -> list[list[int]]:
+def _collect(steps: Iterator[tuple[Tensor, Tensor]], batch: int, ends: tuple[int, ...]) -> list[list[int]]:
     outputs: list[list[int]] = [[] for _ in range(batch)]
     for rows, tokens in steps:
         for row, token in zip(rows.tolist(), tokens.tolist()):
-            if token != eos_id:
+            if token not in ends:
                 outputs[row].append(token)
     return outputs
 
@@ -182,7 +182,7 @@ def generate(
 
         return [hypotheses[0].tokens for hypotheses in beam_search(model, prompts, config, eos_id)]
     session = start_decoder(model, prompts, config)
-    return _collect(decode_rows(session, config, eos_id, decode), len(prompts), eos_id)
+    return _collect(decode_rows(session, config, eos_id, decode), len(prompts), config.end_ids(eos_id))
 
 
 @torch.inference_mode()
@@ -216,7 +216,7 @@ def generate_seq2seq(
         found = beam_search_seq2seq(model, sources, start_id, eos_id, pad_id, config)
         return [hypotheses[0].tokens for hypotheses in found]
     session = start_seq2seq(model, sources, start_id, pad_id, config)
-    return _collect(decode_rows(session, config, eos_id), len(sources), eos_id)
+    return _collect(decode_rows(session, config, eos_id), len(sources), config.end_ids(eos_id))
 
 
 def stream(
@@ -226,7 +226,7 @@ def stream(
     eos_id: int | None = None,
     decode: Decode | None = None,
 ) -> Iterator[int]:
-    """Continues one prompt, yielding each new token id as soon as it is chosen (EOS is not yielded).
+    """Continues one prompt, yielding each new token id as soon as it is chosen (EOS and stop ids are not yielded).
 
     The prompt is prefilled (and every argument checked) when `stream` is called; tokens are
     decoded as the iterator is consumed.
@@ -244,7 +244,8 @@ def stream(
 def _stream_tokens(
     session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None
 ) -> Iterator[int]:
+    ends = config.end_ids(eos_id)
     for _, tokens in decode_rows(session, config, eos_id, decode):
         token = int(tokens[0])
-        if token != eos_id:
+        if token not in ends:
             yield token

@@ -17,8 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from attn.app.serve.errors import error_body
 from attn.app.serve.metrics import ServeMetrics
 
-ROUTES = ("/v1/completions", "/v1/embeddings", "/v1/translate", "/v1/classify", "/v1/attention", "/v1/models",
-          "/health", "/metrics", "/")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/translate", "/v1/classify", "/v1/attention",
+          "/v1/models", "/health", "/metrics", "/")
 _ALWAYS_OPEN = ("/health", "/metrics")  # answered while draining, so that a balancer can see it
 
 

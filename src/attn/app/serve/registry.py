@@ -13,6 +13,7 @@ from attn.models import Decoder, Encoder, EncoderDecoder
 # What each route needs of a model: the model class, and a word for the error that names it.
 ROUTE_MODELS: dict[str, tuple[type, str]] = {
     "completions": (Decoder, "a decoder-only language model"),
+    "chat/completions": (Decoder, "a decoder-only language model with a chat template"),
     "translate": (EncoderDecoder, "an encoder-decoder translation model"),
     "embeddings": (Encoder, "an encoder-only model"),
     "classify": (Encoder, "a trained classifier"),
@@ -41,7 +42,8 @@ class ServedModel:
         if route not in ROUTE_MODELS:
             return None
         kind, needs = ROUTE_MODELS[route]
-        if not isinstance(self.bundle.model, kind) or (route == "classify" and not self.bundle.label_names):
+        if (not isinstance(self.bundle.model, kind) or (route == "classify" and not self.bundle.label_names)
+                or (route == "chat/completions" and self.bundle.chat_template is None)):
             return needs
         return None
 
@@ -56,6 +58,7 @@ class ServedModel:
             else config.decoder_layers,
             "decoder_layers": config.decoder_layers if two_stacks else None, "heads": config.heads,
             "labels": list(self.bundle.label_names), "pairs": self.takes_pairs,
+            "chat": self.can("chat/completions") is None,
         }
 
 

@@ -6,6 +6,7 @@ route only validates, tokenizes to count and check, and turns the job's result i
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import time
@@ -17,9 +18,11 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from torch import Tensor
 
+from attn.app.chat import chat_config
 from attn.app.classification import Prediction
-from attn.app.continuation import check_samples, prompt_ids
+from attn.app.continuation import check_samples, default_limit, prompt_ids
 from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
 from attn.app.serve.metrics import ServeMetrics
@@ -28,10 +31,13 @@ from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.schemas import (
     AttentionRequest,
     AttentionResponse,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
     ClassifyRequest,
     ClassifyResponse,
     CompletionRequest,
     CompletionResponse,
+    DecodingRequest,
     EmbeddingRequest,
     EmbeddingResponse,
     ErrorBody,
@@ -122,57 +128,100 @@ def _invalid(error: AttnError, param: str) -> ApiError:
     return ApiError(422, f"{field}: {detail}", field)
 
 
-# -- completions --------------------------------------------------------------------------------
+# -- completions and chat completions -----------------------------------------------------------
 
 
-def _completion_config(body: CompletionRequest) -> GenerationConfig:
+def _decoding_config(body: DecodingRequest, max_tokens: int | None) -> GenerationConfig:
     """Temperature 0 is greedy decoding (top_p and top_k then do nothing)."""
     sample = body.temperature > 0
-    config = GenerationConfig(max_new_tokens=body.max_tokens, sample=sample, stop=body.stops(), seed=body.seed,
+    config = GenerationConfig(max_new_tokens=max_tokens, sample=sample, stop=body.stops(), seed=body.seed,
                               **({"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
                                  if sample else {}))
     check_samples(body.n, config)
     return config
 
 
+def _rows(served: ServedModel, route: str, prompts: list[list[int]], config: GenerationConfig, n: int,
+          logprobs: int, attention: tuple[int, int | None] | None = None) -> RowsJob:
+    """The running batch's rows of a request: `n` choices per prompt, choice j of a prompt seeded with seed + j."""
+    seeds = [None if config.seed is None else config.seed + j for j in range(n)]
+    configs = [dataclasses.replace(config, seed=seed) for _ in prompts for seed in seeds]
+    return completion_rows(served, [p for p in prompts for _ in seeds], configs, logprobs, attention, route)
+
+
 @dataclasses.dataclass
-class _Completion:
-    """A completion request, checked: its model, its rows (one per choice) and how to answer.
+class _Answer:
+    """A checked request for the running batch: its model, its rows (one per choice) and how to answer; the
+    answers of completions and of chat completions differ in their shape only (`choice`, `event`, `usage_event`).
 
     Attributes:
-        prompts: the prompt of each choice (choice i * n + j is sample j of prompt i).
+        param: the request field that a mistake found while decoding is about (a prompt too long).
         prompt_tokens: the prompts' tokens, each prompt counted once.
-        logprobs: whether the choices carry logprobs.
-        attention: (layer, head) of the attention sent with each streamed token, or None.
     """
 
     served: ServedModel
     rows: RowsJob
     head: dict[str, Any]
-    prompts: list[str]
+    param: str
     prompt_tokens: int
-    logprobs: bool
-    attention: tuple[int, int | None] | None
 
     def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
-        """One choice from all its chunks."""
+        """One choice of the whole answer, from all its chunks."""
+        raise NotImplementedError
+
+    def event(self, chunk: Chunk) -> dict[str, Any]:
+        """The streamed object of one chunk."""
+        raise NotImplementedError
+
+    def usage_event(self, tokens: int) -> dict[str, Any] | None:
+        """The object streamed after the last chunk, when there is one."""
+        return None
+
+    def answer(self, chunks: list[Chunk]) -> dict[str, Any]:
+        choices = [self.choice([c for c in chunks if c.index == i]) for i in range(len(self.rows.prompts))]
+        return {**self.head, "choices": choices, "usage": self.usage(len(chunks))}
+
+    def usage(self, tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": tokens,
+                "total_tokens": self.prompt_tokens + tokens}
+
+    def decode(self, ids: list[int]) -> str:
+        return self.served.bundle.tokenizer.decode(ids)
+
+
+@dataclasses.dataclass
+class _Completion(_Answer):
+    """A completion: text choices, logprobs in the completions shape, the attention the page asks for.
+
+    Attributes:
+        prompts: the prompt of each choice (choice i * n + j is sample j of prompt i).
+        logprobs: whether the choices carry logprobs.
+        attention: (layer, head) of the attention sent with each streamed token, or None.
+    """
+
+    prompts: list[str]
+    logprobs: bool
+    attention: tuple[int, int | None] | None
+    offsets: list[int] = dataclasses.field(init=False)  # where each streamed choice's next text starts
+
+    def __post_init__(self) -> None:
+        self.offsets = [len(prompt) for prompt in self.prompts]
+
+    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
         index = chunks[0].index
         return {"text": "".join(c.token.text for c in chunks), "index": index,
                 "logprobs": self._logprobs(chunks, len(self.prompts[index])), "finish_reason": chunks[-1].token.finish}
 
-    def event(self, chunk: Chunk, offset: int) -> str:
-        """The server-sent event of one chunk, whose text starts at `offset` in prompt + text."""
-        choice = {"text": chunk.token.text, "index": chunk.index, "logprobs": self._logprobs([chunk], offset),
-                  "finish_reason": chunk.token.finish}
+    def event(self, chunk: Chunk) -> dict[str, Any]:
+        choice = {"text": chunk.token.text, "index": chunk.index,
+                  "logprobs": self._logprobs([chunk], self.offsets[chunk.index]), "finish_reason": chunk.token.finish}
+        self.offsets[chunk.index] += len(chunk.token.text)
         body: dict[str, Any] = {**self.head, "choices": [choice]}
         if chunk.attention is not None and self.attention is not None:
             layer, head = self.attention
-            body["attention"] = {"layer": layer, "head": head, "token": self._decode([chunk.token.id]),
+            body["attention"] = {"layer": layer, "head": head, "token": self.decode([chunk.token.id]),
                                  "keys": chunk.attention.keys, "weights": chunk.attention.weights}
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.served.bundle.tokenizer.decode(ids)
+        return body
 
     def _logprobs(self, chunks: list[Chunk], offset: int) -> dict[str, list] | None:
         if not self.logprobs:
@@ -181,64 +230,135 @@ class _Completion:
         for chunk in chunks:
             offsets.append(offset)
             offset += len(chunk.token.text)
-        return {"tokens": [self._decode([c.token.id]) for c in chunks],
+        return {"tokens": [self.decode([c.token.id]) for c in chunks],
                 "token_logprobs": [c.token.logprob for c in chunks],
-                "top_logprobs": [{self._decode([i]): p for i, p in c.token.top} for c in chunks],
+                "top_logprobs": [{self.decode([i]): p for i, p in c.token.top} for c in chunks],
                 "text_offset": offsets}
 
 
 def _completion(request: Request, body: CompletionRequest) -> _Completion:
     served = _served(request, body.model, "completions")
-    config = _checked(lambda: _completion_config(body), "prompt")
+    config = _checked(lambda: _decoding_config(body, body.max_tokens), "prompt")
     attention = None
     if body.attention is not None:
         _check_layer_head(served, "self", body.attention.layer, body.attention.head, "attention.")
         attention = (body.attention.layer, body.attention.head)
     ids = _checked(lambda: [prompt_ids(served.bundle, p) for p in body.prompts()], "prompt")
-    seeds = [None if config.seed is None else config.seed + j for j in range(body.n)]
-    configs = [dataclasses.replace(config, seed=seed) for _ in ids for seed in seeds]
-    rows = completion_rows(served, [p for p in ids for _ in seeds], configs, body.logprobs or 0, attention)
+    rows = _rows(served, "completions", ids, config, body.n, body.logprobs or 0, attention)
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": served.name}
-    prompts = [p for p in body.prompts() for _ in seeds]
-    return _Completion(served, rows, head, prompts, sum(map(len, ids)), body.logprobs is not None, attention)
+    prompts = [p for p in body.prompts() for _ in range(body.n)]
+    return _Completion(served, rows, head, "prompt", sum(map(len, ids)), prompts, body.logprobs is not None,
+                       attention)
+
+
+@dataclasses.dataclass
+class _ChatCompletion(_Answer):
+    """A chat completion: assistant messages (streamed as deltas, the first with the role), logprobs in the
+    chat shape, and with `include_usage` a last chunk that holds the usage.
+
+    Attributes:
+        logprobs: whether the choices carry logprobs.
+        include_usage: whether a stream ends with the usage.
+    """
+
+    logprobs: bool
+    include_usage: bool
+    started: set[int] = dataclasses.field(default_factory=set)  # the streamed choices that sent their role
+
+    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
+        return {"index": chunks[0].index, "message": {"role": "assistant", "content": "".join(c.token.text for c in chunks)},
+                "logprobs": self._logprobs(chunks), "finish_reason": chunks[-1].token.finish}
+
+    def event(self, chunk: Chunk) -> dict[str, Any]:
+        delta = {"content": chunk.token.text}
+        if chunk.index not in self.started:
+            self.started.add(chunk.index)
+            delta = {"role": "assistant", **delta}
+        choice = {"index": chunk.index, "delta": delta, "logprobs": self._logprobs([chunk]),
+                  "finish_reason": chunk.token.finish}
+        return {**self.head, "object": "chat.completion.chunk", "choices": [choice],
+                **({"usage": None} if self.include_usage else {})}
+
+    def usage_event(self, tokens: int) -> dict[str, Any] | None:
+        if not self.include_usage:
+            return None
+        return {**self.head, "object": "chat.completion.chunk", "choices": [], "usage": self.usage(tokens)}
+
+    def _logprobs(self, chunks: list[Chunk]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        return {"content": [{**self._token(c.token.id, c.token.logprob),
+                             "top_logprobs": [self._token(i, p) for i, p in c.token.top]} for c in chunks],
+                "refusal": None}
+
+    def _token(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def _chat_completion(request: Request, body: ChatCompletionRequest) -> _ChatCompletion:
+    served = _served(request, body.model, "chat/completions")
+    bundle = served.bundle
+    prompt = _checked(lambda: prompt_ids(bundle, bundle.render_chat(body.conversation())), "messages")
+    config = _checked(lambda: chat_config(bundle, default_limit(_decoding_config(body, body.limit()), bundle,
+                                                                len(prompt))), "messages")
+    top = (body.top_logprobs or 0) if body.logprobs else 0
+    rows = _rows(served, "chat/completions", [prompt], config, body.n, top)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+            "model": served.name}
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return _ChatCompletion(served, rows, head, "messages", len(prompt), body.logprobs, include_usage)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
              summary="Continue prompts with a decoder-only model (OpenAI completions; stream: server-sent events)")
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    started = time.monotonic()
-    completion = _completion(request, body)
+    return await _respond(request, time.monotonic(), _completion(request, body), body.stream)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS,
+             summary="Answer a conversation with a chat model, through its chat template (OpenAI chat completions; "
+             "stream: server-sent events)")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    return await _respond(request, time.monotonic(), _chat_completion(request, body), body.stream)
+
+
+async def _respond(request: Request, started: float, answer: _Answer, streamed: bool) -> Any:
+    """Runs the answer's rows in the model's running batch: the whole answer, or its server-sent events."""
     state = _state(request)
-    chunks = state.engines[completion.served.name].submit_stream(completion.rows)
+    chunks = state.engines[answer.served.name].submit_stream(answer.rows)
     try:  # the first token before the answer starts, so that a prompt's mistake is still an error status
         first = await anext(chunks)
     except AttnError as error:
-        raise _invalid(error, "prompt") from None
-    state.metrics.first_token.labels(model=completion.served.name).observe(time.monotonic() - started)
-    if body.stream:
-        return StreamingResponse(_events(completion, first, chunks), media_type="text/event-stream")
-    found = [first, *[chunk async for chunk in chunks]]
-    choices = [completion.choice([c for c in found if c.index == i]) for i in range(len(completion.prompts))]
-    used = completion.prompt_tokens
-    return {**completion.head, "choices": choices,
-            "usage": {"prompt_tokens": used, "completion_tokens": len(found), "total_tokens": used + len(found)}}
+        raise _invalid(error, answer.param) from None
+    state.metrics.first_token.labels(model=answer.served.name).observe(time.monotonic() - started)
+    if streamed:
+        return StreamingResponse(_events(answer, first, chunks), media_type="text/event-stream")
+    return answer.answer([first, *[chunk async for chunk in chunks]])
 
 
-async def _events(completion: _Completion, first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
-    offsets = [len(prompt) for prompt in completion.prompts]  # where each choice's next text starts
+async def _events(answer: _Answer, first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
     chunk: Chunk | None = first
+    tokens = 0
     try:
         while chunk is not None:
-            yield completion.event(chunk, offsets[chunk.index])
-            offsets[chunk.index] += len(chunk.token.text)
+            yield _event(answer.event(chunk))
+            tokens += 1
             chunk = await anext(chunks, None)
+        last = answer.usage_event(tokens)
+        if last is not None:
+            yield _event(last)
         yield "data: [DONE]\n\n"
     except Exception:  # the status went out with the first event: the error goes in the stream
         log.exception("internal error in a completion stream")
-        yield f"data: {json.dumps(error_body(500, 'internal error while streaming; the server log has the details'))}\n\n"
+        yield _event(error_body(500, "internal error while streaming; the server log has the details"))
     finally:
         await chunks.aclose()
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 # -- translation, embeddings, classification ----------------------------------------------------
@@ -275,7 +395,16 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     vectors = await _run(request, served, job, "input")
     tokens = sum(job.sizes)
     return {"object": "list", "model": served.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors.tolist())]}
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(_encoded(vectors, body))]}
+
+
+def _encoded(vectors: Tensor, body: EmbeddingRequest) -> list[list[float]] | list[str]:
+    """The vectors as lists of numbers, or as base64 of their little-endian float32 bytes (what the `openai`
+    client asks for unless told otherwise)."""
+    if body.encoding_format == "float":
+        return vectors.tolist()
+    rows = vectors.float().numpy().astype("<f4")
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
 
 
 @router.post("/v1/classify", response_model=ClassifyResponse, responses=ERRORS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from attn.errors import ConfigError
 
@@ -44,25 +44,37 @@ class AttentionOption(BaseModel):
     head: int | None = Field(None, ge=0, description="one head; null: the mean over heads")
 
 
-class CompletionRequest(Request):
-    prompt: str | list[str] = Field(description="one prompt or several; \"\" starts from the start token")
-    max_tokens: int = Field(16, ge=1)
+class DecodingRequest(Request):
+    """The decoding settings that completions and chat completions share."""
+
     temperature: float = Field(1.0, ge=0, description="0: greedy decoding")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0: off")
     stop: str | list[str] | None = None
     seed: int | None = Field(None, description="seeds choice j of each prompt with seed + j")
     n: int = Field(1, ge=1, le=16, description="choices per prompt")
-    logprobs: int | None = Field(None, ge=0, le=5)
     stream: bool = False
+
+    @model_validator(mode="after")
+    def _stops(self) -> DecodingRequest:
+        if isinstance(self.stop, str) and not self.stop or isinstance(self.stop, list) and not all(self.stop):
+            raise ConfigError("stop", "stop strings must not be empty")
+        return self
+
+    def stops(self) -> tuple[str, ...]:
+        return () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionRequest(DecodingRequest):
+    prompt: str | list[str] = Field(description="one prompt or several; \"\" starts from the start token")
+    max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
     attention: AttentionOption | None = Field(None, description="stream: send each token's attention")
 
     @model_validator(mode="after")
     def _prompts(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
             raise ConfigError("prompt", "give a prompt or a non-empty list of prompts")
-        if isinstance(self.stop, str) and not self.stop or isinstance(self.stop, list) and not all(self.stop):
-            raise ConfigError("stop", "stop strings must not be empty")
         if self.attention is not None and not self.stream:
             raise ConfigError("attention", "is sent with streamed tokens only; set stream: true")
         return self
@@ -70,8 +82,68 @@ class CompletionRequest(Request):
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
-    def stops(self) -> tuple[str, ...]:
-        return () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"] = Field(description="\"developer\" is read as "
+                                                                                   "\"system\"")
+    content: str | list[TextPart] = Field(description="the text, or text parts, which are joined")
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: object) -> object:
+        for part in content if isinstance(content, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ConfigError("content", f"this server reads text only: give each part as {{\"type\": \"text\", "
+                                  f"\"text\": ...}}, not a {kind!r} part")
+        return content
+
+    def plain(self) -> dict[str, str]:
+        """The message as a chat template reads it: a role and the text."""
+        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = Field(False, description="a last chunk, before [DONE], with the usage and no choices")
+
+
+class ChatCompletionRequest(DecodingRequest):
+    messages: list[ChatMessage] = Field(min_length=1, description="the conversation, oldest first")
+    max_completion_tokens: int | None = Field(None, ge=1, description="default: 200, fewer when the positions run out")
+    max_tokens: int | None = Field(None, ge=1, description="the older name of max_completion_tokens")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: the most likely tokens of each step")
+    stream_options: StreamOptions | None = None
+    tools: list | None = Field(None, description="not supported: a request with tools is refused")
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatCompletionRequest:
+        if self.tools:
+            raise ConfigError("tools", "this server does not call tools; leave tools out")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ConfigError("top_logprobs", "needs logprobs: true")
+        if self.stream_options is not None and not self.stream:
+            raise ConfigError("stream_options", "applies to streamed answers only; set stream: true")
+        return self
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [message.plain() for message in self.messages]
+
+    def limit(self) -> int | None:
+        """The most new tokens: `max_completion_tokens`, else `max_tokens`, else None (the server's default)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class Logprobs(BaseModel):
@@ -106,9 +178,46 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+    refusal: None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
 class EmbeddingRequest(Request):
     input: str | list[str]
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: the little-endian float32 "
+                                                                             "bytes of each vector, in base64")
 
     @model_validator(mode="after")
     def _some_text(self) -> EmbeddingRequest:
@@ -123,7 +232,7 @@ class EmbeddingRequest(Request):
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float]
+    embedding: list[float] | str
 
 
 class EmbeddingResponse(BaseModel):
@@ -225,6 +334,7 @@ class ModelCard(BaseModel):
     heads: int
     labels: list[str]
     pairs: bool = Field(False, description="a sentence-pair classifier: /v1/classify needs a second text per input")
+    chat: bool = Field(False, description="a decoder-only model with a chat template: it serves /v1/chat/completions")
 
 
 class ModelList(BaseModel):

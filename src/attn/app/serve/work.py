@@ -154,14 +154,15 @@ def attention_job(served: ServedModel, text: str, kind: str, layer: int | None, 
 
 
 def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list[GenerationConfig],
-                    logprobs: int, attention: tuple[int, int | None] | None) -> RowsJob:
+                    logprobs: int, attention: tuple[int, int | None] | None, route: str = "completions") -> RowsJob:
     """One row per choice (prompt ids and decoding settings); the stream yields a `Chunk` per token.
 
     Args:
         logprobs: how many top log-probabilities each token carries.
         attention: (layer, head or None for the mean over heads) of the attention each token carries, or None.
+        route: the route the rows serve (a metrics label): completions or chat/completions.
     """
-    texts = [CompletionText(served.bundle, config.stop, logprobs) for config in configs]
+    texts = [CompletionText(served.bundle, config, logprobs) for config in configs]
     contexts = [list(prompt) for prompt in prompts]  # what each row's next token attends over
 
     def chunk(row: int, token: RowToken) -> Chunk:
@@ -172,4 +173,4 @@ def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list
         contexts[row].append(token.token)
         return Chunk(row, texts[row].push(token.token, token.scores, token.finish), seen)
 
-    return RowsJob("completions", prompts, configs, chunk)
+    return RowsJob(route, prompts, configs, chunk)

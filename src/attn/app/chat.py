@@ -1,0 +1,100 @@
+"""Chatting with a decoder-only model that has a chat template: what `attn chat`, `attn generate --chat` and the
+server's chat completions call.
+
+A conversation becomes a prompt through the model's template (`Bundle.render_chat`, which ends it with the start
+of the assistant's answer); the answer is that prompt's continuation (`attn.app.continuation`), decoded under
+`chat_config`, which ends it at the model's end of turn as well as at its EOS. `ChatSession` keeps the history of
+one conversation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from attn.app.continuation import generate_stream
+from attn.app.inputs import expect_model
+from attn.artifacts import Bundle
+from attn.decoding import GenerationConfig
+from attn.models import Decoder
+
+Message = dict[str, str]
+
+
+def chat_config(loaded: Bundle, config: GenerationConfig) -> GenerationConfig:
+    """`config` that also ends an answer at the ids that end the model's turn (`Bundle.stop_ids`)."""
+    return dataclasses.replace(config, stop_ids=tuple(sorted({*config.stop_ids, *loaded.stop_ids})))
+
+
+def conversation(text: str, system: str | None = None) -> list[Message]:
+    """The messages of a one-turn chat: the system message (when given), then `text` as the user's."""
+    return [*_opening(system), {"role": "user", "content": text}]
+
+
+def _opening(system: str | None) -> list[Message]:
+    return [] if system is None else [{"role": "system", "content": system}]
+
+
+class ChatSession:
+    """One conversation with a chat model: a system message (optional), then the user's messages and the answers.
+
+    Args:
+        loaded: a decoder-only model with a chat template.
+        config: the decoding settings of every answer.
+        system: the system message that starts the conversation (None: the template's default, if it has one).
+
+    Raises:
+        ChatTemplateError: the model has no chat template.
+        AttnError: the model is not a decoder-only model.
+
+    Example:
+        >>> import torch
+        >>> from attn import Bundle, GenerationConfig, Tokenizer, build_model, preset
+        >>> tokenizer = Tokenizer.train_chars(["user: Hi!\\nassistant:"])
+        >>> config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0)
+        >>> _ = torch.manual_seed(0)
+        >>> bundle = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="lm", model_config=config,
+        ...                 path=".", chat_template="{% for m in messages %}{{ m.role }}: {{ m.content }}\\n{% endfor %}")
+        >>> chat = ChatSession(bundle, GenerationConfig(max_new_tokens=3))
+        >>> answer = "".join(chat.reply("Hi!"))
+        >>> [m["role"] for m in chat.messages], chat.messages[-1]["content"] == answer
+        (['user', 'assistant'], True)
+    """
+
+    def __init__(self, loaded: Bundle, config: GenerationConfig, system: str | None = None) -> None:
+        expect_model(loaded, Decoder, "chat")
+        loaded.compiled_chat_template()  # a model without a template is refused before the first message
+        self.loaded = loaded
+        self.config = chat_config(loaded, config)
+        self.system = system
+        self.messages: list[Message] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets every message but the system message."""
+        self.messages = _opening(self.system)
+
+    def reply(self, text: str) -> Iterator[str]:
+        """The answer to the user's `text`, in pieces as its tokens arrive (see `generate_stream`).
+
+        The prompt is checked before this returns, so its errors (a conversation too long for the model, a
+        template that refuses it) come before any text and leave the history as it was. Once the answer ends,
+        or its iterator is closed part way (Ctrl-C), the user's message and the answer shown so far join the
+        history.
+
+        Raises:
+            ChatTemplateError: the template fails on the conversation.
+            GenerationError: the conversation is too long for the model.
+        """
+        messages = [*self.messages, {"role": "user", "content": text}]
+        pieces = generate_stream(self.loaded, self.loaded.render_chat(messages), self.config)
+        return self._answer(messages, pieces)
+
+    def _answer(self, messages: list[Message], pieces: Iterator[str]) -> Iterator[str]:
+        shown: list[str] = []
+        try:
+            for piece in pieces:
+                shown.append(piece)
+                yield piece
+        finally:
+            self.messages = [*messages, {"role": "assistant", "content": "".join(shown)}]
