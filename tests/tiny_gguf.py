@@ -50,10 +50,12 @@ def metadata(arch: str = "llama", vocab: int = len(TOKENS)) -> dict[str, Any]:
     }
 
 
-def hf_weights(arch: str = "llama", vocab: int = len(TOKENS), tied: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+def hf_weights(
+    arch: str = "llama", vocab: int = len(TOKENS), tied: bool = True, head_dim: int = HEAD_DIM, seed: int = 0
+) -> dict[str, np.ndarray]:
     """A random Hugging Face state dict of the tiny model (float32; Linear weights (out, in))."""
     rng = np.random.default_rng(seed)
-    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    q, kv = HEADS * head_dim, KV_HEADS * head_dim
     shapes = {"model.embed_tokens.weight": (vocab, HIDDEN), "model.norm.weight": (HIDDEN,)}
     if not tied:
         shapes["lm_head.weight"] = (vocab, HIDDEN)
@@ -66,7 +68,7 @@ def hf_weights(arch: str = "llama", vocab: int = len(TOKENS), tied: bool = True,
     if arch == "qwen2":
         layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
     if arch == "qwen3":
-        layer |= {"self_attn.q_norm.weight": (HEAD_DIM,), "self_attn.k_norm.weight": (HEAD_DIM,)}
+        layer |= {"self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,)}
     for i in range(LAYERS):
         shapes |= {f"model.layers.{i}.{name}": shape for name, shape in layer.items()}
     return {name: rng.normal(0, 0.2, shape).astype(np.float32) for name, shape in shapes.items()}
@@ -92,6 +94,27 @@ def gguf_name(hf_name: str) -> str:
 def permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's reordering of q_proj/k_proj rows: per head, row r * d/2 + j becomes row 2j + r."""
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def llama3_rope_factors(theta: float, head_dim: int, factor: float, low: float, high: float, context: int) -> np.ndarray:
+    """`rope_freqs.weight` as llama.cpp's converter computes it from Llama 3's rope scaling."""
+    factors = []
+    for frequency in 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim):
+        wavelength = 2 * np.pi / frequency
+        if wavelength < context / high:
+            factors.append(1.0)
+        elif wavelength > context / low:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_llama3_scaled(path: Path, factors: np.ndarray) -> None:
+    """A tiny llama with heads of 64 and Llama 3's rope base (500000), whose `rope_freqs.weight` is `factors`."""
+    write_gguf(path, weights=hf_weights(head_dim=64), extra={"rope_freqs.weight": factors}, changes={
+        "llama.attention.key_length": 64, "llama.rope.dimension_count": 64, "llama.rope.freq_base": 500000.0})
 
 
 def _typed(value: Any) -> tuple[Any, GGUFValueType]:

@@ -16,7 +16,13 @@ import pytest
 import tokenizers
 import torch
 from reference_imports import require_file
-from tiny_gguf import SPECIALS, hf_weights, write_gguf
+from tiny_gguf import (
+    SPECIALS,
+    hf_weights,
+    llama3_rope_factors,
+    write_gguf,
+    write_llama3_scaled,
+)
 from tokenizers import models, pre_tokenizers, trainers
 from transformers import (
     CONFIG_MAPPING,
@@ -26,6 +32,7 @@ from transformers import (
     LlamaConfig,
 )
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from attn.artifacts.pretrained.gguf import read_gguf
 
@@ -131,6 +138,18 @@ def test_tiny_files_of_each_architecture_match_transformers(tmp_path, arch):
         config["head_dim"] = 8
     assert_same_config(CONFIG_MAPPING[arch](**ours.hf_config).to_dict(), config)
     assert_same_tensors(ours.weights, tensors)
+
+
+def test_recovered_llama3_scaling_gives_transformers_the_files_frequencies(tmp_path):
+    """Scaled with an original context of 4096 and factors 2 and 8, read back as 8192 with 4 and 16:
+    another spelling of the same wavelengths, so the same frequencies."""
+    factors = llama3_rope_factors(500000.0, 64, 16.0, 2.0, 8.0, 4096)
+    write_llama3_scaled(tmp_path / "m.gguf", factors)
+    config = LlamaConfig(**read_gguf(tmp_path / "m.gguf").hf_config)
+    inverse_frequencies, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    unscaled = 1 / 500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    torch.testing.assert_close(inverse_frequencies.double(), unscaled / torch.from_numpy(factors).double(), rtol=1e-5, atol=0)
+    assert 1 < (factors > 1).sum() < 32 and len(set(factors.tolist())) > 4  # every regime of the scaling is there
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ What the reader undoes of llama.cpp's conversion:
 - Rotary layout (`llama` only): llama.cpp rotates interleaved pairs of a head's dimensions
   (2j, 2j+1) where Hugging Face rotates its two halves (j, j + d/2), so llama.cpp's converter
   reorders the rows of every head of q_proj and k_proj; `_unpermute` puts them back.
+- Rope scaling: llama.cpp stores Llama 3's as per-frequency factors (`rope_freqs.weight`);
+  `_llama3_scaling` recovers config.json's parameters from them.
 - Quantization: `gguf.quants.dequantize` turns every block format (Q4_1, Q8_0, the K-quants, ...)
   into float32.
 - Floats: metadata floats are float32; each becomes the shortest decimal that reads back as the
@@ -153,8 +155,11 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GgufModel
     tokenizer, ids, add_bos = _tokenizer(meta)
     chat_template = meta.get("tokenizer.chat_template", "str", None)
     hyper = _hyper(meta, architecture, family, tokenizer.vocab_size)
+    tensors = {tensor.name: tensor for tensor in meta.reader.tensors}
+    if "rope_freqs.weight" in tensors:
+        hyper = dataclasses.replace(hyper, rope_scaling=_llama3_scaling(meta, tensors.pop("rope_freqs.weight"), hyper))
     table = _tensor_table(family, hyper)
-    tensors = _checked_tensors(meta, table, hyper)
+    _check_tensors(meta, tensors, table, hyper)
     config = _hf_config(family, hyper, ids, tied="output.weight" not in tensors)
     weights = {table[name][0]: _dequantized(tensor, table[name][2], dtype) for name, tensor in tensors.items()}
     return GgufModel(path, architecture, config, weights, tokenizer, chat_template, ids["eot"], add_bos)
@@ -338,6 +343,53 @@ def _rope_scaling(meta: _Metadata, arch: str) -> dict[str, Any] | None:
     return {"rope_type": "linear", "factor": meta.get(f"{arch}.rope.scaling.factor", "float")}
 
 
+LLAMA3_CONTEXT = 8192  # Llama 3's original_max_position_embeddings, the unit of its rope scaling's wavelengths
+
+
+def _llama3_scaling(meta: _Metadata, tensor: ReaderTensor, hyper: _Hyper) -> dict[str, Any]:
+    """config.json's "llama3" rope scaling that gives the per-frequency factors of `rope_freqs.weight`.
+
+    llama.cpp's converter divides rotary frequency i by factor f_i: 1 where the wavelength w_i is
+    below L / high, `factor` where it is above L / low, and 1 / ((1 - s) / factor + s) between,
+    with s = (L / w_i - low) / (high - low). Between the two ends s is a line in 1 / w_i, which two
+    or more such frequencies fix; L scales low and high together, so it is taken as Llama 3's 8192.
+    The result is checked by computing the factors back.
+    """
+    path, half = meta.path, hyper.head_dim // 2
+    if hyper.rope_scaling is not None or tuple(int(n) for n in tensor.shape) != (half,):
+        raise CheckpointError(f"{path}: rope_freqs.weight has dimensions {[int(n) for n in tensor.shape]}, expected "
+                              f"[{half}], or the file sets another rope scaling too; convert the file again")
+    _check_dequantizable(path, tensor)
+    factors = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float64)
+    wavelengths = 2 * np.pi * hyper.theta ** (np.arange(half) * 2 / hyper.head_dim)
+    factor = float(factors.max())
+    between = (factors > 1 + 1e-6) & (factors < factor - 1e-6)
+    scaling = None
+    if factor > 1 and between.sum() >= 2:
+        smooth = (1 / factors[between] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(1 / wavelengths[between], smooth, 1)  # s = slope / w + intercept
+        low, high = -intercept * LLAMA3_CONTEXT / slope, (1 - intercept) * LLAMA3_CONTEXT / slope
+        scaling = {"rope_type": "llama3", "factor": _short(factor), "low_freq_factor": _short(low),
+                   "high_freq_factor": _short(high), "original_max_position_embeddings": LLAMA3_CONTEXT}
+    if scaling is None or not np.allclose(_llama3_factors(scaling, wavelengths), factors, rtol=1e-4):
+        raise CheckpointError(f"{path}: rope_freqs.weight holds per-frequency rotary factors that are not Llama "
+                              "3's rope scaling; attn reads no other")
+    return scaling
+
+
+def _short(value: float) -> float:
+    """`value` to 6 significant digits: the round numbers that config.json held (1.0, not 0.9999997)."""
+    return float(f"{value:.6g}")
+
+
+def _llama3_factors(scaling: Mapping[str, Any], wavelengths: np.ndarray) -> np.ndarray:
+    """What Llama 3's rope scaling divides each rotary frequency by, given the frequencies' wavelengths."""
+    context, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    smooth = np.clip((context / wavelengths - low) / (high - low), 0.0, 1.0)
+    return 1 / ((1 - smooth) / factor + smooth)
+
+
 def _hf_config(family: _Family, hyper: _Hyper, ids: Mapping[str, int | None], tied: bool) -> dict[str, Any]:
     """The config.json of the model."""
     config = {
@@ -400,15 +452,11 @@ def _tensor_table(family: _Family, hyper: _Hyper) -> dict[str, tuple[str, tuple[
     return table
 
 
-def _checked_tensors(meta: _Metadata, table: Mapping[str, tuple[str, tuple[int, ...], int | None]],
-                     hyper: _Hyper) -> dict[str, ReaderTensor]:
-    """The file's tensors by name, each one expected, of the expected dimensions and a block format
-    that `gguf` dequantizes; every expected tensor present (`output.weight` absent when tied)."""
+def _check_tensors(meta: _Metadata, tensors: Mapping[str, ReaderTensor],
+                   table: Mapping[str, tuple[str, tuple[int, ...], int | None]], hyper: _Hyper) -> None:
+    """Checks that every tensor is expected, of the expected dimensions and of a block format that
+    `gguf` dequantizes, and that every expected tensor is there (`output.weight` is absent when tied)."""
     path = meta.path
-    tensors = {tensor.name: tensor for tensor in meta.reader.tensors}
-    if "rope_freqs.weight" in tensors:
-        raise CheckpointError(f"{path}: holds rope_freqs.weight, per-frequency rotary factors (Llama 3.1's "
-                              "rope scaling), which attn does not read yet; use a model without rope scaling")
     unknown = sorted(set(tensors) - set(table))
     missing = sorted(set(table) - set(tensors) - {"output.weight"})
     for names, what in ((unknown, "unexpected"), (missing, "missing")):
@@ -423,21 +471,18 @@ def _checked_tensors(meta: _Metadata, table: Mapping[str, tuple[str, tuple[int, 
                                   f"{list(expected)} ({hyper.heads} heads of {hyper.head_dim}, "
                                   f"{hyper.kv_heads} key/value heads, width {hyper.hidden}, feed-forward "
                                   f"{hyper.ffn}, {hyper.vocab} tokens); the file is inconsistent: convert it again")
-        if not _dequantizable(tensor.tensor_type):
-            raise CheckpointError(f"{path}: tensor {name} is stored as {tensor.tensor_type.name}, which the "
-                                  "gguf package cannot dequantize; use a file quantized to a common type "
-                                  "(F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, ...)")
-    return tensors
+        _check_dequantizable(path, tensor)
 
 
-def _dequantizable(qtype: gguf.GGMLQuantizationType) -> bool:
-    """Whether `gguf.quants.dequantize` handles this block format: tried on one block of zeros."""
-    _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+def _check_dequantizable(path: Path, tensor: ReaderTensor) -> None:
+    """Checks that `gguf.quants.dequantize` handles the tensor's block format, tried on one block of zeros."""
+    _, block_bytes = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
     try:
-        gguf.quants.dequantize(np.zeros((1, block_bytes), np.uint8), qtype)
+        gguf.quants.dequantize(np.zeros((1, block_bytes), np.uint8), tensor.tensor_type)
     except NotImplementedError:
-        return False
-    return True
+        raise CheckpointError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which the "
+                              "gguf package cannot dequantize; use a file quantized to a common type "
+                              "(F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, ...)") from None
 
 
 def _dequantized(tensor: ReaderTensor, permuted_heads: int | None, dtype: torch.dtype) -> Tensor:

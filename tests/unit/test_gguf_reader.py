@@ -11,7 +11,16 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, dequantize, quantize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_gguf import HEADS, KV_HEADS, TOKENS, hf_weights, permute, write_gguf
+from tiny_gguf import (
+    HEADS,
+    KV_HEADS,
+    TOKENS,
+    hf_weights,
+    llama3_rope_factors,
+    permute,
+    write_gguf,
+    write_llama3_scaled,
+)
 
 import attn.artifacts.pretrained.gguf as gguf_reader
 from attn.artifacts.pretrained.gguf import read_gguf
@@ -100,6 +109,24 @@ def test_an_output_matrix_unties_the_head_and_linear_rope_scaling_is_read(tmp_pa
     assert torch.equal(model.weights["lm_head.weight"], torch.from_numpy(written["lm_head.weight"]))
 
 
+@pytest.mark.parametrize("factor", [8.0, 32.0])  # Llama 3.1's and Llama 3.2's
+def test_llama3_rope_scaling_is_recovered_from_its_factors(tmp_path: Path, factor: float) -> None:
+    write_llama3_scaled(tmp_path / "m.gguf", llama3_rope_factors(500000.0, 64, factor, 1.0, 4.0, 8192))
+    assert read_gguf(tmp_path / "m.gguf").hf_config["rope_scaling"] == {
+        "rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("factors", [np.linspace(1, 8, 32, dtype=np.float32), np.ones(32, np.float32),
+                                     np.ones(16, np.float32)], ids=["not llama3", "no scaling", "misshaped"])
+def test_rope_factors_that_are_not_llama3_scaling_are_refused(tmp_path: Path, no_dequantizing: None,
+                                                              factors: np.ndarray) -> None:
+    write_llama3_scaled(tmp_path / "m.gguf", factors)
+    with pytest.raises(CheckpointError, match="rope_freqs.weight (holds per-frequency rotary factors that are not|has "
+                                              "dimensions \\[16\\], expected \\[32\\])"):
+        read_gguf(tmp_path / "m.gguf")
+
+
 def test_the_tokenizer_special_tokens_and_chat_template(tiny: Path, tmp_path: Path) -> None:
     model = read_gguf(tiny)
     tokenizer = model.tokenizer
@@ -148,7 +175,8 @@ BROKEN_HEADERS = [  # how write_gguf breaks the file, and what the error says (a
     ({"changes": {"llama.vocab_size": 300}}, rf"token_embd.weight has dimensions \[32, {LAST_ID + 1}\], but .* \[32, 300\]"),
     ({"skip": ["blk.1.ffn_up.weight"]}, r"missing tensor\(s\) blk.1.ffn_up.weight for a 2-layer"),
     ({"extra": {"blk.0.attn_q.bias": np.zeros(32, np.float32)}}, r"unexpected tensor\(s\) blk.0.attn_q.bias"),
-    ({"extra": {"rope_freqs.weight": np.ones(4, np.float32)}}, "rope_freqs.weight, per-frequency"),
+    ({"changes": {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0},
+      "extra": {"rope_freqs.weight": np.ones(4, np.float32)}}, "or the file sets another rope scaling too"),
     ({"skip": ["output_norm.weight"], "extra": {"output_norm.weight": np.zeros(32, np.int32)}},
      "tensor output_norm.weight is stored as I32, which the gguf package cannot dequantize"),
 ]
