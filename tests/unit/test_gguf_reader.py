@@ -118,7 +118,8 @@ def test_llama3_rope_scaling_is_recovered_from_its_factors(tmp_path: Path, facto
 
 
 @pytest.mark.parametrize("factors", [np.linspace(1, 8, 32, dtype=np.float32), np.ones(32, np.float32),
-                                     np.ones(16, np.float32)], ids=["not llama3", "no scaling", "misshaped"])
+                                     np.zeros(32, np.float32), np.ones(16, np.float32)],
+                         ids=["not llama3", "no scaling", "zeros", "misshaped"])
 def test_rope_factors_that_are_not_llama3_scaling_are_refused(tmp_path: Path, no_dequantizing: None,
                                                               factors: np.ndarray) -> None:
     write_llama3_scaled(tmp_path / "m.gguf", factors)
@@ -151,6 +152,16 @@ def test_llama3_files_put_bos_first_unless_they_say_otherwise(tmp_path: Path) ->
     ids = model.tokenizer.encode(" the<|im_end|>", add_special=True)
     assert ids == [1, TOKENS.index("Ġthe"), 2]
     assert model.tokenizer.decode(ids) == " the<|im_end|>"  # a user-defined token is whole, and kept
+
+
+@pytest.mark.parametrize(("pre", "pieces"), [("llama-bpe", ["th"]), ("gpt-2", ["t", "h"])])
+def test_llama3_vocabularies_keep_a_word_that_is_a_token_whole(tmp_path: Path, pre: str, pieces: list[str]) -> None:
+    """llama.cpp's `ignore_merges` for Llama 3: "th" is a token that no merge makes."""
+    tokens = [*TOKENS, "th"]
+    write_gguf(tmp_path / "m.gguf", weights=hf_weights(vocab=len(tokens)), changes={
+        "llama.vocab_size": len(tokens), "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1] * len(tokens),
+        "tokenizer.ggml.pre": pre})
+    assert read_gguf(tmp_path / "m.gguf").tokenizer.encode("th") == [tokens.index(piece) for piece in pieces]
 
 
 # -- broken files ---------------------------------------------------------------------------------

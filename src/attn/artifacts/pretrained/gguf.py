@@ -93,11 +93,12 @@ class _Family:
 
 
 ARCHITECTURES: dict[str, _Family] = {
-    "llama": _Family("llama", "LlamaForCausalLM", True, False, False, True,
-                     {"attention_bias": False, "mlp_bias": False}),
-    "qwen2": _Family("qwen2", "Qwen2ForCausalLM", False, True, False, False, {"use_sliding_window": False}),
-    "qwen3": _Family("qwen3", "Qwen3ForCausalLM", False, False, True, True,
-                     {"attention_bias": False, "use_sliding_window": False}),
+    "llama": _Family("llama", "LlamaForCausalLM", permuted=True, qkv_bias=False, qk_norm=False,
+                     states_head_dim=True, config={"attention_bias": False, "mlp_bias": False}),
+    "qwen2": _Family("qwen2", "Qwen2ForCausalLM", permuted=False, qkv_bias=True, qk_norm=False,
+                     states_head_dim=False, config={"use_sliding_window": False}),
+    "qwen3": _Family("qwen3", "Qwen3ForCausalLM", permuted=False, qkv_bias=False, qk_norm=True,
+                     states_head_dim=True, config={"attention_bias": False, "use_sliding_window": False}),
 }
 
 
@@ -343,7 +344,7 @@ def _rope_scaling(meta: _Metadata, arch: str) -> dict[str, Any] | None:
     return {"rope_type": "linear", "factor": meta.get(f"{arch}.rope.scaling.factor", "float")}
 
 
-LLAMA3_CONTEXT = 8192  # Llama 3's original_max_position_embeddings, the unit of its rope scaling's wavelengths
+_LLAMA3_CONTEXT = 8192  # Llama 3's original_max_position_embeddings, the unit of its rope scaling's wavelengths
 
 
 def _llama3_scaling(meta: _Metadata, tensor: ReaderTensor, hyper: _Hyper) -> dict[str, Any]:
@@ -362,19 +363,27 @@ def _llama3_scaling(meta: _Metadata, tensor: ReaderTensor, hyper: _Hyper) -> dic
     _check_dequantizable(path, tensor)
     factors = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float64)
     wavelengths = 2 * np.pi * hyper.theta ** (np.arange(half) * 2 / hyper.head_dim)
-    factor = float(factors.max())
-    between = (factors > 1 + 1e-6) & (factors < factor - 1e-6)
-    scaling = None
-    if factor > 1 and between.sum() >= 2:
-        smooth = (1 / factors[between] - 1 / factor) / (1 - 1 / factor)
-        slope, intercept = np.polyfit(1 / wavelengths[between], smooth, 1)  # s = slope / w + intercept
-        low, high = -intercept * LLAMA3_CONTEXT / slope, (1 - intercept) * LLAMA3_CONTEXT / slope
-        scaling = {"rope_type": "llama3", "factor": _short(factor), "low_freq_factor": _short(low),
-                   "high_freq_factor": _short(high), "original_max_position_embeddings": LLAMA3_CONTEXT}
+    scaling = _fit_llama3(factors, wavelengths)
     if scaling is None or not np.allclose(_llama3_factors(scaling, wavelengths), factors, rtol=1e-4):
         raise CheckpointError(f"{path}: rope_freqs.weight holds per-frequency rotary factors that are not Llama "
                               "3's rope scaling; attn reads no other")
     return scaling
+
+
+def _fit_llama3(factors: np.ndarray, wavelengths: np.ndarray) -> dict[str, Any] | None:
+    """The llama3 parameters of the line through the factors between the two ends, or None where
+    there is no such line (fewer than two such factors, or factors that are not positive numbers)."""
+    factor = float(factors.max())
+    between = (factors > 1 + 1e-6) & (factors < factor - 1e-6)
+    if not (np.isfinite(factors).all() and factors.min() > 0 and between.sum() >= 2):
+        return None
+    smooth = (1 / factors[between] - 1 / factor) / (1 - 1 / factor)
+    slope, intercept = np.polyfit(1 / wavelengths[between], smooth, 1)  # s = slope / w + intercept
+    if slope <= 0:
+        return None
+    low, high = -intercept * _LLAMA3_CONTEXT / slope, (1 - intercept) * _LLAMA3_CONTEXT / slope
+    return {"rope_type": "llama3", "factor": _short(factor), "low_freq_factor": _short(low),
+            "high_freq_factor": _short(high), "original_max_position_embeddings": _LLAMA3_CONTEXT}
 
 
 def _short(value: float) -> float:
@@ -537,11 +546,14 @@ def _tokenizer(meta: _Metadata) -> tuple[Tokenizer, dict[str, int | None], bool]
                                 for t, kind in zip(tokens, types, strict=True) if kind == CONTROL])
     backend.add_tokens([AddedToken(t, special=False, normalized=False)
                         for t, kind in zip(tokens, types, strict=True) if kind == USER_DEFINED])
-    framed = [role for role in ("bos", "eos") if added[role]]
-    if framed:  # the frame of `encode(text, add_special=True)`: bos before the text, eos after it
-        bos, eos = ([tokens[ids[role]]] if added[role] else [] for role in ("bos", "eos"))
-        backend.post_processor = processors.TemplateProcessing(
-            single=[*bos, "$A", *eos], special_tokens=[(tokens[ids[role]], ids[role]) for role in framed])
+    if added["bos"] or added["eos"]:  # the frame of `encode(text, add_special=True)`
+        single = ["$A"]
+        if added["bos"]:
+            single.insert(0, tokens[ids["bos"]])
+        if added["eos"]:
+            single.append(tokens[ids["eos"]])
+        ends = {tokens[ids[role]]: ids[role] for role in ("bos", "eos") if added[role]}
+        backend.post_processor = processors.TemplateProcessing(single=single, special_tokens=list(ends.items()))
     tokenizer = Tokenizer(backend, "gguf", {role: ids[role] for role in ("bos", "eos", "pad", "unk")})
     if tokenizer.vocab_size != len(tokens):
         raise CheckpointError(f"{path}: the vocabulary of {len(tokens)} tokens reads as {tokenizer.vocab_size}; "
