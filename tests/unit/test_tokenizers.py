@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tokenizers
 from reference_imports import require
 
 from attn.data.readers import load_labelled, load_parallel
@@ -282,3 +283,28 @@ def test_load_reports_missing_and_corrupt_files(trained: dict[str, Tokenizer], t
         Tokenizer.from_gpt2_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
     with pytest.raises(CheckpointError, match="vocab.txt: no such file"):
         Tokenizer.from_bert_vocab(tmp_path / "vocab.txt")
+
+
+def test_declared_roles_override_the_names_and_survive_save_and_load(
+    trained: dict[str, Tokenizer], tmp_path: Path
+) -> None:
+    trained["chars"].save(tmp_path / "plain")
+    backend = tokenizers.Tokenizer.from_file(str(tmp_path / "plain" / "tokenizer.json"))
+    declared = Tokenizer(backend, "file", roles={"bos": 10, "pad": None})
+    assert declared.roles == {**trained["chars"].roles, "bos": 10, "pad": None}
+    declared.save(tmp_path / "declared")
+    loaded = Tokenizer.load(tmp_path / "declared")
+    assert (loaded.kind, loaded.roles) == ("file", declared.roles)
+    assert loaded.digest() == declared.digest() != trained["chars"].digest()
+
+
+def test_declared_roles_are_checked(trained: dict[str, Tokenizer], tmp_path: Path) -> None:
+    trained["chars"].save(tmp_path)
+    backend = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ConfigError, match="unknown role 'start'"):
+        Tokenizer(backend, "file", roles={"start": 2})
+    with pytest.raises(ConfigError, match=r"bos id 100000 is not an id of this vocabulary \(0 to"):
+        Tokenizer(backend, "file", roles={"bos": 100_000})
+    (tmp_path / "attn_tokenizer.json").write_text('{"kind": "chars", "roles": {"eos": "</s>"}}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match="attn_tokenizer.json: roles: eos id '</s>' is not an id"):
+        Tokenizer.load(tmp_path)

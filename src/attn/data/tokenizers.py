@@ -16,6 +16,8 @@ encodes to that token's id, which `decode` leaves out by default (tests/unit/tes
 - `gpt2` (`from_gpt2_files`): GPT-2's byte-level BPE. Exact for every string.
 - `bert` (`from_bert_vocab`): BERT's WordPiece; as `wordpiece`.
 - `file` (`from_file`): whatever the `tokenizer.json` holds.
+- `gguf` (`attn.artifacts.pretrained.gguf.read_gguf`): the byte-level BPE that a GGUF file describes in its
+  metadata. Exact for every string (with `skip_special=False`), as `gpt2`.
 - `sentencepiece` (`from_sentencepiece`): a SentencePiece model file (`*.model`, `*.spm`), read with the
   `sentencepiece` package: SentencePiece's own ids and text (see `attn.data.sentencepiece_tokenizer`).
 - `marian-spm` (`from_marian_files`): a Marian model's `source.spm` + `target.spm` + `vocab.json`,
@@ -30,13 +32,15 @@ reads a directory written by `save` (`attn tokenizer train` writes one), a Huggi
 `tokenizer.json` (or a directory holding one), a SentencePiece model file or a Marian directory.
 Loaded tokenizers keep the ids of their files. A role's id is that of the first special token
 of the file whose text is one of the names in `ROLE_TOKENS` (so GPT-2's `<|endoftext|>` is both
-bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep); a role with no such token has id `None`.
+bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep); a role with no such token has id `None`. A file
+that states its roles' ids (a GGUF file: SmolLM2's bos is `<|im_start|>`) declares them
+(`roles=` of the constructor); declared roles are saved with the tokenizer and read back by `load`.
 
 `add_special=True` (in `encode` and `encode_batch`) applies the tokenizer's own frame, the
 same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byte-bpe`,
 `unigram` and `chars`; `[CLS] … [SEP]` for `wordpiece` and `bert`; nothing for `gpt2` (as in HF's GPT-2);
-the post-processor of the file for `file`; the model's bos and eos
-for `sentencepiece`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
+the post-processor of the file for `file`; the bos (and eos) that the GGUF file asks for, for `gguf`; the
+model's bos and eos for `sentencepiece`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
 
 A tokenizer never pads or truncates: batching pads (`attn.data.collate`) and
 `attn.data.collate.filter_long` bounds lengths.
@@ -47,7 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import tokenizers as hf
@@ -69,7 +73,7 @@ from attn.errors import CheckpointError, ConfigError
 MARIAN_KIND = "marian-spm"  # its files are SentencePiece models and a vocabulary, not tokenizer.json
 SENTENCEPIECE_KIND = "sentencepiece"  # its file is a SentencePiece model, not tokenizer.json
 TRAINED_KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram", "chars")
-KINDS = (*TRAINED_KINDS, "gpt2", "bert", "file", MARIAN_KIND, SENTENCEPIECE_KIND)
+KINDS = (*TRAINED_KINDS, "gpt2", "bert", "file", "gguf", MARIAN_KIND, SENTENCEPIECE_KIND)
 
 ROLE_TOKENS: dict[str, tuple[str, ...]] = {
     "pad": ("<pad>", "[PAD]"),
@@ -114,13 +118,18 @@ class Tokenizer:
     sep_id = _role("sep")
     mask_id = _role("mask")
 
-    def __init__(self, backend: Backend, kind: str) -> None:
+    def __init__(self, backend: Backend, kind: str, roles: Mapping[str, int | None] | None = None) -> None:
         """Wrap a ready pipeline; prefer the `train_*`, `from_*` and `load` constructors.
 
         Args:
             backend: the Hugging Face pipeline (or, for `marian-spm` and `sentencepiece`, the object
                 that stands in for one); its padding and truncation are switched off.
             kind: one of `KINDS`.
+            roles: ids that the source file states for some roles (a role of `ROLE_TOKENS` -> an id
+                of the vocabulary, or None for "has none"); the other roles are found by name.
+
+        Raises:
+            ConfigError: an unknown kind or role, or a role id outside the vocabulary.
         """
         if kind not in KINDS:
             raise ConfigError("kind", f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
@@ -128,7 +137,8 @@ class Tokenizer:
         backend.no_truncation()
         self._backend = backend
         self._kind = kind
-        self._role_ids = _find_roles(backend)
+        self._declared = _checked_roles(roles, backend.get_vocab_size(with_added_tokens=True)) if roles else {}
+        self._role_ids = {**_find_roles(backend), **self._declared}
 
     # -- training ---------------------------------------------------------------------------
 
@@ -318,7 +328,8 @@ class Tokenizer:
             self._backend.save_file(folder / SENTENCEPIECE_FILE)
         else:
             self._backend.save(str(folder / TOKENIZER_FILE))
-        (folder / META_FILE).write_text(json.dumps({"kind": self._kind}) + "\n", encoding="utf-8")
+        meta = {"kind": self._kind, **({"roles": self._declared} if self._declared else {})}
+        (folder / META_FILE).write_text(json.dumps(meta) + "\n", encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -364,7 +375,10 @@ class Tokenizer:
             return cls.from_marian_files(directory)
         if kind == SENTENCEPIECE_KIND:
             return cls.from_sentencepiece(directory / SENTENCEPIECE_FILE)
-        return cls(_load_json(directory / TOKENIZER_FILE), kind)
+        try:
+            return cls(_load_json(directory / TOKENIZER_FILE), kind, meta.get("roles"))
+        except ConfigError as err:  # roles that are not a mapping of role names to ids of this vocabulary
+            raise CheckpointError(f"{meta_path}: {err}; save the tokenizer again with Tokenizer.save") from err
 
     def digest(self) -> str:
         """SHA-256 of the files `save` writes: two tokenizers with one digest give the same ids.
@@ -462,6 +476,18 @@ def _find_roles(backend: Backend) -> dict[str, int | None]:
         role: next((specials[name] for name in names if name in specials), None)
         for role, names in ROLE_TOKENS.items()
     }
+
+
+def _checked_roles(roles: object, vocab_size: int) -> dict[str, int | None]:
+    if not isinstance(roles, Mapping):
+        raise ConfigError("roles", f"expected a mapping of role names to ids, got {type(roles).__name__}")
+    for role, token_id in roles.items():
+        if role not in ROLE_TOKENS:
+            raise ConfigError("roles", f"unknown role {role!r}; use one of {', '.join(ROLE_TOKENS)}")
+        in_vocab = isinstance(token_id, int) and not isinstance(token_id, bool) and 0 <= token_id < vocab_size
+        if token_id is not None and not in_vocab:
+            raise ConfigError("roles", f"{role} id {token_id!r} is not an id of this vocabulary (0 to {vocab_size - 1})")
+    return dict(roles)
 
 
 def _load_json(path: str | Path) -> hf.Tokenizer:
