@@ -41,6 +41,7 @@ from attn.artifacts.pretrained.files import (
     GENERATION_FILE,
     TOKENIZER_CONFIG_FILE,
     PretrainedInfo,
+    load_gguf,
     load_pretrained,
 )
 from attn.config import ModelConfig
@@ -192,10 +193,11 @@ class Bundle:
 
 
 def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer: bool = True) -> Bundle:
-    """Loads an `attn` checkpoint, a run directory, a Hugging Face directory or a packaged model.
+    """Loads an `attn` checkpoint, a run directory, a Hugging Face directory, a GGUF file or a packaged model.
 
     Args:
-        path_or_name: the directory, or a name in `PACKAGED_MODELS`.
+        path_or_name: the directory, a llama.cpp `.gguf` file (weights dequantized to float32; its
+            tokenizer and chat template come from its metadata), or a name in `PACKAGED_MODELS`.
         device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
         require_tokenizer: refuse a model without a tokenizer (what every use of a model on text needs;
             fine-tuning takes the weights alone).
@@ -213,7 +215,10 @@ def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer
     """
     chosen = resolve_device(device, field="--device")
     folder = _locate(path_or_name)
-    bundle = _load_huggingface(folder) if is_huggingface_dir(folder) else _load_attn(folder)
+    if is_gguf_file(folder):
+        bundle = _load_gguf(folder)
+    else:
+        bundle = _load_huggingface(folder) if is_huggingface_dir(folder) else _load_attn(folder)
     if require_tokenizer or bundle.tokenizer is not None:
         _check_tokenizer(bundle)
     bundle.model.to(chosen)
@@ -237,6 +242,11 @@ def save_model(bundle: Bundle, path: str | Path) -> Path:
 def is_huggingface_dir(folder: Path) -> bool:
     """Whether `folder` is a Hugging Face model directory rather than an `attn` checkpoint."""
     return (folder / CONFIG_FILE).exists() and not (folder / MODEL_CONFIG_FILE).exists()
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether `path` is a llama.cpp GGUF file (by its name; the reader checks the contents)."""
+    return path.is_file() and path.suffix.lower() == ".gguf"
 
 
 def packaged_model_dir(name: str) -> Path:
@@ -310,6 +320,18 @@ def _load_huggingface(folder: Path) -> Bundle:
     bundle = Bundle(model=model, tokenizer=tokenizer, task=task, model_config=info.config, path=folder,
                     start_id=start, eos_id=eos, pad_id=pad, rules=info.decoding, imported=info, chat_template=template)
     return _with_chat(bundle, where, _named_end_ids(folder, tokenizer_config, tokenizer))
+
+
+def _load_gguf(path: Path) -> Bundle:
+    model, found, info = load_gguf(path)
+    tokenizer = found.tokenizer
+    start = info.decoding.start_id if info.decoding.start_id is not None else tokenizer.bos_id
+    pad = info.ids.pad if info.ids.pad is not None else (tokenizer.pad_id or 0)
+    eos = info.ids.eos if info.ids.eos is not None else tokenizer.eos_id
+    bundle = Bundle(model=model, tokenizer=tokenizer, task=FAMILIES[info.family].task, model_config=info.config,
+                    path=path, start_id=start, eos_id=eos, pad_id=pad, rules=info.decoding, imported=info,
+                    chat_template=found.chat_template)
+    return _with_chat(bundle, path, [] if found.eot_id is None else [found.eot_id])
 
 
 def _named_template(value: Any, where: Path) -> str:

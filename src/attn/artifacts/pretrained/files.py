@@ -18,6 +18,7 @@ from torch import Tensor
 
 from attn.artifacts.pretrained import bert, gpt2, marian
 from attn.artifacts.pretrained.decoding import DecodingRules
+from attn.artifacts.pretrained.gguf import GgufModel, read_gguf
 from attn.artifacts.pretrained.keymap import (
     Family,
     SpecialIds,
@@ -85,15 +86,52 @@ def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Mod
     """
     folder = Path(directory)
     hf = read_hf_config(folder)
-    family = family_of(hf, folder / CONFIG_FILE)
     weights, source = read_weights(folder)
-    config = _our_config(family, hf, weights, folder / CONFIG_FILE)
+    model, info = convert(hf, weights, generation_settings(folder, hf), folder / CONFIG_FILE, source, attention)
+    return model, load_tokenizer(folder), info
+
+
+def load_gguf(path: str | Path, attention: str = "fast") -> tuple[Model, GgufModel, PretrainedInfo]:
+    """Loads a llama.cpp GGUF file into an `attn` model, through the family its architecture names.
+
+    Returns:
+        The model in eval mode (weights dequantized to float32), what the file holds besides them
+        (`GgufModel`: its tokenizer, chat template, ...; its weights are dropped), and `PretrainedInfo`.
+
+    Raises:
+        CheckpointError: the file is not a GGUF file attn reads (see `read_gguf`), or its weights and
+            metadata disagree.
+    """
+    found = read_gguf(path)
+    source = str(found.path)
+    model, info = convert(found.hf_config, found.weights, found.hf_config, found.path, source, attention)
+    return model, dataclasses.replace(found, weights={}), info
+
+
+def convert(
+    hf: Mapping[str, Any],
+    weights: Mapping[str, Tensor],
+    generation: Mapping[str, Any],
+    config_path: Path,
+    source: str,
+    attention: str = "fast",
+) -> tuple[Model, PretrainedInfo]:
+    """An `attn` model holding a Hugging Face checkpoint's weights, and what else the import learnt.
+
+    Args:
+        hf: the config.json (or what a GGUF file's metadata says it would be).
+        weights: Hugging Face key -> tensor.
+        generation: where the decoding defaults are read (generation_config.json, else config.json).
+        config_path, source: the config's and the weights' file, for messages.
+        attention: "fast" or "reference", as in `build_model`.
+    """
+    family = family_of(hf, config_path)
+    config = _our_config(family, hf, weights, config_path)
     model = build_model(config, attention)
     unused = load_into(model, family.key_table(config), weights, source)
     ids = SpecialIds.from_hf(hf)
-    rules = family.decoding(generation_settings(folder, hf), ids.decoder_start)
-    info = PretrainedInfo(family.name, config, ids, unused, rules)
-    return model.eval(), load_tokenizer(folder), info
+    rules = family.decoding(generation, ids.decoder_start)
+    return model.eval(), PretrainedInfo(family.name, config, ids, unused, rules)
 
 
 def export_pretrained(

