@@ -25,14 +25,16 @@ TINY = {"vocab_size": 97, "max_positions": 64, "d_model": 32, "heads": 4, "d_ff"
 def randomised():
     """Draws every weight of a `transformers` model from N(0, 0.2), LayerNorm gains from N(1, 0.2).
 
-    Fixed tables (Marian's sinusoids) are kept. Returns the model in eval mode.
+    Fixed tables (Marian's sinusoids) are kept, and so are the buffers a model computes rather than
+    stores (rotary frequencies, Gemma's embedding scale). Returns the model in eval mode.
     """
 
     def randomise(model, seed=0):
         generator = torch.Generator().manual_seed(seed)
+        stored = model.state_dict()
         with torch.no_grad():
             for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-                if tensor.is_floating_point() and "embed_positions" not in name:
+                if tensor.is_floating_point() and name in stored and "embed_positions" not in name:
                     gain = name.endswith("weight") and tensor.dim() == 1  # LayerNorm; matrices are 2-D
                     tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.2 + gain)
         return model.eval()

@@ -1,13 +1,25 @@
-"""Export of `attn` models built from our presets: `transformers` loads them and computes the same outputs."""
+"""Export of `attn` models built from our presets: `transformers` loads them and computes the same outputs.
+
+The Llama-family presets are also checked against the checkpoints they describe: the parameter count of
+the same config built by `transformers` (and the model card's, where it gives one), and the config.json
+an export writes, which must read back as the preset.
+"""
 
 import pytest
 import torch
-from transformers import BertForMaskedLM, BertModel, GPT2LMHeadModel, MarianMTModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    BertForMaskedLM,
+    BertModel,
+    GPT2LMHeadModel,
+    MarianMTModel,
+)
 
-from attn.artifacts.pretrained import SpecialIds, export_pretrained
+from attn.artifacts.pretrained import FAMILIES, SpecialIds, export_pretrained
 from attn.config import preset
 from attn.data.tokenizers import Tokenizer
-from attn.models import build_model
+from attn.models import build_model, count_parameters
 
 
 def built(config):
@@ -45,6 +57,16 @@ def bert_pooled_outputs(model, hf, tokens):
     return model.pooled(ids, mask), hf(input_ids=ids, attention_mask=mask.long()).pooler_output
 
 
+def causal_lm_outputs(model, hf, tokens):
+    """Logits of a row and a row left-padded by 5, 12 tokens: longer than the tiny presets' windows of 8."""
+    ids = tokens(2, 12)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :5] = False
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    expected = hf(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+    return model(ids, mask)[mask], expected[mask]
+
+
 def marian_outputs(model, hf, tokens):
     (src, src_mask), (tgt, tgt_mask) = padded(tokens, 9, 5), padded(tokens, 7, 4)
     expected = hf(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt,
@@ -59,6 +81,14 @@ CASES = {
     "minilm-tiny": (preset("minilm-l6-tiny").replace(num_labels=0), "bert", BertModel, bert_pooled_outputs),
     "marian-base-tiny": (preset("marian-base-tiny"), "marian", MarianMTModel, marian_outputs),
 }
+# The Llama-family presets and the family of the checkpoint each describes.
+LLAMA_PRESETS = {
+    "llama-3.2-1b": "llama", "qwen2.5-0.5b": "qwen2", "qwen3-0.6b": "qwen3", "smollm2-135m": "llama",
+    "smollm2-360m": "llama", "gemma-2-2b": "gemma2", "gemma-3-270m": "gemma3_text", "mistral-7b": "mistral",
+    "olmo-2-1b": "olmo2", "phi-3-mini": "phi3",
+}
+CASES.update({f"{name}-tiny": (preset(f"{name}-tiny"), family, AutoModelForCausalLM, causal_lm_outputs)
+              for name, family in LLAMA_PRESETS.items()})
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -71,6 +101,30 @@ def test_transformers_runs_our_exported_model_identically(case, tmp_path, tokens
         ours, expected = outputs(model, hf, tokens)
     assert expected.abs().mean() > 0.05  # far above the tolerance, so a misplaced weight shows
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
+
+
+# The parameter counts the model cards give.
+CITED_PARAMETERS = {
+    "llama-3.2-1b": 1_235_814_400, "qwen2.5-0.5b": 494_032_768, "smollm2-135m": 134_515_008,
+    "mistral-7b": 7_241_732_096,
+}
+
+
+@pytest.mark.parametrize("name", LLAMA_PRESETS)
+def test_preset_has_the_parameters_of_the_same_config_in_transformers(name):
+    config = preset(name)
+    hf_config = FAMILIES[LLAMA_PRESETS[name]].hf_config(config, SpecialIds())
+    with torch.device("meta"):  # shapes only
+        ours = count_parameters(build_model(config))
+        theirs = AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf_config))
+    assert ours == sum(p.numel() for p in theirs.parameters())  # a tied matrix counts once on both sides
+    assert ours == CITED_PARAMETERS.get(name, ours)
+
+
+@pytest.mark.parametrize("name", LLAMA_PRESETS)
+def test_preset_reads_back_from_the_config_json_it_exports(name):
+    family = FAMILIES[LLAMA_PRESETS[name]]
+    assert family.model_config(family.hf_config(preset(name), SpecialIds()), ()) == preset(name)
 
 
 # Every character class a user's text holds: double spaces, a tab, newlines (one at the end),
@@ -87,6 +141,7 @@ FAMILY_PRESETS = {
     "gpt2": preset("gpt2-tiny"),
     "bert": preset("bert-base-tiny").replace(pooler=False, num_labels=0),
     "marian": preset("marian-base-tiny"),
+    "llama": preset("llama-3.2-1b-tiny"),
 }
 
 

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from hf_generation import hf_continuations
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, GPT2Tokenizer
 
@@ -141,27 +142,12 @@ def test_vocab_and_merges_load_the_gpt2_tokenizer(hf_lm, saved):
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60], [12, 7], [33, 34, 35, 36]]
 
 
-def hf_generate(hf, eos, **settings):
-    """HF `generate` on the left-padded PROMPTS: each returned row's new tokens up to EOS, and its scores."""
-    width = max(map(len, PROMPTS))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
-    with torch.no_grad():
-        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos,
-                          pad_token_id=0, output_scores=True, return_dict_in_generate=True, **settings)
-    return [_until(row.tolist(), eos) for row in out.sequences[:, width:]], getattr(out, "sequences_scores", None)
-
-
-def _until(tokens, eos):
-    return tokens[: tokens.index(eos)] if eos in tokens else tokens
-
-
 def test_greedy_generation_matches_transformers_with_left_padding(hf_lm, saved):
     model, _, _ = load_pretrained(saved(hf_lm))
     free = generate(model, PROMPTS, GenerationConfig(max_new_tokens=20))
     eos = next(t for i, t in enumerate(free[0]) if i >= 5 and t not in free[0][:i])  # new in row 0 at step >= 5
     ours = generate(model, PROMPTS, GenerationConfig(max_new_tokens=20), eos_id=eos)
-    assert ours == hf_generate(hf_lm, eos)[0]
+    assert ours == hf_continuations(hf_lm, PROMPTS, eos)[0]
     assert 5 <= len(ours[0]) < 20 and len(set(ours[0])) > 1  # EOS ended row 0 early, after varied tokens
 
 
@@ -170,7 +156,8 @@ def test_beam_search_matches_transformers_with_left_padding(hf_lm, saved):
     # The n-gram ban keeps a random model from repeating one token, so every step's choice counts.
     config = dataclasses.replace(huggingface_config(4, 20, num_return_sequences=4), no_repeat_ngram=2)
     found = beam_search(model, PROMPTS, config, eos_id=4)
-    expected, scores = hf_generate(hf_lm, 4, num_beams=4, num_return_sequences=4, no_repeat_ngram_size=2)
+    expected, scores = hf_continuations(hf_lm, PROMPTS, 4, num_beams=4, num_return_sequences=4,
+                                        no_repeat_ngram_size=2)
     assert [h.tokens for row in found for h in row] == expected
     torch.testing.assert_close(torch.tensor([h.score for row in found for h in row]), scores, atol=1e-5, rtol=1e-5)
     assert min(len(h.tokens) for row in found for h in row) < 20  # some hypothesis ended with EOS

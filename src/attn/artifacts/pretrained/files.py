@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attn.artifacts.pretrained import bert, gpt2, marian
+from attn.artifacts.pretrained import bert, gpt2, llama, marian
 from attn.artifacts.pretrained.decoding import DecodingRules
 from attn.artifacts.pretrained.gguf import GgufModel, read_gguf
 from attn.artifacts.pretrained.keymap import (
@@ -33,7 +33,9 @@ from attn.data.tokenizers import MARIAN_KIND, Tokenizer
 from attn.errors import AttnError, CheckpointError
 from attn.models import Model, build_model
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (gpt2.FAMILY, bert.FAMILY, marian.FAMILY)}
+FAMILIES: dict[str, Family] = {
+    family.name: family for family in (gpt2.FAMILY, bert.FAMILY, marian.FAMILY, *llama.FAMILIES)
+}
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
@@ -48,7 +50,7 @@ class PretrainedInfo:
     """What `load_pretrained` learnt besides the weights.
 
     Attributes:
-        family: "gpt2", "bert" or "marian".
+        family: its config.json's model_type, a key of `FAMILIES` ("gpt2", "llama", ...).
         config: our config of the loaded model.
         ids: the special ids of config.json; a Marian decoder starts from `ids.decoder_start`
             (the pad id).
@@ -69,7 +71,7 @@ class PretrainedInfo:
 
 
 def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Model, Tokenizer | None, PretrainedInfo]:
-    """Loads a local Hugging Face GPT-2, BERT or Marian directory into an `attn` model.
+    """Loads a local Hugging Face directory of a family in `FAMILIES` into an `attn` model.
 
     Args:
         directory: the model directory (config.json, weights, optional tokenizer files).
@@ -148,7 +150,8 @@ def export_pretrained(
         model: the model to export.
         config: the config it was built from.
         directory: the output folder (created if needed).
-        family: "gpt2", "bert" or "marian"; the config must be expressible in it.
+        family: a key of `FAMILIES` ("gpt2", "bert", "marian", "llama", "qwen2", "gemma3_text", ...); the
+            config must be expressible in it.
         tokenizer: saved alongside when given: tokenizer.json, and a tokenizer_config.json that has
             `AutoTokenizer` load that file as it is (see `_write_tokenizer_config`).
         ids: special ids for config.json; by default those of `tokenizer`, else none.
@@ -163,7 +166,7 @@ def export_pretrained(
     ids = ids or _tokenizer_ids(tokenizer)
     hf = chosen.hf_config(config, ids)
     table, prefixed = chosen.key_table(config), chosen.prefixed(config)
-    same_config(config, chosen.model_config(hf, table.written_keys(prefixed)), chosen.name)
+    same_config(config, _read_back(chosen, hf, table.written_keys(prefixed)), chosen.name)
     tensors = export_from(model, table, prefixed)
     from safetensors.torch import save_file
 
@@ -176,6 +179,15 @@ def export_pretrained(
         if tokenizer.kind != MARIAN_KIND:  # a SentencePiece tokenizer writes MarianTokenizer's own config
             _write_tokenizer_config(folder, tokenizer, config.max_positions)
     return folder
+
+
+def _read_back(family: Family, hf: dict[str, Any], keys: list[str]) -> ModelConfig:
+    """Our config of the config.json an export would write; an option the family refuses is the model's fault."""
+    try:
+        return family.model_config(hf, keys)
+    except CheckpointError as err:
+        raise CheckpointError(f"the model cannot be expressed as a {family.name} checkpoint ({err}); export to "
+                              "a family whose architecture matches the model's config") from err
 
 
 def generation_settings(folder: Path, hf: dict[str, Any]) -> dict[str, Any]:

@@ -27,8 +27,17 @@ import torch
 from torch import Tensor, nn
 
 from attn.artifacts.pretrained.decoding import DecodingRules, hf_decoding_rules
-from attn.config import Activation, Architecture, ModelConfig, Positional, Tying
+from attn.config import (
+    Activation,
+    Architecture,
+    LayerType,
+    ModelConfig,
+    Positional,
+    RopeScaling,
+    Tying,
+)
 from attn.errors import CheckpointError
+from attn.positional import yarn_attention_factor
 
 
 class Transform(Protocol):
@@ -39,13 +48,23 @@ class Transform(Protocol):
     def to_theirs(self, ours: Tensor, parts: int) -> list[Tensor]: ...
 
 
+@dataclasses.dataclass(frozen=True)
 class Concat:
-    """Our fused matrix stacks its parts' rows (q, k, v -> qkv); one part is a plain copy."""
+    """Our fused matrix stacks its parts' rows (q, k, v -> qkv); one part is a plain copy.
+
+    `sizes` gives each part's rows when they differ (queries and the fewer key/value heads of
+    grouped-query attention); without it, or when the checkpoint holds the fused matrix as one
+    key, the rows split into equal parts.
+    """
+
+    sizes: tuple[int, ...] = ()
 
     def to_ours(self, theirs: Sequence[Tensor]) -> Tensor:
         return torch.cat(list(theirs), dim=0)
 
     def to_theirs(self, ours: Tensor, parts: int) -> list[Tensor]:
+        if parts > 1 and len(self.sizes) == parts:
+            return list(ours.split(self.sizes, dim=0))
         return list(ours.chunk(parts, dim=0))
 
 
@@ -364,9 +383,10 @@ class SpecialIds:
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> SpecialIds:
-        return cls(
-            hf.get("pad_token_id"), hf.get("bos_token_id"), hf.get("eos_token_id"), hf.get("decoder_start_token_id")
-        )
+        """The ids of config.json; of a list of end ids (Llama 3 Instruct's) the first, as attn stops at one."""
+        eos = hf.get("eos_token_id")
+        first_eos = (eos or [None])[0] if isinstance(eos, list) else eos
+        return cls(hf.get("pad_token_id"), hf.get("bos_token_id"), first_eos, hf.get("decoder_start_token_id"))
 
     def to_hf(self) -> dict[str, int | None]:
         return {
@@ -411,11 +431,13 @@ class ConfigTable:
         renamed: our field -> (config.json field, its default in `transformers`).
         fixed: our fields that every checkpoint of the family has the same value for.
         activation: (config.json field, default) of the activation name.
+        names: the name an export writes for each activation (the family's own spelling).
     """
 
     renamed: Mapping[str, tuple[str, Any]]
     fixed: Mapping[str, Any]
     activation: tuple[str, str]
+    names: Mapping[Activation, str] = dataclasses.field(default_factory=lambda: ACTIVATION_NAMES)
 
     def read(self, hf: Mapping[str, Any]) -> dict[str, Any]:
         """Our config fields that config.json `hf` gives directly."""
@@ -426,7 +448,7 @@ class ConfigTable:
         """The config.json fields that `config` and the special ids give directly."""
         return {
             **{theirs: getattr(config, ours) for ours, (theirs, _) in self.renamed.items()},
-            self.activation[0]: ACTIVATION_NAMES[config.activation],
+            self.activation[0]: self.names[config.activation],
             "tie_word_embeddings": config.tying != Tying.NONE,
             **ids.to_hf(),
         }
@@ -435,19 +457,53 @@ class ConfigTable:
 def same_config(ours: ModelConfig, parsed: ModelConfig, family: str) -> None:
     """Raises naming the first field of `ours` that a `family` checkpoint cannot express.
 
-    `parsed` is `ours` written as that family's config.json and read back. Fields that do not
-    change the exported model are not compared: dropout rates (training only) and the options
-    of schemes the config does not use.
+    `parsed` is `ours` written as that family's config.json and read back. Fields are compared by
+    what the model computes with them (`_EFFECTIVE`: kv_heads=0 and kv_heads=heads are the same
+    model). Fields that do not change the exported model are not compared: dropout rates (training
+    only) and the options of schemes the config does not use.
     """
     ignored = _inert_fields(ours)
     for field in dataclasses.fields(ModelConfig):
-        mine, theirs = getattr(ours, field.name), getattr(parsed, field.name)
-        if field.name not in ignored and mine != theirs:
+        effective = _EFFECTIVE.get(field.name, lambda c, name=field.name: getattr(c, name))
+        if field.name not in ignored and effective(ours) != effective(parsed):
+            mine, theirs = getattr(ours, field.name), getattr(parsed, field.name)
             raise CheckpointError(
-                f"{field.name}={getattr(mine, 'value', mine)!r} cannot be expressed as a {family} checkpoint "
-                f"(it would read back as {getattr(theirs, 'value', theirs)!r}); export to a family "
+                f"{field.name}={_shown(mine)} cannot be expressed as a {family} checkpoint "
+                f"(it would read back as {_shown(theirs)}); export to a family "
                 "whose architecture matches the model's config"
             )
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_shown(v) for v in value) + ")"
+    return repr(getattr(value, "value", value))
+
+
+# Fields whose value stands for another: 0 (or None) meaning "the default" is that default.
+_EFFECTIVE: dict[str, Callable[[ModelConfig], Any]] = {
+    "kv_heads": lambda c: c.key_value_heads,
+    "head_size": lambda c: c.head_dim,
+    "attention_out_bias": lambda c: c.out_bias,
+    "attention_scale_dim": lambda c: c.attention_scale_dim or c.head_dim,
+    "layer_types": lambda c: c.decoder_layer_types,
+    "yarn_attention_factor": lambda c: c.yarn_attention_factor or yarn_attention_factor(c.rope_factor),
+    # Sliding layers rotate with local_rotary_base and no scaling, or (at 0) as the full layers do.
+    "local_rotary_base": lambda c: (
+        (c.local_rotary_base, RopeScaling.NONE) if c.local_rotary_base else (c.rotary_base, c.rope_scaling)
+    ),
+}
+
+# The rope fields each scaling reads; the others are inert under it.
+_SCALING_FIELDS: dict[RopeScaling, set[str]] = {
+    RopeScaling.NONE: set(),
+    RopeScaling.LINEAR: {"rope_factor"},
+    RopeScaling.LLAMA3: {"rope_factor", "rope_original_positions", "rope_low_freq_factor", "rope_high_freq_factor"},
+    RopeScaling.YARN: {"rope_factor", "rope_original_positions", "yarn_beta_fast", "yarn_beta_slow",
+                       "yarn_attention_factor"},
+}
+_SCALING_OPTIONS: set[str] = set().union(*_SCALING_FIELDS.values())
+_ROTARY_FIELDS = {"rotary_base", "rotary_fraction", "rope_scaling", "local_rotary_base", *_SCALING_OPTIONS}
 
 
 def _inert_fields(config: ModelConfig) -> set[str]:
@@ -456,9 +512,13 @@ def _inert_fields(config: ModelConfig) -> set[str]:
     if config.positional != Positional.SINUSOIDAL:
         inert.add("sinusoidal_layout")
     if config.positional != Positional.ROTARY:
-        inert.add("rotary_base")
+        inert |= _ROTARY_FIELDS
+    else:
+        inert |= _SCALING_OPTIONS - _SCALING_FIELDS[config.rope_scaling]
     if config.positional != Positional.RELATIVE:
         inert |= {"relative_buckets", "relative_max_distance"}
+    if LayerType.SLIDING not in config.decoder_layer_types:
+        inert |= {"sliding_window", "local_rotary_base"}
     if config.architecture != Architecture.ENCODER_ONLY:
         inert |= {"mlm_head", "pooler", "pooling"}
     elif not config.num_labels:
@@ -468,7 +528,7 @@ def _inert_fields(config: ModelConfig) -> set[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """What the loader needs from one model family (`attn.artifacts.pretrained.gpt2`, `.bert`, `.marian`).
+    """What the loader needs from one model family (`attn.artifacts.pretrained.gpt2`, `.bert`, `.marian`, `.llama`).
 
     Attributes:
         name: the `model_type` of its config.json.
