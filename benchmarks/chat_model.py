@@ -52,8 +52,8 @@ def _contenders(ours: nn.Module, hf: nn.Module, prompts: list[list[int]], new: i
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
 
     def theirs() -> list[list[int]]:
-        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                          do_sample=False, num_beams=1, pad_token_id=pad)
+        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False, num_beams=1,
+                          pad_token_id=pad)
         return out[:, longest:].tolist()
 
     work = len(prompts) * new
@@ -70,6 +70,7 @@ def run(settings: Settings) -> CaseResult:
     ours = bundle.model.to(settings.dtype)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=settings.dtype)
     hf = hf.to(settings.device).eval()
+    hf.generation_config.eos_token_id = None  # every row makes all its tokens, as attn's without an eos_id
     tokenizer = bundle.tokenizer
     prompts = [tokenizer.encode(bundle.render_chat([{"role": "user", "content": q}])) for q in QUESTIONS]
     new = QUICK_NEW_TOKENS if settings.quick else NEW_TOKENS

