@@ -18,7 +18,15 @@ import torch
 from torch import nn
 
 from attn import GenerationConfig, generate, load_model
-from benchmarks.harness import CaseResult, Contender, Row, Settings, compare, require_same, rows_for
+from benchmarks.harness import (
+    CaseResult,
+    Contender,
+    Row,
+    Settings,
+    compare,
+    require_same,
+    rows_for,
+)
 from benchmarks.peers import quiet_transformers
 
 HF = "HF generate"

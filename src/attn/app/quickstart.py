@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from attn.app.chat import ChatSession
+from attn.app.continuation import generate_stream
 from attn.app.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation
 from attn.app.guard import (
     BaselineCheck,
@@ -41,8 +43,6 @@ from attn.app.guard import (
     translation_check,
     verdict,
 )
-from attn.app.chat import ChatSession
-from attn.app.continuation import generate_stream
 from attn.app.report import write_report
 from attn.app.runs import load_run_config, train
 from attn.app.tasks import get_task
