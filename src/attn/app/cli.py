@@ -435,7 +435,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         out = save_model(bundle, args.output)
         print(f"imported {bundle.imported.family} from {args.source} into {out}")
     else:
-        out = export_pretrained(bundle.model, bundle.model_config, args.output, args.to, bundle.tokenizer)
+        out = export_pretrained(bundle.model, bundle.model_config, args.output, args.to, bundle.tokenizer,
+                                chat_template=bundle.chat_template)
         print(f"exported {args.source} as a Hugging Face {args.to} directory: {out}")
     return 0
 

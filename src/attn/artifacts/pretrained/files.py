@@ -26,6 +26,7 @@ from attn.artifacts.pretrained.keymap import (
     load_into,
     same_config,
 )
+from attn.artifacts.checkpoint import CHAT_TEMPLATE_FILE
 from attn.artifacts.torch_files import load_torch_file
 from attn.config import ModelConfig
 from attn.data.marian_tokenizer import is_marian_directory
@@ -143,6 +144,7 @@ def export_pretrained(
     family: str,
     tokenizer: Tokenizer | None = None,
     ids: SpecialIds | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Writes `model` as a Hugging Face directory that `transformers` loads with the same weights.
 
@@ -155,6 +157,7 @@ def export_pretrained(
         tokenizer: saved alongside when given: tokenizer.json, and a tokenizer_config.json that has
             `AutoTokenizer` load that file as it is (see `_write_tokenizer_config`).
         ids: special ids for config.json; by default those of `tokenizer`, else none.
+        chat_template: written as chat_template.jinja, where transformers and attn read it.
 
     Returns:
         The folder.
@@ -178,6 +181,8 @@ def export_pretrained(
         tokenizer.save(folder)
         if tokenizer.kind != MARIAN_KIND:  # a SentencePiece tokenizer writes MarianTokenizer's own config
             _write_tokenizer_config(folder, tokenizer, config.max_positions)
+    if chat_template is not None:
+        (folder / CHAT_TEMPLATE_FILE).write_text(chat_template, encoding="utf-8")
     return folder
 
 
