@@ -392,7 +392,7 @@ def train_config(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
             raise ConfigError("--train", f"is required to train a task: the training data, e.g. attn train {task} "
                                          "--train FILE --valid FILE")
         run_dir = args.run_dir or default_run_dir(task)
-    return configure(tables, data, args.minutes, args.preset or "", run_dir or "", overrides), task
+    return configure(tables, data, args.minutes, args.preset or "", run_dir or "", overrides, args.init or ""), task
 
 
 def _resume_command(config: str, overrides: Sequence[str], quiet: bool) -> str:

@@ -94,6 +94,10 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, help="a wall-clock budget (train.max_minutes) instead of a step count")
     p.add_argument("--preset", metavar="NAME",
                    help="a fresh model of this preset instead of the recipe's model (attn presets)")
+    p.add_argument("--init", metavar="MODEL",
+                   help="fine-tune this model instead of the recipe's (an attn checkpoint or run, a Hugging Face "
+                        "directory, a .gguf file or a packaged model such as SmolLM2-135M-Instruct), with its "
+                        "tokenizer: model.init_from")
     p.add_argument("--run-dir", dest="run_dir", help="where the run goes (a task's default: runs/TASK-DATE-TIME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -123,7 +123,7 @@ def default_run_dir(task: str) -> str:
 
 
 def configure(tables: Mapping[str, Any], data: Mapping[str, str] | None = None, minutes: float | None = None,
-              preset: str = "", run_dir: str = "", overrides: Sequence[str] = ()) -> RunConfig:
+              preset: str = "", run_dir: str = "", overrides: Sequence[str] = (), init: str = "") -> RunConfig:
     """A run config from `tables` (a recipe's or a TOML file's) with the settings of `attn train`'s
     flags, then `overrides`, applied, and the task's defaults for what is still left out.
 
@@ -135,6 +135,8 @@ def configure(tables: Mapping[str, Any], data: Mapping[str, str] | None = None, 
             (the recipe's dimensions and `init_from` included).
         run_dir: where the run goes ("" keeps the table's).
         overrides: `key=value` / `section.key=value` strings, applied last.
+        init: fine-tune this model (`model.init_from`): it replaces the whole `[model]` table, and its
+            tokenizer the recipe's.
 
     Raises:
         ConfigError: an unknown task, or an invalid key or value.
@@ -145,6 +147,9 @@ def configure(tables: Mapping[str, Any], data: Mapping[str, str] | None = None, 
         _update(out, "train", {"max_minutes": minutes, "max_steps": _NO_STEP_CAP})
     if preset:
         out["model"] = {"preset": preset}
+    if init:
+        out["model"] = {"init_from": init}
+        out.pop("tokenizer", None)
     if run_dir:
         out["run_dir"] = run_dir
     return run_config(apply_overrides(out, overrides))
