@@ -43,7 +43,7 @@ from attn.app.report import write_report
 from attn.app.runs import load_run_config, train
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
-from attn.data.readers import load_labelled, load_parallel
+from attn.data.readers import load_parallel
 from attn.data.text import read_text
 from attn.decoding import GenerationConfig
 from attn.training import RunResult
@@ -148,11 +148,7 @@ def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
     trained = _train("classification", run_dir, smoke, quiet)
     loaded = load_model(run_dir)
     result = evaluate_classifier(loaded, CLASSIFICATION_TEST)
-    fields = trained.config.data.fields()
-    train_set = load_labelled(trained.config.data.train, fields)
-    test = load_labelled(CLASSIFICATION_TEST, fields, train_set.label_names)
-    result["naive_bayes"] = naive_bayes_scores(train_set.texts, train_set.labels, test.texts, test.labels,
-                                               len(train_set.label_names))
+    result["naive_bayes"] = naive_bayes_scores(trained.config, CLASSIFICATION_TEST)
     print(f"test accuracy {result['accuracy']:.1f}%  macro-F1 {result['macro_f1']:.1f}   "
           f"(naive Bayes: {result['naive_bayes']['accuracy']:.1f}% / {result['naive_bayes']['macro_f1']:.1f})")
     check = classification_check(result["accuracy"], result["naive_bayes"], "test")
