@@ -1,5 +1,5 @@
 """Reading the files data and tokenizers come from, with errors that name the file and the fix, and
-writing a directory atomically (checkpoints, trained tokenizers)."""
+writing a file or a directory atomically (token caches, checkpoints, trained tokenizers)."""
 
 from __future__ import annotations
 
