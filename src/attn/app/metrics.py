@@ -33,17 +33,12 @@ class CorpusScore:
         return f"{self.value:.2f} ({self.signature})"
 
 
-def _reference_streams(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> list:
+def _corpus_score(metric: Any, hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]):
     streams = [list(references)] if not references or isinstance(references[0], str) else [list(r) for r in references]
     for stream in streams:
         if len(stream) != len(hypotheses):
             raise AttnError(f"{len(hypotheses)} hypotheses but {len(stream)} references; "
                             "give one reference line per hypothesis line")
-    return streams
-
-
-def _corpus_score(metric: Any, hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]):
-    streams = _reference_streams(hypotheses, references)
     score = metric.corpus_score(list(hypotheses), streams)
     return CorpusScore(float(score.score), str(metric.get_signature()))
 
