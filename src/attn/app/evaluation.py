@@ -32,23 +32,19 @@ from attn.app.metrics import (
     stream_nll,
 )
 from attn.artifacts import Bundle
-from attn.data.readers import Fields, load_labelled, load_parallel
+from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, ConfigError
 
 
 def evaluate_translation(
-    loaded: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None,
-    fields: Fields | None = None,
+    loaded: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None
 ) -> dict[str, Any]:
-    """BLEU and chrF of the model's translations of a file's source field against its target field.
-
-    `fields` (default: `loaded.fields`, those the model was trained on) says which fields those are
-    and how to read the file.
-    """
+    """BLEU and chrF of the model's translations of a file's source field against its target field,
+    read with the fields the model was trained on (`loaded.fields`)."""
     _check_positive("limit", limit)
-    corpus = load_parallel(path, fields or loaded.fields)
+    corpus = load_parallel(path, loaded.fields)
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
     started = time.perf_counter()
     hypotheses = translate(loaded, sources, config)
@@ -87,12 +83,12 @@ def _check_positive(name: str, value: int | None) -> None:
         raise ConfigError(name, f"is {value}, must be at least 1; leave it out to use the default")
 
 
-def evaluate_classifier(loaded: Bundle, path: str | Path, fields: Fields | None = None) -> dict[str, Any]:
+def evaluate_classifier(loaded: Bundle, path: str | Path) -> dict[str, Any]:
     """Accuracy, macro-F1 and the confusion matrix on a labelled file (or labelled pairs), read with
-    `fields` (default: `loaded.fields`, those the model was trained on)."""
+    the fields the model was trained on (`loaded.fields`)."""
     if not loaded.label_names:
         raise AttnError(f"{loaded.path} is not a trained classifier (no label names)")
-    corpus = load_labelled(path, fields or loaded.fields, loaded.label_names)
+    corpus = load_labelled(path, loaded.fields, loaded.label_names)
     predictions = class_probabilities(loaded, corpus.texts, pairs=corpus.pairs).argmax(-1).tolist()
     n = len(loaded.label_names)
     return {

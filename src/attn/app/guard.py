@@ -28,6 +28,7 @@ from typing import Any
 
 from attn.app.baselines import NaiveBayes, unigram_nll
 from attn.app.metrics import accuracy, bleu, macro_f1
+from attn.data.readers import LabelledCorpus, load_labelled
 from attn.training import RunResult
 from attn.training.logs import METRICS_FILE, read_metrics
 from attn.training.runconfig import RunConfig
@@ -128,12 +129,23 @@ def lm_check(value: float, train_ids: Sequence[int], eval_ids: Sequence[int], vo
                          baseline * NATS_RATIO, False, decimals=3)
 
 
-def naive_bayes_scores(train_texts: Sequence[str], train_labels: Sequence[int], texts: Sequence[str],
-                       labels: Sequence[int], num_labels: int) -> dict[str, float]:
-    """Accuracy and macro-F1 in % of naive Bayes trained on the training texts, on `texts`."""
-    predicted = NaiveBayes(0.1).fit(train_texts, list(train_labels), num_labels).predict(texts)
-    return {"accuracy": round(100 * accuracy(predicted, labels), 2),
-            "macro_f1": round(100 * macro_f1(predicted, labels, num_labels), 2)}
+def naive_bayes_scores(config: RunConfig, path: str | Path) -> dict[str, float]:
+    """Accuracy and macro-F1 in % on the labelled file `path` of naive Bayes trained on the run's
+    training file, both read with the run's fields."""
+    fields = config.data.fields()
+    train = load_labelled(config.data.train, fields)
+    held_out = load_labelled(path, fields, train.label_names)
+    num_labels = len(train.label_names)
+    predicted = NaiveBayes(0.1).fit(_words(train), train.labels, num_labels).predict(_words(held_out))
+    return {"accuracy": round(100 * accuracy(predicted, held_out.labels), 2),
+            "macro_f1": round(100 * macro_f1(predicted, held_out.labels, num_labels), 2)}
+
+
+def _words(corpus: LabelledCorpus) -> list[str]:
+    """What naive Bayes counts the words of: each text, with its pair's words for sentence pairs."""
+    if corpus.pairs is None:
+        return corpus.texts
+    return [f"{text} {pair}" for text, pair in zip(corpus.texts, corpus.pairs, strict=True)]
 
 
 def classification_check(value: float, naive_bayes: dict[str, float], split: str) -> BaselineCheck:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attn.data.lm_stream import LMStream
 from attn.errors import AttnError
 from attn.models import Decoder
 
@@ -32,17 +33,12 @@ class CorpusScore:
         return f"{self.value:.2f} ({self.signature})"
 
 
-def _reference_streams(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> list:
+def _corpus_score(metric: Any, hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]):
     streams = [list(references)] if not references or isinstance(references[0], str) else [list(r) for r in references]
     for stream in streams:
         if len(stream) != len(hypotheses):
             raise AttnError(f"{len(hypotheses)} hypotheses but {len(stream)} references; "
                             "give one reference line per hypothesis line")
-    return streams
-
-
-def _corpus_score(metric: Any, hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]):
-    streams = _reference_streams(hypotheses, references)
     score = metric.corpus_score(list(hypotheses), streams)
     return CorpusScore(float(score.score), str(metric.get_signature()))
 
@@ -114,7 +110,7 @@ def _window_nll(model: Decoder, inputs: Tensor, targets: Tensor) -> float:
 
 @torch.inference_mode()
 def stream_nll(model: Decoder, tokens: Sequence[int] | Tensor, context: int, batch_size: int = 16) -> NLLSum:
-    """The summed NLL of a token stream under a causal LM, in non-overlapping windows.
+    """The summed NLL of a token stream under a causal LM, in non-overlapping windows (`LMStream.eval_blocks`).
 
     Window j reads tokens [j C, j C + C) and predicts tokens [j C + 1, j C + C + 1), C = `context`;
     so every token after the first is predicted exactly once, with 0 to C - 1 tokens of context.
@@ -134,18 +130,8 @@ def stream_nll(model: Decoder, tokens: Sequence[int] | Tensor, context: int, bat
         raise AttnError(f"the stream has {stream.numel()} tokens; at least 2 are needed to predict one")
     if not 1 <= context <= model.max_positions:
         raise AttnError(f"context must be in [1, max_positions={model.max_positions}], got {context}")
-    predicted = stream.numel() - 1
-    windows = predicted // context
-    inputs = stream[: windows * context].view(windows, context)
-    targets = stream[1 : windows * context + 1].view(windows, context)
-    total = sum(
-        _window_nll(model, inputs[i : i + batch_size], targets[i : i + batch_size])
-        for i in range(0, windows, batch_size)
-    )
-    if predicted > windows * context:
-        start = windows * context
-        total += _window_nll(model, stream[start:-1][None], stream[start + 1 :][None])
-    return NLLSum(float(total), predicted)
+    total = sum(_window_nll(model, x, y) for x, y in LMStream(stream, context).eval_blocks(batch_size))
+    return NLLSum(float(total), stream.numel() - 1)
 
 
 def _labels(predictions: Sequence[int], targets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -46,8 +46,8 @@ from attn.app.guard import (
 from attn.app.report import write_report
 from attn.app.runs import load_run_config, train
 from attn.app.tasks import get_task
-from attn.artifacts import load_model
-from attn.data.readers import load_labelled, load_parallel
+from attn.artifacts import Bundle, load_model
+from attn.data.readers import load_parallel
 from attn.data.text import read_text
 from attn.decoding import GenerationConfig
 from attn.errors import CheckpointError
@@ -91,9 +91,12 @@ class _Trained:
     config: RunConfig
     result: RunResult
     seconds: float
+    loaded: Bundle
 
 
-def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
+def _train(name: str, heading: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
+    """Prints the step's heading, trains its recipe and loads the model it trained."""
+    print(f"\n=== {heading} ===", flush=True)
     overrides = [f"run_dir={json.dumps(str(run_dir))}", *(_SMOKE[name] if smoke else [])]
     if quiet:
         overrides.append("train.quiet=true")
@@ -102,7 +105,7 @@ def _train(name: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
     result = train(config)
     seconds = time.perf_counter() - started
     print(result.summary())
-    return _Trained(config, result, seconds)
+    return _Trained(config, result, seconds, load_model(run_dir))
 
 
 def _report(name: str, trained: _Trained, metrics: dict[str, Any], samples: list[str],
@@ -118,11 +121,10 @@ def _report(name: str, trained: _Trained, metrics: dict[str, Any], samples: list
 
 
 def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
-    _print_heading("1/3 translation: English -> Spanish (the paper's encoder-decoder)")
-    trained = _train("translation", run_dir, smoke, quiet)
-    loaded = load_model(run_dir)
+    trained = _train("translation", "1/3 translation: English -> Spanish (the paper's encoder-decoder)", run_dir,
+                     smoke, quiet)
     limit = 20 if smoke else None
-    result = evaluate_translation(loaded, TRANSLATION_TEST, GenerationConfig.paper(), limit=limit)
+    result = evaluate_translation(trained.loaded, TRANSLATION_TEST, GenerationConfig.paper(), limit=limit)
     print(f"test BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  (beam 4, alpha 0.6, "
           f"{result['sentences']} verses of Judges and Romans)\n  {result['bleu_signature']}")
     samples = [f"EN  {e['source']}\nES  {e['hypothesis']}\nREF {e['reference']}" for e in result["examples"][:3]]
@@ -133,9 +135,9 @@ def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
 
 
 def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
-    _print_heading("2/3 language model: Shakespeare, character by character (decoder-only)")
-    trained = _train("lm", run_dir, smoke, quiet)
-    loaded = load_model(run_dir)
+    trained = _train("lm", "2/3 language model: Shakespeare, character by character (decoder-only)", run_dir,
+                     smoke, quiet)
+    loaded = trained.loaded
     result = evaluate_lm(loaded, LM_TEST, context=128)
     config = GenerationConfig(max_new_tokens=40 if smoke else 110, sample=True, temperature=0.8, seed=0)
     prompt = "OTHELLO.\n"
@@ -151,23 +153,14 @@ def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
 
 
 def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
-    _print_heading("3/3 classification: fortune-cookie topics (fine-tuned all-MiniLM-L6-v2)")
-    trained = _train("classification", run_dir, smoke, quiet)
-    loaded = load_model(run_dir)
-    result = evaluate_classifier(loaded, CLASSIFICATION_TEST)
-    fields = trained.config.data.fields()
-    train_set = load_labelled(trained.config.data.train, fields)
-    test = load_labelled(CLASSIFICATION_TEST, fields, train_set.label_names)
-    result["naive_bayes"] = naive_bayes_scores(train_set.texts, train_set.labels, test.texts, test.labels,
-                                               len(train_set.label_names))
+    trained = _train("classification", "3/3 classification: fortune-cookie topics (fine-tuned all-MiniLM-L6-v2)",
+                     run_dir, smoke, quiet)
+    result = evaluate_classifier(trained.loaded, CLASSIFICATION_TEST)
+    result["naive_bayes"] = naive_bayes_scores(trained.config, CLASSIFICATION_TEST)
     print(f"test accuracy {result['accuracy']:.1f}%  macro-F1 {result['macro_f1']:.1f}   "
           f"(naive Bayes: {result['naive_bayes']['accuracy']:.1f}% / {result['naive_bayes']['macro_f1']:.1f})")
     check = classification_check(result["accuracy"], result["naive_bayes"], "test")
     return _report("classification", trained, result, [], check)
-
-
-def _print_heading(text: str) -> None:
-    print(f"\n=== {text} ===", flush=True)
 
 
 def run_quickstart(run_dir: str | Path = "runs/quickstart", budget: str = "full", quiet: bool = False) -> dict:

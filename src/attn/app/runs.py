@@ -9,7 +9,6 @@ RUN_DIR/run.toml (`write_run_config`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from attn.app.guard import BaselineCheck, verdict
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
 from attn.config import ModelConfig
+from attn.data.files import write_file
 from attn.errors import ConfigError
 from attn.training import RunResult, read_run_tables
 from attn.training import run_training
@@ -170,8 +170,6 @@ def write_run_config(config: RunConfig, command: str) -> Path:
     """
     path = Path(config.run_dir) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{RUN_FILE}.partial")
     header = f"# {' '.join(command.splitlines())}\n# again: attn train --config {path}\n"
-    partial.write_text(header + config.to_toml(), encoding="utf-8")
-    os.replace(partial, path)
+    write_file(path, lambda out: out.write((header + config.to_toml()).encode("utf-8")))
     return path

@@ -229,16 +229,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
-def load_checkpoint(
-    path: str | Path, attention: str = "fast", with_state: bool = False, map_location: str = "cpu"
-) -> Checkpoint:
+def load_checkpoint(path: str | Path, attention: str = "fast", with_state: bool = False) -> Checkpoint:
     """Loads a checkpoint (or the latest checkpoint of a run directory).
 
     Args:
         path: a checkpoint directory or a run directory.
         attention: the attention implementation of the rebuilt model ("fast" or "reference").
-        with_state: also read `trainer_state.pt` (needed to resume training).
-        map_location: where the trainer state's tensors go.
+        with_state: also read `trainer_state.pt` (needed to resume training), its tensors on the CPU.
 
     Returns:
         The checkpoint, its model on the CPU in eval mode.
@@ -252,7 +249,7 @@ def load_checkpoint(
     load_weights(model, folder / MODEL_FILE)
     run_file = folder / RUN_CONFIG_FILE
     run_config = read_json(run_file) if run_file.exists() else None
-    state = _read_state(folder / STATE_FILE, map_location) if with_state else None
+    state = _read_state(folder / STATE_FILE) if with_state else None
     tokenizer = Tokenizer.load(folder) if (folder / META_FILE).exists() else None
     task_file = folder / TASK_FILE
     task_info = read_json(task_file) if task_file.exists() else {}
@@ -387,12 +384,12 @@ def _read_model_config(file: Path) -> ModelConfig:
         raise CheckpointError(f"{file}: {err}; the checkpoint was written by another version of attn") from err
 
 
-def _read_state(file: Path, map_location: str) -> dict[str, Any]:
+def _read_state(file: Path) -> dict[str, Any]:
     if not file.is_file():
         raise CheckpointError(
             f"{file}: no such file; this checkpoint cannot resume training (averaged or imported checkpoints "
             "hold weights only): start a new run_dir, or resume from a checkpoint that train() wrote"
         )
-    return load_torch_file(file, "the checkpoint is corrupt, use another one", map_location)
+    return load_torch_file(file, "the checkpoint is corrupt, use another one")
 
 

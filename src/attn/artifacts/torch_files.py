@@ -18,13 +18,12 @@ import torch
 from attn.errors import CheckpointError
 
 
-def load_torch_file(path: str | Path, fix: str, map_location: str = "cpu") -> Any:
-    """`torch.load(path, weights_only=True)` with one-line errors.
+def load_torch_file(path: str | Path, fix: str) -> Any:
+    """`torch.load(path, weights_only=True)` onto the CPU, with one-line errors.
 
     Args:
         path: the file.
         fix: what the user should do about a corrupt file, e.g. "restore the file".
-        map_location: where tensors go.
 
     Returns:
         The file's contents: tensors, numbers, strings and containers of them.
@@ -34,7 +33,7 @@ def load_torch_file(path: str | Path, fix: str, map_location: str = "cpu") -> An
             code), or it is not a readable PyTorch file.
     """
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # zip, pickle and torch each raise their own types for a torn or foreign file
         if not (isinstance(err, pickle.UnpicklingError) and "Weights only load failed" in str(err)):
             raise CheckpointError(f"{path}: not a readable PyTorch file ({_first_line(err)}); {fix}") from err

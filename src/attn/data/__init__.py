@@ -3,4 +3,4 @@
 SentencePiece files in `marian_tokenizer`, a SentencePiece model file in `sentencepiece_tokenizer`, training one
 from files in `tokenizer_training`), and cutting token ids into training batches (`lm_stream`, `samplers`,
 `collate`, `framing`, `batches`). `files` reads a file with an error that names it and the fix, and writes a
-directory atomically."""
+file or a directory atomically."""

@@ -75,11 +75,6 @@ class BatchSource(Protocol):
         ...
 
 
-def shard_rows(count: int, rank: int, world_size: int) -> slice:
-    """The rows of a global batch of `count` rows that `rank` keeps: rank, rank + world, ..."""
-    return slice(rank, count, world_size)
-
-
 class IndexedBatches:
     """Batches of dataset indices from a `TokenBudgetSampler`, epoch after epoch.
 
@@ -113,7 +108,7 @@ class IndexedBatches:
 
     def next_batch(self) -> Batch:
         epoch, indices = self.sampler.draw()
-        share = indices[shard_rows(len(indices), self.rank, self.world_size)]
+        share = indices[self.rank :: self.world_size]
         if not share:
             return self.make_batch(indices[:1], epoch).stand_in()
         return self.make_batch(share, epoch)
@@ -146,8 +141,7 @@ class WindowBatches:
 
     def next_batch(self) -> Batch:
         x, y = self.stream.sample(self.batch_size)  # (B, T) each
-        rows = shard_rows(self.batch_size, self.rank, self.world_size)
-        return lm_batch(x[rows], y[rows])
+        return lm_batch(x[self.rank :: self.world_size], y[self.rank :: self.world_size])
 
     def state_dict(self) -> dict[str, Any]:
         return self.stream.state_dict()

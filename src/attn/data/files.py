@@ -1,15 +1,16 @@
 """Reading the files data and tokenizers come from, with errors that name the file and the fix, and
-writing a directory atomically (checkpoints, trained tokenizers)."""
+writing a file or a directory atomically (token caches, checkpoints, trained tokenizers)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from attn.errors import CheckpointError, ConfigError
 from attn.faults import fault_point
@@ -138,6 +139,36 @@ def write_directory(path: Path, write: Callable[[Path], None], fault: str) -> Pa
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
+
+
+def write_file(path: Path, write: Callable[[IO[bytes]], T], fault: str = "") -> T:
+    """Writes the file `path` so that it appears whole or not at all.
+
+    `write` fills a temporary file in the same folder (`.NAME.*.tmp`), which is flushed to disk and
+    then renamed to `path`, and the folder is flushed too. Whatever happens before the rename leaves
+    `path` as it was and no temporary file (a killed process leaves the temporary file).
+
+    Args:
+        path: the file to write; its folder must exist.
+        write: fills the binary file it is given.
+        fault: the crash-test point reached once the file is flushed, before the rename (`attn.faults`).
+
+    Returns:
+        What `write` returned.
+    """
+    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            result = write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        fault_point(fault)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+    fsync(path.parent)
+    return result
 
 
 def fsync(path: Path) -> None:

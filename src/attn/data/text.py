@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attn.errors import DataFormatError
@@ -49,16 +49,41 @@ def iter_lines(path: str | Path) -> Iterator[str]:
         DataFormatError: the file is missing, not valid gzip, or a line is not valid UTF-8 or binary;
             names the line.
     """
-    found = locate(path)
+    for text in read_pieces(locate(path), 1):
+        yield text.removesuffix("\r\n") + "\n" if text.endswith("\r\n") else text
+
+
+def read_pieces(path: Path, size: int, progress: Callable[[int], object] = lambda read: None) -> Iterator[str]:
+    """The text of a UTF-8 file in pieces of whole lines, gunzipped when its name ends in `.gz`.
+
+    Args:
+        path: the file.
+        size: the bytes a piece grows to before it ends with its line (1: a line at a time).
+        progress: told, after each piece, how many more bytes of the file (compressed) were read.
+
+    Raises:
+        DataFormatError: the file cannot be read, is not valid gzip, or a piece is not valid UTF-8 or
+            binary; names the line.
+    """
     try:
-        with gzip.open(found) if found.suffix == ".gz" else open(found, "rb") as file:
-            for number, raw in enumerate(file, 1):
-                text = decode_text(raw, str(found), number)
-                yield text.removesuffix("\r\n") + "\n" if text.endswith("\r\n") else text
-    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-        raise not_gzip(found, err) from err
+        raw = open(path, "rb")  # closed by the with below, together with the gzip reader over it
     except OSError as err:
-        raise unreadable(found, err) from err
+        raise unreadable(path, err) from err
+    zipped = path.suffix == ".gz"
+    errors = GZIP_ERRORS if zipped else (OSError,)
+    with raw, (gzip.GzipFile(fileobj=raw) if zipped else raw) as stream:
+        line, done = 1, 0
+        while True:
+            try:
+                lines = stream.readlines(size)
+            except errors as err:
+                raise (not_gzip(path, err) if zipped else unreadable(path, err)) from err
+            if not lines:
+                return
+            yield decode_text(b"".join(lines), str(path), line)
+            line += len(lines)
+            progress(raw.tell() - done)
+            done = raw.tell()
 
 
 def decode_text(data: bytes, source: str, line: int = 1) -> str:

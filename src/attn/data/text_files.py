@@ -24,14 +24,13 @@ such a place.
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
 from attn.data.files import input_files
-from attn.data.text import GZIP_ERRORS, decode_text, not_gzip, unreadable
+from attn.data.text import read_pieces
 from attn.errors import ConfigError, DataFormatError
 
 CHUNK_CHARS = 1 << 16  # characters per piece; tokenizing one holds ~100 bytes per token in Rust
@@ -126,29 +125,7 @@ def _texts(files: Sequence[Path], size: int, bar: tqdm) -> Iterator[str]:
     a file that lacks one."""
     for number, path in enumerate(files):
         last = ""
-        for last in _file_texts(path, size, bar):
+        for last in read_pieces(path, size, bar.update):
             yield last
         if last and not last.endswith("\n") and number < len(files) - 1:
             yield "\n"
-
-
-def _file_texts(path: Path, size: int, bar: tqdm) -> Iterator[str]:
-    try:
-        raw = open(path, "rb")  # closed by the with below, together with the gzip reader over it
-    except OSError as err:
-        raise unreadable(path, err) from err
-    zipped = path.suffix == ".gz"
-    errors = GZIP_ERRORS if zipped else (OSError,)
-    with raw, (gzip.GzipFile(fileobj=raw) if zipped else raw) as stream:
-        line, done = 1, 0
-        while True:
-            try:
-                lines = stream.readlines(size)
-            except errors as err:
-                raise (not_gzip(path, err) if zipped else unreadable(path, err)) from err
-            if not lines:
-                return
-            yield decode_text(b"".join(lines), str(path), line)
-            line += len(lines)
-            bar.update(raw.tell() - done)
-            done = raw.tell()

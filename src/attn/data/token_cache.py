@@ -30,25 +30,22 @@ import fcntl
 import itertools
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import numpy as np
 
-from attn.data.files import fsync
+from attn.data.files import fsync, write_file
 from attn.data.text_files import text_chunks
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
-from attn.faults import fault_point
 
 FORMAT = 1
 ID_TYPES = ("uint8", "uint16", "uint32")
 ENCODE_PIECES = 4  # text pieces tokenized per call, in parallel
 TOKENS_SUFFIX, MANIFEST_SUFFIX = ".tokens", ".json"
-
-T = TypeVar("T")
+FAULT = "token-cache-write"
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -156,10 +153,12 @@ def _build(files: Sequence[Path], tokenizer: Tokenizer, stem: Path, manifest: di
     _path(stem, MANIFEST_SUFFIX).unlink(missing_ok=True)
     fsync(stem.parent)
     dtype = id_dtype(tokenizer.vocab_size)
-    count = _write_atomically(_path(stem, TOKENS_SUFFIX), lambda out: _write_ids(out, files, tokenizer, dtype, progress))
+    count = write_file(
+        _path(stem, TOKENS_SUFFIX), lambda out: _write_ids(out, files, tokenizer, dtype, progress), FAULT
+    )
     described = {**manifest, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name, "tokens": count}
     text = json.dumps(described, indent=1) + "\n"
-    _write_atomically(_path(stem, MANIFEST_SUFFIX), lambda out: out.write(text.encode("utf-8")))
+    write_file(_path(stem, MANIFEST_SUFFIX), lambda out: out.write(text.encode("utf-8")), FAULT)
 
 
 def _write_ids(out: IO[bytes], files: Sequence[Path], tokenizer: Tokenizer, dtype: np.dtype, progress: str) -> int:
@@ -172,20 +171,3 @@ def _write_ids(out: IO[bytes], files: Sequence[Path], tokenizer: Tokenizer, dtyp
             out.write(array.tobytes())
             count += len(array)
     return count
-
-
-def _write_atomically(path: Path, write: Callable[[IO[bytes]], T]) -> T:
-    """Writes `path` through a temporary file in its folder, flushed to disk, then renamed."""
-    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            result = write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        fault_point("token-cache-write")
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-    fsync(path.parent)
-    return result

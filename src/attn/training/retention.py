@@ -29,7 +29,7 @@ from attn.artifacts.checkpoint import (
     write_atomically,
 )
 from attn.config import ModelConfig
-from attn.data.files import fsync
+from attn.data.files import write_file
 from attn.errors import CheckpointError, ConfigError
 
 
@@ -61,13 +61,7 @@ def save_checkpoint(
 
 
 def _write_pointer(folder: Path, name: str, target: str) -> None:
-    staging = folder / f".{name}.tmp"
-    with open(staging, "w", encoding="utf-8") as handle:
-        handle.write(target + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staging, folder / name)
-    fsync(folder)
+    write_file(folder / name, lambda out: out.write(f"{target}\n".encode()))
 
 
 def _remove_leftovers(folder: Path) -> None:

@@ -59,15 +59,11 @@ def run_training(run_config: RunConfig, model_config: ModelConfig | None = None,
     try:
         model_config = model_config or run_config.model_config()
         _preflight(run_config, model_config, ctx)
-        return _fit(run_config, model_config, task_builder, ctx)
+        # No name holds the trainer (and its DDP wrapper): it is released once `fit` returns, before
+        # `shutdown` destroys the process group.
+        return _prepare(run_config, model_config, task_builder, ctx).fit()
     finally:
         shutdown(ctx)
-
-
-def _fit(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder, ctx: DistContext) -> RunResult:
-    """Builds the trainer and fits; the trainer (and its DDP wrapper) is released on return, before
-    `shutdown` destroys the process group."""
-    return _prepare(config, model_config, builder, ctx).fit()
 
 
 def _preflight(config: RunConfig, model_config: ModelConfig, ctx: DistContext) -> None:

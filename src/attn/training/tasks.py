@@ -10,6 +10,7 @@ adapters of the registered tasks and the machinery they share.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,9 +264,8 @@ def mlm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> 
 
         def make(indices: Sequence[int], epoch: int = 0) -> Batch:
             masked = [masker(ids[i], (stream, epoch, i)) for i in indices]
-            zeros = [0] * len(indices)
-            tokens, mask, _ = collate_classification([m[0] for m in masked], zeros, pad)
-            targets, _, _ = collate_classification([m[1] for m in masked], zeros, pad)
+            tokens, mask = pad_batch([m[0] for m in masked], pad)
+            targets, _ = pad_batch([m[1] for m in masked], pad)
             return Batch((tokens, mask), targets, int((targets != pad).sum()), int(mask.sum()))
 
         return ids, make
@@ -353,11 +353,4 @@ def _fixed_batches(
     if not src_lengths:
         raise ConfigError("data.valid", "the validation file has no usable examples")
     sampler = TokenBudgetSampler(src_lengths, tgt_lengths, batch.max_tokens, batch.eval_batch_size, shuffle=False)
-    cache: list[Batch] = []
-
-    def batches() -> list[Batch]:
-        if not cache:
-            cache.extend(make(indices) for indices in sampler.epoch_batches(0))
-        return cache
-
-    return batches
+    return functools.cache(lambda: [make(indices) for indices in sampler.epoch_batches(0)])

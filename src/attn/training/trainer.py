@@ -17,12 +17,10 @@ step (`attn.training.signals`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -448,24 +446,18 @@ class Trainer:
         budget = 60 * self.config.train.max_minutes
         return min(self.elapsed, budget) if budget else self.step
 
-    @contextlib.contextmanager
-    def _progress(self) -> Iterator[tqdm]:
+    def _progress(self) -> tqdm:
         """A bar of updates, or of training seconds under a time budget (so that its end and its
         estimate of the time left are the budget's, not those of a step limit it will not reach)."""
         train = self.config.train
         hide = train.quiet or not self.ctx.is_main
         if train.max_minutes:
-            bar = tqdm(
+            return tqdm(
                 total=60 * train.max_minutes, initial=self._bar_position(), unit="s", dynamic_ncols=True,
                 disable=hide,
                 bar_format="{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]",
             )
-        else:
-            bar = tqdm(total=train.max_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=hide)
-        try:
-            yield bar
-        finally:
-            bar.close()
+        return tqdm(total=train.max_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=hide)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,6 @@ from attn.app.classification import classify
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture
-from attn.data.readers import LabelledCorpus, load_labelled
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import classification_task
 
@@ -32,18 +31,7 @@ def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -
     """`val_accuracy` (as the trainer measured it) against naive Bayes trained on the training file."""
     if "val_accuracy" not in metrics:
         return None
-    fields = config.data.fields()
-    train = load_labelled(config.data.train, fields)
-    valid = load_labelled(config.data.valid, fields, train.label_names)
-    scores = naive_bayes_scores(_words(train), train.labels, _words(valid), valid.labels, len(train.label_names))
-    return classification_check(100 * metrics["val_accuracy"], scores, "valid")
-
-
-def _words(corpus: LabelledCorpus) -> list[str]:
-    """What naive Bayes counts the words of: each text, with its pair's words for sentence pairs."""
-    if corpus.pairs is None:
-        return corpus.texts
-    return [f"{text} {pair}" for text, pair in zip(corpus.texts, corpus.pairs, strict=True)]
+    return classification_check(100 * metrics["val_accuracy"], naive_bayes_scores(config, config.data.valid), "valid")
 
 
 def _infer(loaded: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
