@@ -2,7 +2,7 @@
 
 `ChatTemplate(source, special_tokens).render(messages, add_generation_prompt)` gives the text that transformers'
 `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` gives for the same template
-and special tokens (tests/parity/test_chat_template.py compares them):
+and special tokens (tests/parity/test_chat_templates_as_transformers.py compares them):
 
 - Jinja as transformers sets it up: `trim_blocks` and `lstrip_blocks` on, the `loopcontrols` extension
   (`{% break %}`, `{% continue %}`);
