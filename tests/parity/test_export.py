@@ -7,6 +7,7 @@ an export writes, which must read back as the preset.
 
 import pytest
 import torch
+from hf_reference import hf_logits
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -62,9 +63,7 @@ def causal_lm_outputs(model, hf, tokens):
     ids = tokens(2, 12)
     mask = torch.ones(2, 12, dtype=torch.bool)
     mask[1, :5] = False
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    expected = hf(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
-    return model(ids, mask)[mask], expected[mask]
+    return model(ids, mask)[mask], hf_logits(hf, ids, mask)[mask]
 
 
 def marian_outputs(model, hf, tokens):

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from hf_generation import hf_continuations
+from hf_reference import hf_continuations, hf_logits
 from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
@@ -92,12 +92,6 @@ def padded_batch(tokens):
     mask[1, :3] = False
     mask[2, :8] = False
     return ids, mask
-
-
-def hf_logits(hf, ids, mask):
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # what generate passes
-    with torch.no_grad():
-        return hf(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
 
 
 @families

@@ -274,6 +274,7 @@ class Variant:
 
     @property
     def table(self) -> ConfigTable:
+        """The config.json fields that map one to one onto ours, with the family's defaults."""
         defaults = {**COMMON_DEFAULTS, **self.defaults}
         return ConfigTable(
             renamed={ours: (theirs, defaults[theirs]) for ours, theirs in RENAMED.items()},
@@ -341,6 +342,7 @@ class Variant:
         }
 
     def family(self) -> Family:
+        """The loader's entry for this family: causal language models."""
         return Family(self.model_type, self.model_config, self.key_table, self.hf_config,
                       prefixed=lambda config: True, task="lm")
 

@@ -1,6 +1,14 @@
-"""What `transformers`' `generate` continues left-padded prompts with, in the form `attn.decoding.generate` returns."""
+"""What a `transformers` model computes for left-padded inputs: logits, and the continuations of `generate`
+in the form `attn.decoding.generate` returns them."""
 
 import torch
+
+
+def hf_logits(hf, ids, mask):
+    """Logits of `ids` (B, T) under the bool `mask`, positions counted over real tokens as `generate` passes them."""
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return hf(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
 
 
 def hf_continuations(hf, prompts, eos, pad=0, max_new_tokens=20, **settings):
