@@ -59,7 +59,7 @@ if _MISSING and os.environ.get("CI") == "true":
 if _MISSING:
     pytest.skip(f"browser tests skipped: {_MISSING}", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, Route, expect, sync_playwright
 
 TEXT = ("In the beginning God created the heaven and the earth. ROMEO. But soft, what light through yonder "
         "window breaks? Never trust a computer you can't throw out a window. 0123456789\n")
@@ -472,14 +472,18 @@ def test_hovering_a_cell_names_its_query_key_and_weight(page: Page, api: httpx.C
     assert answer["queries"][-1] in hover.inner_text()
 
 
-def test_attention_over_600_tokens_is_drawn_on_canvas_quickly(page: Page, api: httpx.Client) -> None:
-    choose(page, "lm", "attention")
-    page.fill("#attention-input", LONG_PROMPT)
+def long_text_drawn(page: Page, model: str, text: str) -> tuple[float, Locator]:
+    """Shows the attention of layer 1 on `text` (the mean over heads): the seconds the page took, and its heat map."""
+    choose(page, model, "attention")
+    page.fill("#attention-input", text)
     page.select_option("#attention-layer", "1")
     started = time.monotonic()
     run_and_wait(page, "attention", timeout=120_000)
-    seconds = time.monotonic() - started
-    canvas = page.locator("#attention-heatmap-0")
+    return time.monotonic() - started, page.locator("#attention-heatmap-0")
+
+
+def test_attention_over_600_tokens_is_drawn_on_canvas_quickly(page: Page, api: httpx.Client) -> None:
+    seconds, canvas = long_text_drawn(page, "lm", LONG_PROMPT)
     rows, cols = int(canvas.get_attribute("data-rows")), int(canvas.get_attribute("data-cols"))
     assert rows >= 512 and cols >= 512
     assert page.locator("#attention-output table").count() == 0
@@ -641,13 +645,7 @@ def test_grouped_query_heads_are_picked_and_shown_by_the_key_value_head_they_sha
 def test_a_1200_token_text_is_drawn_in_seconds_from_answers_of_bounded_size(page: Page, api: httpx.Client) -> None:
     answers: list = []
     page.on("response", lambda r: answers.append(r) if r.url.endswith("/v1/attention") else None)
-    choose(page, "gqa", "attention")
-    page.fill("#attention-input", LONG_CHAT_TEXT)
-    page.select_option("#attention-layer", "1")
-    started = time.monotonic()
-    run_and_wait(page, "attention", timeout=120_000)
-    seconds = time.monotonic() - started
-    canvas = page.locator("#attention-heatmap-0")
+    seconds, canvas = long_text_drawn(page, "gqa", LONG_CHAT_TEXT)
     tokens = int(canvas.get_attribute("data-rows"))
     assert tokens >= 1200 and int(canvas.get_attribute("data-cols")) == tokens
     sizes = [len(r.body()) for r in answers]
