@@ -1,6 +1,7 @@
-"""A tiny random chat model for the chat tests: GPT-2's shape at toy size, a byte-level BPE tokenizer with the
-ChatML tokens `<|im_start|>` and `<|im_end|>` added as special tokens, and SmolLM2-135M-Instruct's ChatML template
-(with its default system prompt)."""
+"""Tiny random chat models for the chat tests: GPT-2's shape at toy size (`tiny_chat_bundle`) and a Llama block
+with SmolLM2's head layout, 9 query heads sharing 3 key/value heads (`tiny_gqa_chat_bundle`); both read a byte-level
+BPE tokenizer with the ChatML tokens `<|im_start|>` and `<|im_end|>` added as special tokens, and
+SmolLM2-135M-Instruct's ChatML template (with its default system prompt)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 
 from attn.artifacts import Bundle
-from attn.config import preset
+from attn.config import ModelConfig, preset
 from attn.data.tokenizer_pipelines import bpe_pipeline
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
@@ -39,6 +40,21 @@ def tiny_chat_bundle(max_positions: int = 512, path: Path = Path("chat")) -> Bun
     tokenizer = chat_tokenizer()
     config = preset("gpt2-tiny").replace(vocab_size=tokenizer.vocab_size, dropout=0.0, attention_dropout=0.0,
                                          max_positions=max_positions, output_bias=True)
+    return _chat_bundle(tokenizer, config, path)
+
+
+def tiny_gqa_chat_bundle(max_positions: int = 2048, path: Path = Path("gqa-chat")) -> Bundle:
+    """The chat model with a Llama block (rotary positions, RMSNorm, SwiGLU) and grouped-query attention: 9 query
+    heads in 3 groups of 3, each group sharing a key/value head, as SmolLM2-135M's layers do."""
+    tokenizer = chat_tokenizer()
+    config = preset("gpt2-tiny").replace(
+        vocab_size=tokenizer.vocab_size, dropout=0.0, attention_dropout=0.0, max_positions=max_positions,
+        output_bias=True, d_model=72, heads=9, kv_heads=3, d_ff=96, positional="rotary", normalization="rmsnorm",
+        gated_ffn=True, activation="silu", attention_bias=False, ffn_bias=False)
+    return _chat_bundle(tokenizer, config, path)
+
+
+def _chat_bundle(tokenizer: Tokenizer, config: ModelConfig, path: Path) -> Bundle:
     torch.manual_seed(0)
     model = build_model(config).eval()
     with torch.no_grad():

@@ -224,6 +224,12 @@ class Heads:
     head_dim: int
 
     @property
+    def groups(self) -> tuple[int, ...]:
+        """The key/value head each query head reads: query heads come in runs of `heads // kv_heads`
+        that share one (the order in which `shared_kv` repeats them)."""
+        return tuple(head // (self.heads // self.kv_heads) for head in range(self.heads))
+
+    @property
     def query_size(self) -> int:
         return self.heads * self.head_dim
 
@@ -244,6 +250,7 @@ class MultiHead(nn.Module):
     def __init__(self, layout: Heads, dropout: float, attend: AttentionFn, scores: Scores) -> None:
         """`dropout`: the probability of dropping an attention weight in training mode."""
         super().__init__()
+        self.layout = layout
         self.heads = layout.heads
         self.kv_heads = layout.kv_heads
         self.head_dim = layout.head_dim

@@ -1,7 +1,8 @@
 """The page at `/` of `attn serve`, driven in a real browser (headless Chromium through Playwright).
 
-A real `attn serve` runs as a subprocess on 127.0.0.1 with five tiny random models that this module
-builds (a translator, a character LM, a classifier, a sentence-pair classifier, an embedder). Every
+A real `attn serve` runs as a subprocess on 127.0.0.1 with tiny random models that this module builds (a
+translator, a character LM, a classifier, a sentence-pair classifier, an embedder, and two chat models, one
+with grouped-query attention: 9 query heads sharing 3 key/value heads, as SmolLM2's). Every
 control of the page is used, and what the page shows is checked against the server's own JSON
 answers, asked for here with httpx: the page must show what the API says, not what it computes
 itself. The page exposes what each canvas draws through `window.attnPage.views[canvasId]` and
@@ -27,7 +28,8 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 import torch
-from chat_models import tiny_chat_bundle
+from chat_models import TEXTS as CHAT_TEXTS
+from chat_models import tiny_chat_bundle, tiny_gqa_chat_bundle
 
 from attn.artifacts import save_model
 from attn.artifacts.checkpoint import write_checkpoint
@@ -57,7 +59,7 @@ if _MISSING and os.environ.get("CI") == "true":
 if _MISSING:
     pytest.skip(f"browser tests skipped: {_MISSING}", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Locator, Page, Route, expect, sync_playwright
 
 TEXT = ("In the beginning God created the heaven and the earth. ROMEO. But soft, what light through yonder "
         "window breaks? Never trust a computer you can't throw out a window. 0123456789\n")
@@ -87,6 +89,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "nli": _tiny(tmp, "nli", "bert-base-tiny", "classification", Fields(text_pair_field="hypothesis")),
         "emb": _tiny(tmp, "emb", "minilm-l6-tiny", "embedding", num_labels=0),
         "chat": save_model(tiny_chat_bundle(), tmp / "chat"),
+        "gqa": save_model(tiny_gqa_chat_bundle(), tmp / "gqa"),
     }
 
 
@@ -98,7 +101,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base URL of a running `attn serve` with the five tiny models."""
+    """The base URL of a running `attn serve` with the tiny models."""
     port = _free_port()
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     models = [arg for name, path in checkpoints.items() for arg in ("--model", f"{name}={path}")]
@@ -204,7 +207,8 @@ def test_the_model_list_comes_from_the_api_and_the_tabs_follow_each_models_task(
     assert page.eval_on_selector_all("#model option", "os => os.map(o => o.value)") == [m["id"] for m in models]
     expected = {"mt": {"translate", "attention"}, "lm": {"generate", "attention"},
                 "cls": {"classify", "embed", "attention"}, "nli": {"classify", "embed", "attention"},
-                "emb": {"embed", "attention"}, "chat": {"generate", "chat", "attention"}}
+                "emb": {"embed", "attention"}, "chat": {"generate", "chat", "attention"},
+                "gqa": {"generate", "chat", "attention"}}
     for model in models:
         page.select_option("#model", model["id"])
         tabs = page.eval_on_selector_all("[role=tab]:not([hidden])", "ts => ts.map(t => t.dataset.mode)")
@@ -468,14 +472,18 @@ def test_hovering_a_cell_names_its_query_key_and_weight(page: Page, api: httpx.C
     assert answer["queries"][-1] in hover.inner_text()
 
 
-def test_attention_over_600_tokens_is_drawn_on_canvas_quickly(page: Page, api: httpx.Client) -> None:
-    choose(page, "lm", "attention")
-    page.fill("#attention-input", LONG_PROMPT)
+def long_text_drawn(page: Page, model: str, text: str) -> tuple[float, Locator]:
+    """Shows the attention of layer 1 on `text` (the mean over heads): the seconds the page took, and its heat map."""
+    choose(page, model, "attention")
+    page.fill("#attention-input", text)
     page.select_option("#attention-layer", "1")
     started = time.monotonic()
     run_and_wait(page, "attention", timeout=120_000)
-    seconds = time.monotonic() - started
-    canvas = page.locator("#attention-heatmap-0")
+    return time.monotonic() - started, page.locator("#attention-heatmap-0")
+
+
+def test_attention_over_600_tokens_is_drawn_on_canvas_quickly(page: Page, api: httpx.Client) -> None:
+    seconds, canvas = long_text_drawn(page, "lm", LONG_PROMPT)
     rows, cols = int(canvas.get_attribute("data-rows")), int(canvas.get_attribute("data-cols"))
     assert rows >= 512 and cols >= 512
     assert page.locator("#attention-output table").count() == 0
@@ -576,3 +584,117 @@ def test_arrow_keys_move_between_the_models_tabs(page: Page) -> None:
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowRight")  # past the last tab, back to the first
     expect(page.locator("#tab-classify")).to_have_attribute("aria-selected", "true")
+
+
+# ---------------------------------------------------------------- grouped-query attention, long texts, chat
+
+GQA_GROUPS = ["kv head 0: query heads 0..2", "kv head 1: query heads 3..5", "kv head 2: query heads 6..8"]
+LONG_CHAT_TEXT = " ".join(CHAT_TEXTS * 25)  # 1,200+ tokens of the chat models' tokenizer
+
+
+def head_picker(page: Page, select: str) -> list[list]:
+    """The options of a head picker as [group label, option values]; "" labels an option outside a group."""
+    return page.eval_on_selector(select, """s => [...s.children].map(c => c.tagName === "OPTGROUP"
+        ? [c.label, [...c.children].map(o => o.value)] : ["", [c.value]])""")
+
+
+def test_grouped_query_heads_are_picked_and_shown_by_the_key_value_head_they_share(page: Page,
+                                                                                 api: httpx.Client) -> None:
+    card = next(m for m in api.get("/v1/models").json()["data"] if m["id"] == "gqa")
+    assert (card["heads"], card["kv_heads"], card["head_groups"]) == (9, 3, [0, 0, 0, 1, 1, 1, 2, 2, 2])
+    choose(page, "gqa", "attention")
+    assert "9 heads sharing 3 key/value heads" in page.inner_text("#model-info")
+    expected = [["", ["mean"]], *[[label, [str(h) for h in range(3 * g, 3 * g + 3)]] for g, label in
+                                  enumerate(GQA_GROUPS)]]
+    for select in ("#attention-head", "#generate-attention-head", "#chat-attention-head"):
+        assert head_picker(page, select) == expected
+
+    text = CHAT_TEXTS[2]
+    page.fill("#attention-input", text)
+    page.select_option("#attention-layer", "1")
+    page.select_option("#attention-head", "4")
+    run_and_wait(page, "attention")
+    groups = page.locator("#attention-heads-0 .head-group")
+    assert groups.locator("h4").all_inner_texts() == GQA_GROUPS
+    assert [groups.nth(g).get_attribute("data-heads") for g in range(3)] == ["0,1,2", "3,4,5", "6,7,8"]
+    assert page.get_attribute("#attention-heads-0 [aria-pressed=true]", "data-head") == "4"
+    assert "head 4 (shares kv head 1)" in page.inner_text("#attention-output h3")
+    pooled = api.post("/v1/attention", json={"model": "gqa", "text": text, "layer": 1, "pool": 96}).json()
+    assert pooled["groups"] == card["head_groups"]
+    for h in (0, 4, 8):
+        rows, cols = len(pooled["weights"][0][h]), len(pooled["weights"][0][h][0])
+        drawn = page.evaluate("([id, i, j]) => { const v = window.attnPage.views[id]; return [v.rows, v.cols, "
+                              "v.group, v.value(i, j)]; }", [f"attention-heads-0-{h}", rows - 1, 0])
+        assert drawn[:3] == [rows, cols, h // 3]
+        assert drawn[3] == pytest.approx(pooled["weights"][0][h][rows - 1][0], abs=1e-5)
+
+    page.click("#attention-heads-0 [data-head='7']")  # a small multiple shows its head
+    expect(page.locator("#attention-heatmap-0")).to_have_attribute("data-head", "7")
+    expect(page.locator("#attention-output")).to_have_attribute("data-state", "done")
+    assert page.input_value("#attention-head") == "7"
+    one = api.post("/v1/attention", json={"model": "gqa", "text": text, "layer": 1, "head": 7}).json()["weights"][0][0]
+    i = len(one) - 1
+    assert view(page, "attention-heatmap-0", i, 1)["value"] == pytest.approx(one[i][1], abs=1e-5)
+
+    choose(page, "chat", "attention")  # a model without grouped-query attention looks as it did
+    assert head_picker(page, "#attention-head") == [["", [v]] for v in ["mean", "0", "1", "2", "3"]]
+    run_and_wait(page, "attention")
+    assert page.locator("#attention-heads-0").count() == 0
+
+
+def test_a_1200_token_text_is_drawn_in_seconds_from_answers_of_bounded_size(page: Page, api: httpx.Client) -> None:
+    answers: list = []
+    page.on("response", lambda r: answers.append(r) if r.url.endswith("/v1/attention") else None)
+    seconds, canvas = long_text_drawn(page, "gqa", LONG_CHAT_TEXT)
+    tokens = int(canvas.get_attribute("data-rows"))
+    assert tokens >= 1200 and int(canvas.get_attribute("data-cols")) == tokens
+    sizes = [len(r.body()) for r in answers]
+    # one map at two bytes a weight (8/3 characters of base64) and the small multiples, pooled: never the dense
+    # floats of every layer and head (2 x 9 x T x T numbers, some 230 MB)
+    assert len(sizes) == 2 and sizes[0] < 8 / 3 * tokens**2 + 100 * tokens and sizes[1] < 500_000, sizes
+    drawing = [float(c.get_attribute("data-draw-ms")) for c in page.locator("canvas.heatmap").all()]
+    print(f"\n{tokens} tokens: answers {sizes} bytes, page done in {seconds:.1f} s, heat map drawn in "
+          f"{drawing[0]:.0f} ms, load {os.getloadavg()[0]:.1f}")
+    assert drawing[0] < 3000 and seconds < 60  # generous bounds for a shared 2-core machine
+    assert page.evaluate("document.querySelectorAll('*').length") < 1000  # no node per cell (that would be 1.4M)
+    full = api.post("/v1/attention", json={"model": "gqa", "text": LONG_CHAT_TEXT, "layer": 1, "head": "mean"}).json()
+    i, j = tokens - 1, tokens // 3
+    assert view(page, "attention-heatmap-0", i, j)["value"] == pytest.approx(full["weights"][0][0][i][j], abs=1e-5)
+
+
+def test_a_chat_answer_s_attention_is_followed_token_by_token(page: Page, api: httpx.Client) -> None:
+    choose(page, "gqa", "chat")
+    page.check("#chat-follow-attention")
+    page.select_option("#chat-attention-layer", "1")
+    page.select_option("#chat-attention-head", "4")
+    page.fill("#chat-max-tokens", "16")
+    page.fill("#chat-input", CHAT_TEXTS[3])
+    page.evaluate("""() => { window.stepCounts = [];
+        new MutationObserver(() => window.stepCounts.push(Number(document.getElementById("chat-attention-box")
+          .dataset.steps))).observe(document.getElementById("chat-attention-box"),
+                                    { attributes: true, attributeFilter: ["data-steps"] }); }""")
+    run_and_wait(page, "chat")
+    body = {"model": "gqa", "messages": [{"role": "user", "content": CHAT_TEXTS[3]}], "temperature": 0,
+            "max_completion_tokens": 16, "stream": True, "attention": {"layer": 1, "head": 4}}
+    with api.stream("POST", "/v1/chat/completions", json=body) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    steps = [c["attention"] for c in chunks]
+    assert len(steps) == len(chunks) > 1
+    counts = [n for n in page.evaluate("window.stepCounts") if n]
+    assert counts == list(range(1, len(steps) + 1))  # the panel counted every token as it came
+    assert page.inner_text("#chat-output .message.assistant .text") == "".join(
+        c["choices"][0]["delta"]["content"] for c in chunks)
+    assert page.evaluate("window.attnPage.chatAttention") == steps
+    last = len(steps) - 1
+    drawn = view(page, "chat-attention", last, len(steps[last]["keys"]) - 1)
+    assert (drawn["rows"], drawn["cols"]) == (len(steps), len(steps[last]["keys"]))
+    assert drawn["queries"] == [s["token"] for s in steps] and drawn["keys"] == steps[last]["keys"]
+    assert drawn["value"] == pytest.approx(steps[last]["weights"][-1], abs=1e-6)
+    strip = page.eval_on_selector_all("#chat-attention-strip span", "ss => ss.map(s => Number(s.dataset.weight))")
+    assert strip == pytest.approx(steps[last]["weights"], abs=1e-6)  # the newest token's weights, key by key
+    assert steps[last]["keys"][0] == "<|im_start|>"  # the keys are the conversation as the template wrote it
+
+    page.uncheck("#chat-follow-attention")  # the next answer comes without attention, and no panel
+    page.fill("#chat-input", "Hi")
+    run_and_wait(page, "chat")
+    expect(page.locator("#chat-attention-box")).to_be_hidden()

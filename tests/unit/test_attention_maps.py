@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.attention import MultiHead, merge_heads
+from attn.attention import Heads, MultiHead, merge_heads, shared_kv
 from attn.config import Positional, preset
 from attn.decoding.attention_maps import (
+    AttentionTrail,
     attention_maps,
     attention_module,
     capture_attention,
@@ -115,3 +116,34 @@ def test_the_capture_records_the_cached_decoding_step_too():
         step = capture_attention(module, lambda: model.decode_step(tokens[:, 5:], cache))
     assert step.weights.shape == (1, 4, 1, 6)
     assert_close(step.weights[0, :, 0], whole.weights[0, :, 5], atol=1e-5, rtol=0)
+
+
+def test_each_query_head_s_group_is_the_key_value_head_it_reads():
+    layout = Heads(heads=9, kv_heads=3, head_dim=4)
+    assert layout.groups == (0, 0, 0, 1, 1, 1, 2, 2, 2)
+    kv = torch.arange(3.0).view(1, 3, 1, 1)  # key/value head g holds g
+    assert shared_kv(kv, 9).flatten().tolist() == list(map(float, layout.groups))
+    assert Heads(4, 4, 8).groups == (0, 1, 2, 3) and Heads(4, 1, 8).groups == (0, 0, 0, 0)
+
+
+GQA = {"heads": 6, "kv_heads": 2, "d_model": 48, "positional": Positional.ROTARY, "normalization": "rmsnorm",
+       "gated_ffn": True, "activation": "silu"}
+
+
+@pytest.mark.parametrize("fields", [{}, GQA, {**GQA, "sliding_window": 4}], ids=["gpt2", "gqa", "gqa-window"])
+def test_a_trail_gives_each_new_token_s_row_of_the_whole_sequence_s_map(fields):
+    model = _model("gpt2-tiny", **fields)
+    layout = attention_module(model, "self", 0).layout
+    assert layout.groups == ((0, 0, 0, 1, 1, 1) if fields else (0, 1, 2, 3))
+    sequence = torch.randint(0, 97, (12,)).tolist()
+    trail = AttentionTrail(model, sequence[:7], layer=-1, room=5)
+    rows = [trail.weights]
+    for token in sequence[7:]:
+        trail.push(token)
+        rows.append(trail.weights)
+    whole = attention_maps(model, sequence, layer=-1, kind="self")  # (h, 12, 12)
+    for n, row in enumerate(rows, start=7):
+        assert row.shape == (whole.size(0), n)
+        assert_close(row, whole[:, n - 1, :n], atol=1e-5, rtol=0)
+    with pytest.raises(AttnError):  # room for 5 tokens only
+        trail.push(1)

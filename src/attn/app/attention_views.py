@@ -1,6 +1,9 @@
 """Attention weights of a model on a text, ready to draw or to send: what `attn attention`, the
 server's `/v1/attention`, its translations' alignments and its completions' token attention show.
 
+Maps come with their head layout (`Heads`): with grouped-query attention, query heads come in groups
+that share one key/value head, and a viewer lays them out by group.
+
 An encoder-decoder's maps read the source as `translate` does (`translation.source_ids`), and its
 decoder side is the translation `translate` gives by default (the paper's beam search under the
 model's decoding rules), so a map is drawn for the text and the translation a user sees.
@@ -10,17 +13,28 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attn.app.inputs import expect_model
 from attn.app.translation import source_ids, translation_ids
 from attn.artifacts import Bundle
+from attn.attention import Heads
 from attn.data.framing import classifier_inputs
-from attn.decoding.attention_maps import attention_maps, layer_count
+from attn.decoding.attention_maps import (
+    AttentionTrail,
+    attention_maps,
+    attention_module,
+    layer_count,
+)
 from attn.errors import AttnError
 from attn.models import Encoder, EncoderDecoder
+
+# Which heads a map shows: one head, every head (None), or the mean over heads.
+HeadChoice = int | Literal["mean"] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +76,14 @@ class AttentionLayers:
     """Several layers' and heads' attention on a text.
 
     Attributes:
-        weights: (layers, heads, queries, keys) float.
+        weights: (layers, heads, rows, cols) float: the chosen layers; every head, one head, or the mean over
+            heads (one map); rows x cols is queries x keys, or less when the maps were pooled.
         queries: the attending tokens, as text pieces.
         keys: the attended tokens.
         target: an encoder-decoder's translation of the text (as `translate` gives it), whose tokens
             (after the start token) are the queries of "decoder" and "cross" attention; None otherwise.
         layers: the layers of this kind the model has (all of them, whichever were chosen).
-        heads: the heads per layer the model has.
+        layout: the heads per layer the model has, and the key/value head each query head shares.
     """
 
     weights: Tensor
@@ -76,29 +91,61 @@ class AttentionLayers:
     keys: list[str]
     target: str | None
     layers: int
-    heads: int
+    layout: Heads
+
+    @property
+    def heads(self) -> int:
+        return self.layout.heads
 
 
-def attention_layers(bundle: Bundle, text: str, kind: str, layer: int | None = None,
-                     head: int | None = None) -> AttentionLayers:
-    """Attention of every layer (or one) and every head (or one) of `kind` on `text`.
+def attention_layers(bundle: Bundle, text: str, kind: str, layer: int | None = None, head: HeadChoice = None,
+                     pool: int | None = None, max_weights: int | None = None) -> AttentionLayers:
+    """Attention of every layer (or one) and every head (or one, or their mean) of `kind` on `text`.
 
     "self" is the only self-attention of an encoder-only or decoder-only model. For an
     encoder-decoder, "decoder" and "cross" attention are taken over its translation (as
     `attention_of`).
 
+    Args:
+        pool: at most this many rows and columns per map: cell (i, j) holds the largest weight of
+            query block i and key block j (adaptive max pooling: block i of n over T tokens spans
+            floor(i T / n) to ceil((i + 1) T / n) - 1). None: every query and key.
+        max_weights: the most weights the maps may hold, checked before any is computed.
+
     Raises:
-        AttnError: no such layer, head or kind of attention in this model.
+        AttnError: no such layer, head or kind of attention in this model; more weights than `max_weights`.
     """
     tokens = _attention_tokens(bundle, text, kind)
     count = layer_count(bundle.model, kind)
     chosen = range(count) if layer is None else [layer]
-    weights = torch.stack([attention_maps(bundle.model, tokens.source, i, kind, tokens.target) for i in chosen])
-    heads = weights.size(1)
-    if head is not None:
-        weights = weights[:, _checked_head(head, heads)][:, None]
+    layout = attention_module(bundle.model, kind, chosen[0]).layout
+    if isinstance(head, int):
+        _checked_head(head, layout.heads)
+    rows, cols = (len(tokens.queries), len(tokens.keys)) if pool is None else (
+        min(pool, len(tokens.queries)), min(pool, len(tokens.keys)))
+    _check_size((len(chosen), layout.heads if head is None else 1, rows, cols), max_weights)
+    weights = torch.stack([_heads(attention_maps(bundle.model, tokens.source, i, kind, tokens.target), head)
+                           for i in chosen])  # (layers, heads, Tq, Tk)
+    if pool is not None:
+        weights = F.adaptive_max_pool2d(weights, (rows, cols))
     target = None if tokens.output is None else bundle.tokenizer.decode(tokens.output)
-    return AttentionLayers(weights, tokens.queries, tokens.keys, target, count, heads)
+    return AttentionLayers(weights, tokens.queries, tokens.keys, target, count, layout)
+
+
+def _heads(weights: Tensor, head: HeadChoice) -> Tensor:
+    """(h, Tq, Tk) -> every head, one head or the mean over heads, (h or 1, Tq, Tk)."""
+    if head is None:
+        return weights
+    return weights.mean(0, keepdim=True) if head == "mean" else weights[head : head + 1]
+
+
+def _check_size(shape: tuple[int, int, int, int], max_weights: int | None) -> None:
+    layers, heads, rows, cols = shape
+    weights = layers * heads * rows * cols
+    if max_weights is not None and weights > max_weights:
+        raise AttnError(f"{layers} layers x {heads} heads x {rows} queries x {cols} keys are {weights:,} weights, "
+                        f"more than the {max_weights:,} one request may ask for; choose one layer, one head or the "
+                        "mean over heads (head \"mean\"), or pool the maps (pool)")
 
 
 def alignment(loaded: Bundle, source: Sequence[int], output: Sequence[int]) -> Tensor:
@@ -112,11 +159,34 @@ def alignment(loaded: Bundle, source: Sequence[int], output: Sequence[int]) -> T
     return weights.mean(0)[: len(output)]  # no rows for an empty output
 
 
-def next_token_attention(bundle: Bundle, ids: Sequence[int], layer: int, head: int | None) -> Tensor:
-    """(T,) how the last position of `ids` attends over all of them in a decoder-only model: the
-    attention with which the model chose the token that follows `ids` (one head, or the mean over heads)."""
-    weights = attention_maps(bundle.model, ids, layer, "self")  # (h, T, T)
-    return _one_head(weights[:, -1:], head)[0]
+class AttentionFollower:
+    """The attention with which a decoder-only model chose each token of a continuation, one token at a time:
+    how the position that chose it attends over the prompt and the tokens before it, in one layer (one head,
+    or the mean over heads). The rows come from an `AttentionTrail`: one cached step per token.
+
+    Args:
+        bundle: the decoder-only model and its tokenizer.
+        prompt: the continuation's prompt ids.
+        layer: the layer, 0-based (negative counts from the last).
+        head: one head, or None for the mean over heads.
+        room: the most tokens the continuation may have.
+    """
+
+    def __init__(self, bundle: Bundle, prompt: Sequence[int], layer: int, head: int | None, room: int) -> None:
+        self.bundle = bundle
+        self.head = head
+        self.keys = token_pieces(bundle, prompt)
+        self.trail = AttentionTrail(bundle.model, prompt, layer, max(room - 1, 0))  # the last token is never fed
+        self.previous: int | None = None  # the token chosen last, fed to the trail when the next one comes
+
+    def next(self, token: int) -> tuple[list[str], Tensor]:
+        """The keys and the (T,) weights with which the model chose `token`, the continuation's next token."""
+        if self.previous is not None:
+            self.trail.push(self.previous)
+        self.previous = token
+        keys = list(self.keys)
+        self.keys.append(token_pieces(self.bundle, [token])[0])
+        return keys, _one_head(self.trail.weights[:, None], self.head)[0]
 
 
 def attention_source(bundle: Bundle, text: str) -> list[int]:

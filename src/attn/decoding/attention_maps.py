@@ -4,7 +4,7 @@ The fast attention path (PyTorch's fused SDPA) never forms the weights, and `for
 only what it always returns. `capture_attention` runs the model once inside one attention module's
 `capture()`, where that module computes softmax(Q K^T / sqrt(d_k) + bias) written out from the
 inputs its own forward prepared, and returns what it recorded. `attention_maps` does this for one
-example and one layer.
+example and one layer; `AttentionTrail` does it for each new token of a decode, one cached step at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import Tensor
 from attn.attention import AttentionCapture, CrossAttention, SelfAttention
 from attn.errors import AttnError
 from attn.models import Decoder, Encoder, EncoderDecoder, Model
+
 
 class AttentionKind(str, enum.Enum):
     ENCODER = "encoder"  # self-attention of an encoder stack (Encoder, EncoderDecoder)
@@ -112,3 +113,49 @@ def attention_maps(
                         "pass target=[start_id, ...]")
     tgt = torch.tensor([list(target)], dtype=torch.long, device=device)
     return capture_attention(module, lambda: model(src, tgt)).weights[0]
+
+
+class AttentionTrail:
+    """How the newest token of a growing sequence attends over all of it, in one self-attention layer of a
+    decoder-only model: the attention with which the model chooses the token that follows, token after token.
+
+    The trail keeps a KV cache of its own for the sequence, so a new token costs one cached decode step with
+    the layer's attention captured, not a forward pass over the whole sequence. Its weights equal the last
+    row of `attention_maps` on the sequence so far (up to float rounding, as cached decoding equals the
+    full forward).
+
+    Args:
+        model: a decoder-only model, in eval mode.
+        prompt: the sequence's first tokens.
+        layer: the layer, 0-based (negative counts from the last).
+        room: the most tokens that will be `push`ed.
+
+    Attributes:
+        weights: (h, T) the newest token's attention over the T tokens so far (itself included).
+
+    Example:
+        >>> import torch
+        >>> from attn import build_model, preset
+        >>> _ = torch.manual_seed(0)
+        >>> model = build_model(preset("char-gpt-tiny")).eval()
+        >>> trail = AttentionTrail(model, [2, 17, 5], layer=-1, room=1)
+        >>> trail.push(9)
+        >>> trail.weights.shape, torch.allclose(trail.weights, attention_maps(model, [2, 17, 5, 9], -1, "self")[:, -1])
+        (torch.Size([4, 4]), True)
+    """
+
+    def __init__(self, model: Decoder, prompt: Sequence[int], layer: int, room: int) -> None:
+        self.module = attention_module(model, AttentionKind.SELF, layer)
+        self.model = model
+        self.cache = model.new_cache(1, len(prompt) + room)
+        self.weights = self._step(prompt)
+
+    def push(self, token: int) -> None:
+        """Appends `token`: `weights` becomes its attention over the sequence, itself included."""
+        self.weights = self._step([token])
+
+    @torch.no_grad()
+    def _step(self, tokens: Sequence[int]) -> Tensor:
+        """(h, T) the last of `tokens`' attention over every cached token, once the cache holds `tokens`."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.cache.keys.device)
+        return capture_attention(self.module, lambda: self.model.decode_step(ids, self.cache)).weights[0, :, -1]

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attn.artifacts import Bundle, load_model
+from attn.attention import Heads
+from attn.decoding.attention_maps import attention_module
 from attn.errors import ConfigError
 from attn.models import Decoder, Encoder, EncoderDecoder
 
@@ -37,6 +39,12 @@ class ServedModel:
         """Whether the model classifies sentence pairs (it was trained with a `text_pair_field`)."""
         return bool(self.bundle.fields.text_pair_field) and self.can("classify") is None
 
+    @property
+    def layout(self) -> Heads:
+        """The heads of the model's attention (of its encoder, for an encoder-decoder, whose stacks share one layout)."""
+        model = self.bundle.model
+        return attention_module(model, "encoder" if isinstance(model, EncoderDecoder) else "self", 0).layout
+
     def can(self, route: str) -> str | None:
         """None when the model serves `route` (every model serves "attention"), else what the route needs."""
         if route not in ROUTE_MODELS:
@@ -57,6 +65,7 @@ class ServedModel:
             "layers": config.encoder_layers if two_stacks or isinstance(self.bundle.model, Encoder)
             else config.decoder_layers,
             "decoder_layers": config.decoder_layers if two_stacks else None, "heads": config.heads,
+            "kv_heads": self.layout.kv_heads, "head_groups": list(self.layout.groups),
             "labels": list(self.bundle.label_names), "pairs": self.takes_pairs,
             "chat": self.can("chat/completions") is None,
         }

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -23,11 +24,11 @@ from torch import Tensor
 from attn.app.chat import chat_config
 from attn.app.classification import Prediction
 from attn.app.continuation import check_samples, default_limit, prompt_ids
+from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
 from attn.app.serve.metrics import ServeMetrics
 from attn.app.serve.registry import ServedModel
-from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.schemas import (
     AttentionRequest,
     AttentionResponse,
@@ -63,6 +64,10 @@ PAGE = Path(__file__).parent / "static" / "index.html"
 ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 422, 429, 500, 503)}
 # Library field names that the API calls otherwise.
 _PARAMS = {"samples": "n", "max_new_tokens": "max_tokens"}
+# The most attention weights one /v1/attention answer holds: one 1,448-token map (2,097,152 weights: at most
+# 19 MB as floats, 5.6 MB as uint16), or every head of a layer pooled to 128 x 128 for a model of up to 128 heads.
+MAX_ATTENTION_WEIGHTS = 2**21
+_UINT16_TOP = 65535
 T = TypeVar("T")
 
 router = APIRouter()
@@ -157,6 +162,8 @@ class _Answer:
     Attributes:
         param: the request field that a mistake found while decoding is about (a prompt too long).
         prompt_tokens: the prompts' tokens, each prompt counted once.
+        attention: (layer, head, or None for the mean over heads) of the attention each streamed token carries,
+            or None (the same for completions and chat completions).
     """
 
     served: ServedModel
@@ -164,6 +171,7 @@ class _Answer:
     head: dict[str, Any]
     param: str
     prompt_tokens: int
+    attention: tuple[int, int | None] | None
 
     def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
         """One choice of the whole answer, from all its chunks."""
@@ -188,6 +196,14 @@ class _Answer:
     def decode(self, ids: list[int]) -> str:
         return self.served.bundle.tokenizer.decode(ids)
 
+    def token_attention(self, chunk: Chunk) -> dict[str, Any]:
+        """{"attention": ...} with the attention that chose the chunk's token, when the request asked for it; else {}."""
+        if chunk.attention is None or self.attention is None:
+            return {}
+        layer, head = self.attention
+        return {"attention": {"layer": layer, "head": head, "token": self.decode([chunk.token.id]),
+                              "keys": chunk.attention.keys, "weights": _rounded(chunk.attention.weights)}}
+
 
 @dataclasses.dataclass
 class _Completion(_Answer):
@@ -196,12 +212,10 @@ class _Completion(_Answer):
     Attributes:
         prompts: the prompt of each choice (choice i * n + j is sample j of prompt i).
         logprobs: whether the choices carry logprobs.
-        attention: (layer, head) of the attention sent with each streamed token, or None.
     """
 
     prompts: list[str]
     logprobs: bool
-    attention: tuple[int, int | None] | None
     offsets: list[int] = dataclasses.field(init=False)  # where each streamed choice's next text starts
 
     def __post_init__(self) -> None:
@@ -216,12 +230,7 @@ class _Completion(_Answer):
         choice = {"text": chunk.token.text, "index": chunk.index,
                   "logprobs": self._logprobs([chunk], self.offsets[chunk.index]), "finish_reason": chunk.token.finish}
         self.offsets[chunk.index] += len(chunk.token.text)
-        body: dict[str, Any] = {**self.head, "choices": [choice]}
-        if chunk.attention is not None and self.attention is not None:
-            layer, head = self.attention
-            body["attention"] = {"layer": layer, "head": head, "token": self.decode([chunk.token.id]),
-                                 "keys": chunk.attention.keys, "weights": chunk.attention.weights}
-        return body
+        return {**self.head, "choices": [choice], **self.token_attention(chunk)}
 
     def _logprobs(self, chunks: list[Chunk], offset: int) -> dict[str, list] | None:
         if not self.logprobs:
@@ -236,20 +245,25 @@ class _Completion(_Answer):
                 "text_offset": offsets}
 
 
+def _token_attention(served: ServedModel, body: DecodingRequest) -> tuple[int, int | None] | None:
+    """(layer, head) of the attention each streamed token carries, checked against the model; None when not asked."""
+    if body.attention is None:
+        return None
+    _check_layer_head(served, "self", body.attention.layer, body.attention.head, "attention.")
+    return body.attention.layer, body.attention.head
+
+
 def _completion(request: Request, body: CompletionRequest) -> _Completion:
     served = _served(request, body.model, "completions")
     config = _checked(lambda: _decoding_config(body, body.max_tokens), "prompt")
-    attention = None
-    if body.attention is not None:
-        _check_layer_head(served, "self", body.attention.layer, body.attention.head, "attention.")
-        attention = (body.attention.layer, body.attention.head)
+    attention = _token_attention(served, body)
     ids = _checked(lambda: [prompt_ids(served.bundle, p) for p in body.prompts()], "prompt")
     rows = _rows(served, "completions", ids, config, body.n, body.logprobs or 0, attention)
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": served.name}
     prompts = [p for p in body.prompts() for _ in range(body.n)]
-    return _Completion(served, rows, head, "prompt", sum(map(len, ids)), prompts, body.logprobs is not None,
-                       attention)
+    return _Completion(served, rows, head, "prompt", sum(map(len, ids)), attention, prompts,
+                       body.logprobs is not None)
 
 
 @dataclasses.dataclass
@@ -278,7 +292,7 @@ class _ChatCompletion(_Answer):
         choice = {"index": chunk.index, "delta": delta, "logprobs": self._logprobs([chunk]),
                   "finish_reason": chunk.token.finish}
         return {**self.head, "object": "chat.completion.chunk", "choices": [choice],
-                **({"usage": None} if self.include_usage else {})}
+                **({"usage": None} if self.include_usage else {}), **self.token_attention(chunk)}
 
     def usage_event(self, tokens: int) -> dict[str, Any] | None:
         if not self.include_usage:
@@ -300,15 +314,16 @@ class _ChatCompletion(_Answer):
 def _chat_completion(request: Request, body: ChatCompletionRequest) -> _ChatCompletion:
     served = _served(request, body.model, "chat/completions")
     bundle = served.bundle
+    attention = _token_attention(served, body)
     prompt = _checked(lambda: prompt_ids(bundle, bundle.render_chat(body.conversation())), "messages")
     config = _checked(lambda: chat_config(bundle, default_limit(_decoding_config(body, body.limit()), bundle,
                                                                 len(prompt))), "messages")
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    rows = _rows(served, "chat/completions", [prompt], config, body.n, top)
+    rows = _rows(served, "chat/completions", [prompt], config, body.n, top, attention)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": served.name}
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return _ChatCompletion(served, rows, head, "messages", len(prompt), body.logprobs, include_usage)
+    return _ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.logprobs, include_usage)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
@@ -447,14 +462,35 @@ def _check_layer_head(served: ServedModel, kind: str, layer: int | None, head: i
 
 
 @router.post("/v1/attention", response_model=AttentionResponse, responses=ERRORS,
-             summary="Attention weights of any model on a text: one layer or all, one head or all")
+             summary="Attention weights of any model on a text: one layer or all, one head, all or their mean")
 async def attention(body: AttentionRequest, request: Request) -> Any:
     served = _served(request, body.model, "attention")
-    _check_layer_head(served, body.kind, body.layer, body.head)
-    (found,) = await _run(request, served, attention_job(served, body.text, body.kind, body.layer, body.head), "text")
-    return {"model": served.name, "kind": body.kind, "layers": found.layers, "heads": found.heads,
-            "queries": found.queries, "keys": found.keys, "target": found.target,
-            "weights": found.weights.double().round(decimals=6).tolist()}
+    _check_layer_head(served, body.kind, body.layer, None if body.head == "mean" else body.head)
+    job = attention_job(served, body.text, body.kind, body.layer, body.head, body.pool, MAX_ATTENTION_WEIGHTS)
+    (found,) = await _run(request, served, job, "text")
+    layout = found.layout
+    return {"model": served.name, "kind": body.kind, "layers": found.layers, "heads": layout.heads,
+            "kv_heads": layout.kv_heads, "groups": list(layout.groups), "queries": found.queries, "keys": found.keys,
+            "target": found.target, "format": body.format, **_maps(found.weights, body.format)}
+
+
+def _rounded(weights: Tensor) -> list:
+    """Weights as nested lists of numbers, rounded to 6 decimals (what keeps a map's JSON small)."""
+    return weights.double().round(decimals=6).tolist()
+
+
+def _maps(weights: Tensor, form: str) -> dict[str, Any]:
+    """{"weights", "scales"} of (layers, heads, rows, cols) maps: nested floats, or each map as base64 of
+    little-endian uint16 with each row's largest weight as its scale (a weight w is sent as
+    round(65535 w / scale), so it comes back within scale / 131070 of what it was)."""
+    if form == "float":
+        return {"weights": _rounded(weights), "scales": None}
+    scales = weights.float().amax(-1, keepdim=True)  # (L, H, R, 1)
+    levels = (weights.float() / scales.clamp(min=torch.finfo(torch.float32).tiny) * _UINT16_TOP).round()
+    data = levels.to(torch.int32).numpy().astype("<u2")
+    return {"weights": [[base64.b64encode(data[i, h].tobytes()).decode("ascii") for h in range(data.shape[1])]
+                        for i in range(data.shape[0])],
+            "scales": scales[..., 0].tolist()}
 
 
 # -- the server itself --------------------------------------------------------------------------

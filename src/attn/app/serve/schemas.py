@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from attn.errors import ConfigError
 
+
 class Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -54,11 +55,19 @@ class DecodingRequest(Request):
     seed: int | None = Field(None, description="seeds choice j of each prompt with seed + j")
     n: int = Field(1, ge=1, le=16, description="choices per prompt")
     stream: bool = False
+    attention: AttentionOption | None = Field(None, description="stream: send the attention with which each token "
+                                                                "was chosen")
 
     @model_validator(mode="after")
     def _stops(self) -> DecodingRequest:
         if isinstance(self.stop, str) and not self.stop or isinstance(self.stop, list) and not all(self.stop):
             raise ConfigError("stop", "stop strings must not be empty")
+        return self
+
+    @model_validator(mode="after")
+    def _attention_streamed(self) -> DecodingRequest:
+        if self.attention is not None and not self.stream:
+            raise ConfigError("attention", "is sent with streamed tokens only; set stream: true")
         return self
 
     def stops(self) -> tuple[str, ...]:
@@ -69,14 +78,11 @@ class CompletionRequest(DecodingRequest):
     prompt: str | list[str] = Field(description="one prompt or several; \"\" starts from the start token")
     max_tokens: int = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5)
-    attention: AttentionOption | None = Field(None, description="stream: send each token's attention")
 
     @model_validator(mode="after")
     def _prompts(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
             raise ConfigError("prompt", "give a prompt or a non-empty list of prompts")
-        if self.attention is not None and not self.stream:
-            raise ConfigError("attention", "is sent with streamed tokens only; set stream: true")
         return self
 
     def prompts(self) -> list[str]:
@@ -308,7 +314,19 @@ class AttentionRequest(Request):
     text: str = Field(min_length=1)
     kind: Literal["encoder", "decoder", "cross", "self"] = "self"
     layer: int | None = Field(None, description="null: every layer")
-    head: int | None = Field(None, ge=0, description="null: every head")
+    head: int | str | None = Field(None, description="one head (0, 1, ...); \"mean\": the mean over heads; null: "
+                                                     "every head")
+    pool: int | None = Field(None, ge=1, le=4096, description="at most pool x pool cells per map, each the largest "
+                                                              "weight of its block of queries and keys")
+    format: Literal["float", "uint16"] = Field("float", description="uint16: each map as base64 of little-endian "
+                                                                    "uint16, a row's weights in 65535ths of its scale")
+
+    @model_validator(mode="after")
+    def _a_head_or_the_mean(self) -> AttentionRequest:
+        if isinstance(self.head, str) and self.head != "mean" or isinstance(self.head, int) and self.head < 0:
+            raise ConfigError("head", f"{self.head!r} is not a head: give a head's number (0 or more), \"mean\" for "
+                              "the mean over heads, or null for every head")
+        return self
 
 
 class AttentionResponse(BaseModel):
@@ -316,10 +334,16 @@ class AttentionResponse(BaseModel):
     kind: str
     layers: int
     heads: int
+    kv_heads: int
+    groups: list[int] = Field(description="the key/value head each query head shares")
     queries: list[str]
     keys: list[str]
     target: str | None
-    weights: list[list[list[list[float]]]] = Field(description="[layer][head][query][key]")
+    format: Literal["float", "uint16"]
+    weights: list[list[list[list[float]]]] | list[list[str]] = Field(
+        description="float: [layer][head][row][col]; uint16: [layer][head] base64 of rows x cols uint16")
+    scales: list[list[list[float]]] | None = Field(description="uint16: [layer][head][row] the largest weight of "
+                                                               "each row, which 65535 stands for")
 
 
 class ModelCard(BaseModel):
@@ -332,6 +356,8 @@ class ModelCard(BaseModel):
     layers: int
     decoder_layers: int | None
     heads: int
+    kv_heads: int = Field(description="key/value heads, each shared by a group of heads // kv_heads query heads")
+    head_groups: list[int] = Field(description="the key/value head each query head shares")
     labels: list[str]
     pairs: bool = Field(False, description="a sentence-pair classifier: /v1/classify needs a second text per input")
     chat: bool = Field(False, description="a decoder-only model with a chat template: it serves /v1/chat/completions")

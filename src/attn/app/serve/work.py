@@ -17,11 +17,12 @@ from typing import Any
 from torch import Tensor
 
 from attn.app.attention_views import (
+    AttentionFollower,
     AttentionLayers,
+    HeadChoice,
     alignment,
     attention_layers,
     attention_source,
-    next_token_attention,
     token_pieces,
 )
 from attn.app.classification import classify, embed
@@ -59,10 +60,11 @@ class Chunk:
 
 @dataclasses.dataclass(frozen=True)
 class TokenAttention:
-    """Attention of the position that chose a token: `weights[i]` is over `keys[i]` (prompt and earlier tokens)."""
+    """Attention of the position that chose a token: `weights[i]` (a (T,) tensor) is over `keys[i]` (the prompt
+    and the tokens before it)."""
 
     keys: list[str]
-    weights: list[float]
+    weights: Tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,14 +145,15 @@ def _translation(served: ServedModel, source: list[int], hypotheses: list, align
     return Translation(texts, token_pieces(bundle, source), token_pieces(bundle, best), alignment(bundle, source, best))
 
 
-def attention_job(served: ServedModel, text: str, kind: str, layer: int | None, head: int | None) -> TextBatch:
+def attention_job(served: ServedModel, text: str, kind: str, layer: int | None, head: HeadChoice,
+                  pool: int | None = None, max_weights: int | None = None) -> TextBatch:
     """Result: a one-element list with the `AttentionLayers` of the text (maps are computed text by text)."""
 
     def compute(texts: list[str]) -> list[AttentionLayers]:
-        return [attention_layers(served.bundle, t, kind, layer, head) for t in texts]
+        return [attention_layers(served.bundle, t, kind, layer, head, pool, max_weights) for t in texts]
 
     size = len(attention_source(served.bundle, text))
-    return TextBatch("attention", ("attention", kind, layer, head), [size], _together(compute), [text])
+    return TextBatch("attention", ("attention", kind, layer, head, pool), [size], _together(compute), [text])
 
 
 def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list[GenerationConfig],
@@ -163,14 +166,15 @@ def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list
         route: the route the rows serve (a metrics label): completions or chat/completions.
     """
     texts = [CompletionText(served.bundle, config, logprobs) for config in configs]
-    contexts = [list(prompt) for prompt in prompts]  # what each row's next token attends over
+    followers: list[AttentionFollower | None] = [None] * len(prompts)  # made at each row's first token
 
     def chunk(row: int, token: RowToken) -> Chunk:
         seen = None
         if attention is not None:
-            weights = next_token_attention(served.bundle, contexts[row], *attention)
-            seen = TokenAttention(token_pieces(served.bundle, contexts[row]), weights.tolist())
-        contexts[row].append(token.token)
+            if followers[row] is None:
+                followers[row] = AttentionFollower(served.bundle, prompts[row], *attention,
+                                                   configs[row].max_new_tokens or 1)
+            seen = TokenAttention(*followers[row].next(token.token))
         return Chunk(row, texts[row].push(token.token, token.scores, token.finish), seen)
 
     return RowsJob(route, prompts, configs, chunk)
