@@ -301,8 +301,9 @@ class ModelConfig:
         if self.positional == Positional.ROTARY and self.rotary_dims % 2:
             raise ConfigError(
                 "positional",
-                f"rotary positions rotate pairs of features, but {self.rotary_dims} of the head's {self.head_dim} "
-                "rotate (head size times rotary_fraction); choose sizes that make it even",
+                f"rotary positions rotate pairs of features, but {self.rotary_dims} features of each head rotate "
+                f"(the head size {self.head_dim} times rotary_fraction={self.rotary_fraction}), an odd number; "
+                "choose d_model and heads (or head_size) that make it even",
             )
         self._validate_layer_types()
         if arch != Architecture.ENCODER_ONLY and (self.type_vocab_size or self.num_labels):

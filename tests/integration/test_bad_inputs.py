@@ -419,7 +419,7 @@ CASES = [
     Case("heads-not-dividing-d-model", "d_model=30 with 4 heads", train("lm", "model.d_model=30"), 2,
          "model.d_model: d_model=30 is not divisible by heads=4; pick heads among the divisors"),
     Case("rotary-odd-head-size", "rotary positions with a head size of 9", train("lm", "model.positional=rotary",
-         "model.d_model=36"), 2, "rotary positions rotate pairs of features, but the head size d_model/heads=9 is odd"),
+         "model.d_model=36"), 2, "rotary positions rotate pairs of features, but 9 features of each head rotate"),
     Case("task-needs-other-architecture", "a decoder-only preset for translation",
          train("translation", "model.preset=gpt2-tiny"), 2,
          "model: task 'translation' trains encoder-decoder models, but preset 'gpt2-tiny' is decoder-only"),

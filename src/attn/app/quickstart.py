@@ -191,7 +191,7 @@ def run_quickstart(run_dir: str | Path = "runs/quickstart", budget: str = "full"
 
 def chat_step(smoke: bool) -> dict[str, str]:
     """One streamed, greedy answer of SmolLM2-135M-Instruct; its question and answer (empty without the model)."""
-    _print_heading(f"and a real chat model: {CHAT_MODEL} (Llama family, from its GGUF file)")
+    print(f"\n=== and a real chat model: {CHAT_MODEL} (Llama family, from its GGUF file) ===", flush=True)
     try:
         bundle = load_model(CHAT_MODEL, "cpu")
     except CheckpointError as err:

@@ -89,8 +89,9 @@ def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Mod
     """
     folder = Path(directory)
     hf = read_hf_config(folder)
+    family = family_of(hf, folder / CONFIG_FILE)  # an unsupported model is refused before its weights are read
     weights, source = read_weights(folder)
-    model, info = convert(hf, weights, generation_settings(folder, hf), folder / CONFIG_FILE, source, attention)
+    model, info = convert(family, hf, weights, generation_settings(folder, hf), folder / CONFIG_FILE, source, attention)
     return model, load_tokenizer(folder), info
 
 
@@ -107,11 +108,13 @@ def load_gguf(path: str | Path, attention: str = "fast") -> tuple[Model, GgufMod
     """
     found = read_gguf(path)
     source = str(found.path)
-    model, info = convert(found.hf_config, found.weights, found.hf_config, found.path, source, attention)
+    family = family_of(found.hf_config, found.path)
+    model, info = convert(family, found.hf_config, found.weights, found.hf_config, found.path, source, attention)
     return model, dataclasses.replace(found, weights={}), info
 
 
 def convert(
+    family: Family,
     hf: Mapping[str, Any],
     weights: Mapping[str, Tensor],
     generation: Mapping[str, Any],
@@ -122,13 +125,13 @@ def convert(
     """An `attn` model holding a Hugging Face checkpoint's weights, and what else the import learnt.
 
     Args:
+        family: the family that config.json's `model_type` names (`family_of`).
         hf: the config.json (or what a GGUF file's metadata says it would be).
         weights: Hugging Face key -> tensor.
         generation: where the decoding defaults are read (generation_config.json, else config.json).
         config_path, source: the config's and the weights' file, for messages.
         attention: "fast" or "reference", as in `build_model`.
     """
-    family = family_of(hf, config_path)
     config = _our_config(family, hf, weights, config_path)
     model = build_model(config, attention)
     unused = load_into(model, family.key_table(config), weights, source)
