@@ -90,9 +90,9 @@ def _cases(text: str) -> list[int]:
         numbers = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         raise SystemExit(f"--cases: expected comma-separated numbers such as 1,2,7, got {text!r}") from None
-    unknown = [n for n in numbers if n not in range(1, 9)]
+    unknown = [n for n in numbers if n not in range(1, 10)]
     if unknown or not numbers:
-        raise SystemExit(f"--cases: the cases are 1 to 8, got {text!r}")
+        raise SystemExit(f"--cases: the cases are 1 to 9, got {text!r}")
     return numbers
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
+from attn.artifacts.checkpoint import CHAT_TEMPLATE_FILE
 from attn.artifacts.pretrained import bert, gpt2, llama, marian
 from attn.artifacts.pretrained.decoding import DecodingRules
 from attn.artifacts.pretrained.gguf import GgufModel, read_gguf
@@ -26,7 +27,6 @@ from attn.artifacts.pretrained.keymap import (
     load_into,
     same_config,
 )
-from attn.artifacts.checkpoint import CHAT_TEMPLATE_FILE
 from attn.artifacts.torch_files import load_torch_file
 from attn.config import ModelConfig
 from attn.data.marian_tokenizer import is_marian_directory
