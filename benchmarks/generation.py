@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from attn.artifacts.pretrained import SpecialIds
-from attn.config import preset
 from attn.decoding import GenerationConfig, generate
 from attn.decoding.beam_search import beam_search_seq2seq, huggingface_config
+from attn.presets import preset
 from benchmarks.harness import (
     CaseResult,
     Contender,

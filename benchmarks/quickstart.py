@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn.app.allocator import keep_freed_memory
 from attn.app.runs import load_run_config
 from attn.app.tasks import get_task
 from attn.artifacts.checkpoint import Checkpoint
@@ -52,7 +53,6 @@ from attn.artifacts.loading import packaged_model_dir
 from attn.config import ModelConfig, NormPlacement
 from attn.data.batches import Batch
 from attn.models import build_model
-from attn.app.allocator import keep_freed_memory
 from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.run import seed_everything
 from attn.training.runconfig import RunConfig

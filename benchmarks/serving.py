@@ -42,8 +42,8 @@ import torch
 
 from attn.app.classification import classify, embed
 from attn.app.continuation import continue_texts
-from attn.app.translation import translate
 from attn.app.runs import load_run_config, train
+from attn.app.translation import translate
 from attn.artifacts import load_model
 from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text

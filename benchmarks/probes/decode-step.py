@@ -3,9 +3,15 @@
 
     PYTHONPATH=TREE/src python benchmarks/probes/decode-step.py
 """
-import json, statistics, sys, time
+import json
+import statistics
+import sys
+import time
+
 import torch
+
 from attn import GenerationConfig, build_model, generate, preset
+
 torch.set_num_threads(2)
 out = {}
 for batch in (1, 4):

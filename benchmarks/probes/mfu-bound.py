@@ -20,7 +20,14 @@ import torch
 
 from attn.app.allocator import keep_freed_memory
 from benchmarks.harness import Settings
-from benchmarks.quickstart import BENCHMARK_RECIPES, MATMUL, build_trainer, fp32_peak, profile_step, step_flops
+from benchmarks.quickstart import (
+    BENCHMARK_RECIPES,
+    MATMUL,
+    build_trainer,
+    fp32_peak,
+    profile_step,
+    step_flops,
+)
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 _PUBLIC = {
     "Bundle": "attn.artifacts", "load_model": "attn.artifacts", "save_model": "attn.artifacts",
     "GenerationConfig": "attn.decoding", "generate": "attn.decoding",
-    "ModelConfig": "attn.config", "preset": "attn.config",
+    "ModelConfig": "attn.config", "preset": "attn.presets",
     "RunConfig": "attn.training",
     "Tokenizer": "attn.data.tokenizers",
     "build_model": "attn.models",

@@ -33,10 +33,10 @@ from chat_models import tiny_chat_bundle, tiny_gqa_chat_bundle
 
 from attn.artifacts import save_model
 from attn.artifacts.checkpoint import write_checkpoint
-from attn.config import preset
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
+from attn.presets import preset
 
 CHROMIUM = Path("/usr/bin/chromium")
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

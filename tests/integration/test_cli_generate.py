@@ -16,11 +16,11 @@ from cli_helpers import run_cli
 
 from attn.app.cli import main
 from attn.artifacts.checkpoint import write_checkpoint
-from attn.config import preset
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.decoding.beam_search import beam_search
 from attn.models import build_model
+from attn.presets import preset
 
 TEXT = "ROMEO. But soft, what light through yonder window breaks?\nJULIET. Ay me!\n"
 PROMPTS = ["ROMEO.", "But soft, what light", "J"]

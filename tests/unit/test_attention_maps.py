@@ -8,7 +8,7 @@ import torch
 from torch.testing import assert_close
 
 from attn.attention import Heads, MultiHead, merge_heads, shared_kv
-from attn.config import Positional, preset
+from attn.config import Positional
 from attn.decoding.attention_maps import (
     AttentionTrail,
     attention_maps,
@@ -17,6 +17,7 @@ from attn.decoding.attention_maps import (
 )
 from attn.errors import AttnError
 from attn.models import build_model
+from attn.presets import preset
 
 
 def _model(name: str, **fields):

@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 from torch.testing import assert_close
 
-from attn.config import preset
 from attn.decoding import (
     EarlyStopping,
     GenerationConfig,
@@ -29,6 +28,7 @@ from attn.errors import GenerationError
 from attn.kv_cache import KVCache
 from attn.masks import positions_from_mask
 from attn.models import EncoderDecoder, build_model
+from attn.presets import preset
 
 EOS, BOS, A, B, C, D = range(6)
 START, PAD = 1, 0

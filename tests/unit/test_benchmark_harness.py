@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from attn.config import preset
+from attn.presets import preset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, where benchmarks/ lies
 from benchmarks.harness import ContendersDisagree, require_same  # noqa: E402

@@ -2,8 +2,9 @@
 
 import pytest
 
-from attn.config import Architecture, ModelConfig, Positional, preset, preset_names
+from attn.config import Architecture, ModelConfig, Positional
 from attn.errors import ConfigError
+from attn.presets import preset, preset_names
 
 
 @pytest.mark.parametrize("name", preset_names())

@@ -12,9 +12,9 @@ import torch
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from attn.app.serve.engine import BatchJob, Closed, Engine, QueueFull, RowsJob
-from attn.config import preset
 from attn.decoding import GenerationConfig, RunningBatch, generate
 from attn.models import build_model
+from attn.presets import preset
 
 
 class Metrics:

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import torch
 
-from attn.app.embeddings import CPU_BATCH_TOKENS, encoder_batches
 from attn.app.classification import class_probabilities, embed
+from attn.app.embeddings import CPU_BATCH_TOKENS, encoder_batches
 from attn.app.translation import translate
 from attn.artifacts import Bundle
-from attn.config import preset
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.models import build_model
+from attn.presets import preset
 
 TEXTS = ["In the beginning", "God created the heavens and the earth", "Light",
          "and God saw the light, that it was good", "He divided the light from the darkness"]

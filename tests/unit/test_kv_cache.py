@@ -16,10 +16,18 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.config import ModelConfig, Norm, NormPlacement, Positional, QKNorm, RopeScaling, preset
+from attn.config import (
+    ModelConfig,
+    Norm,
+    NormPlacement,
+    Positional,
+    QKNorm,
+    RopeScaling,
+)
 from attn.errors import GenerationError
 from attn.kv_cache import KVCache, stack_rows
 from attn.models import Decoder, EncoderDecoder, build_model
+from attn.presets import preset
 
 VARIANTS = [(p, n) for p in Positional for n in NormPlacement]
 IDS = [f"{p.value}-{n.value}" for p, n in VARIANTS]

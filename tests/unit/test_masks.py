@@ -2,7 +2,13 @@
 
 import torch
 
-from attn.masks import causal_mask, key_mask, padded_keys, padding_mask, positions_from_mask
+from attn.masks import (
+    causal_mask,
+    key_mask,
+    padded_keys,
+    padding_mask,
+    positions_from_mask,
+)
 
 
 def test_causal_mask_definition():

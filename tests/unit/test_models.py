@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from attn.config import ModelConfig, Positional, preset
+from attn.config import ModelConfig, Positional
 from attn.errors import ConfigError, ShapeError
 from attn.models import build_model, count_parameters
+from attn.presets import preset
 
 SCHEMES = list(Positional)
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn.config import preset
 from attn.layers import DECODE_ROWS, OutputProjection
 from attn.models import build_model
+from attn.presets import preset
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 32), (4, 1, 32), (2, 3, 32), (DECODE_ROWS + 1, 32)])

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from attn.data.readers import Fields, load_labelled, load_parallel, read_table, resolve_format
+from attn.data.readers import (
+    Fields,
+    load_labelled,
+    load_parallel,
+    read_table,
+    resolve_format,
+)
 from attn.errors import ConfigError, DataFormatError
 from attn.training.runconfig import RunConfig
 

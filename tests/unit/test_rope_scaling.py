@@ -15,7 +15,6 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from attn.artifacts.pretrained import FAMILIES
-from attn.config import preset
 from attn.models.build import rope_frequencies
 from attn.positional import (
     linear_scaling,
@@ -24,6 +23,7 @@ from attn.positional import (
     yarn_attention_factor,
     yarn_scaling,
 )
+from attn.presets import preset
 
 LLAMA_3 = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 8192}

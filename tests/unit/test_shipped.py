@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from attn import load_run_config
+from attn.app.quickstart import TUNED_UPDATES
 from attn.data.readers import load_labelled
 from attn.data.text import read_text
 from attn.errors import DataFormatError
 from attn.shipped import folder, locate
-from attn import load_run_config
-from attn.app.quickstart import TUNED_UPDATES
 
 ROOT = Path(__file__).resolve().parents[2]
 

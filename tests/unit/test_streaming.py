@@ -8,13 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.app.continuation import CompletionText, continue_texts, generate_stream, text_pieces
+from attn.app.continuation import (
+    CompletionText,
+    continue_texts,
+    generate_stream,
+    text_pieces,
+)
 from attn.artifacts import Bundle
-from attn.config import preset
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig, generate
 from attn.decoding.generation import StopStrings
 from attn.models import build_model
+from attn.presets import preset
 
 # Accents (2 bytes), CJK (3 bytes), emoji (4 bytes, and a ZWJ sequence), mixed with ASCII.
 MULTI_BYTE = "Café naïve, ¿qué tal? 日本語のテキスト 👩‍🚀🎉 Ωμέγα — fin.\n"

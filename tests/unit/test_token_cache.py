@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from attn.app.runs import load_run_config
-from attn.config import preset
 from attn.data.batches import WindowBatches
 from attn.data.lm_stream import LMStream
 from attn.data.text import read_text
@@ -23,6 +22,7 @@ from attn.data.token_cache import id_dtype, open_token_cache, token_ids
 from attn.data.tokenizers import Tokenizer
 from attn.errors import ConfigError, DataFormatError
 from attn.faults import FAULT_ENV
+from attn.presets import preset
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskContext, lm_task, translation_task
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from attn.app.allocator import keep_freed_memory
 from attn.app.attention_views import attention_of
-from attn.app.classification import classify, embed
 from attn.app.chat import ChatSession, chat_config, conversation
+from attn.app.classification import classify, embed
 from attn.app.cli_parser import Handler, command_parser
 from attn.app.continuation import check_samples, continue_texts, generate_stream
 from attn.app.plots import plot_attention, plot_run
@@ -43,13 +43,13 @@ from attn.app.tasks import EvalOptions, evaluate, task_names
 from attn.app.translation import translate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
-from attn.config import preset, preset_names
 from attn.data.text import decode_text, read_text
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
 from attn.models import build_model, count_parameters
+from attn.presets import preset, preset_names
 from attn.training import (
     TrainingInterrupted,
     last_checkpoints,

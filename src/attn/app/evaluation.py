@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from attn.app.classification import class_probabilities
-from attn.app.translation import translate
 from attn.app.metrics import (
     accuracy,
     bleu,
@@ -31,6 +30,7 @@ from attn.app.metrics import (
     macro_f1,
     stream_nll,
 )
+from attn.app.translation import translate
 from attn.artifacts import Bundle
 from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text

@@ -20,8 +20,7 @@ from attn.artifacts import load_model
 from attn.config import ModelConfig
 from attn.data.files import write_file
 from attn.errors import ConfigError
-from attn.training import RunResult, read_run_tables
-from attn.training import run_training
+from attn.training import RunResult, read_run_tables, run_training
 from attn.training.runconfig import RunConfig, apply_overrides
 
 

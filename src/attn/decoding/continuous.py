@@ -31,7 +31,12 @@ from torch import Tensor
 from attn.decoding.config import Decode, GenerationConfig
 from attn.decoding.generation import StopStrings, check_call
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
-from attn.decoding.session import check_prompts, decode_one_token, decoder_limit, start_decoder
+from attn.decoding.session import (
+    check_prompts,
+    decode_one_token,
+    decoder_limit,
+    start_decoder,
+)
 from attn.errors import GenerationError
 from attn.kv_cache import KVCache, stack_rows
 from attn.models import Decoder

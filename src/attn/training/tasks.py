@@ -37,7 +37,14 @@ from attn.data.collate import (
 )
 from attn.data.framing import classifier_inputs
 from attn.data.lm_stream import LMStream
-from attn.data.readers import Fields, LabelledCorpus, load_labelled, load_parallel, read_table, resolve_format
+from attn.data.readers import (
+    Fields,
+    LabelledCorpus,
+    load_labelled,
+    load_parallel,
+    read_table,
+    resolve_format,
+)
 from attn.data.samplers import TokenBudgetSampler
 from attn.data.text import read_text
 from attn.data.text_files import corpus_files, text_chunks

@@ -45,15 +45,31 @@ from attn.training.distributed import (
     wrap_model,
 )
 from attn.training.logs import METRICS_FILE, FlopCounter, LogWindow, MetricsLog
-from attn.training.precision import Precision, PrecisionChoice, choose_precision, probe_shape
+from attn.training.precision import (
+    Precision,
+    PrecisionChoice,
+    choose_precision,
+    probe_shape,
+)
 from attn.training.retention import save_checkpoint
 from attn.training.rng import capture_rng, restore_rng
 from attn.training.runconfig import NonFinite, RunConfig, Strategy
 from attn.training.schedules import make_schedule
-from attn.training.signals import TrainingInterrupted, agreed_stop_signal, recording_stop_signals
+from attn.training.signals import (
+    TrainingInterrupted,
+    agreed_stop_signal,
+    recording_stop_signals,
+)
 from attn.training.tasks import TaskData
 from attn.training.threads import candidate_counts, probe_threads, torch_threads
-from attn.training.update import Objective, TaskHead, accumulate_gradients, autocast_factory, batch_loss, make_optimizer
+from attn.training.update import (
+    Objective,
+    TaskHead,
+    accumulate_gradients,
+    autocast_factory,
+    batch_loss,
+    make_optimizer,
+)
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")

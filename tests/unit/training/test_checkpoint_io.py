@@ -9,10 +9,10 @@ import safetensors.torch
 import torch
 
 from attn.artifacts import checkpoint as ckpt
-from attn.config import preset
 from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError
 from attn.models import build_model
+from attn.presets import preset
 from attn.training import finetune, retention, rng
 from attn.training.runconfig import RunConfig
 

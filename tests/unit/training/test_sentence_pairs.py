@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.app.cli import main
 from attn.app.classification import classify
+from attn.app.cli import main
 from attn.app.runs import run_config, train
 from attn.app.tasks import get_task
 from attn.app.tasks.registry import evaluate
 from attn.app.tasks.spec import EvalOptions
 from attn.artifacts import load_model
 from attn.artifacts.checkpoint import write_checkpoint
-from attn.config import preset
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.errors import AttnError, CheckpointError, ConfigError
 from attn.models import build_model
+from attn.presets import preset
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskContext
 

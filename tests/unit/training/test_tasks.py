@@ -9,11 +9,11 @@ import torch
 from training_helpers import collate, reversal_pairs
 
 from attn.app.tasks import get_task
-from attn.config import preset
 from attn.data.batches import IndexedBatches, WindowBatches
 from attn.data.lm_stream import LMStream
 from attn.data.samplers import TokenBudgetSampler
 from attn.errors import ConfigError
+from attn.presets import preset
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import Masker, TaskContext, special_ids
 

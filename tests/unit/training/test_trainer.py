@@ -16,9 +16,9 @@ from training_helpers import (
 )
 
 from attn.artifacts import checkpoint as ckpt
-from attn.config import preset
 from attn.data.batches import Batch, lm_batch
 from attn.errors import CheckpointError, ConfigError, TrainingError
+from attn.presets import preset
 from attn.training import precision as precision_module
 from attn.training import run_training
 from attn.training import trainer as trainer_module

@@ -20,12 +20,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from attn import __version__
+from attn.app.serve.engine import Engine
 from attn.app.serve.errors import install_error_handlers
 from attn.app.serve.gate import RequestGate, Traffic
 from attn.app.serve.metrics import ServeMetrics
 from attn.app.serve.registry import ServedModel
 from attn.app.serve.routes import ServeState, router
-from attn.app.serve.engine import Engine
 from attn.decoding import RunningBatch
 from attn.errors import ConfigError
 from attn.models import Decoder

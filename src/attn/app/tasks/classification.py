@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from attn.app.classification import classify
 from attn.app.evaluation import evaluate_classifier
 from attn.app.guard import BaselineCheck, classification_check, naive_bayes_scores
-from attn.app.classification import classify
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture

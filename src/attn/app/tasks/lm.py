@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from attn.app.continuation import continue_texts
 from attn.app.evaluation import evaluate_lm
 from attn.app.guard import BaselineCheck, lm_check
-from attn.app.continuation import continue_texts
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
 from attn.config import Architecture

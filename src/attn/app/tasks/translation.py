@@ -15,9 +15,9 @@ from typing import Any
 
 from attn.app.evaluation import evaluate_translation
 from attn.app.guard import VALID_TRANSLATIONS, BaselineCheck, translation_check
-from attn.app.translation import translate
 from attn.app.metrics import bleu
 from attn.app.tasks.spec import EvalOptions, TaskSpec
+from attn.app.translation import translate
 from attn.artifacts import Bundle
 from attn.config import Architecture
 from attn.data.readers import load_parallel

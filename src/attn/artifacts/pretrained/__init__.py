@@ -14,6 +14,6 @@ from attn.artifacts.pretrained.files import (
     export_pretrained,
     load_pretrained,
 )
-from attn.artifacts.pretrained.keymap import SpecialIds
+from attn.artifacts.pretrained.hf_config import SpecialIds
 
 __all__ = ["FAMILIES", "PretrainedInfo", "SpecialIds", "export_pretrained", "load_pretrained"]

@@ -17,17 +17,19 @@ from typing import Any
 
 import torch
 
-from attn.artifacts.pretrained.keymap import (
+from attn.artifacts.pretrained.hf_config import (
     ConfigTable,
-    Derived,
     Family,
-    KeyTable,
-    Rule,
     SpecialIds,
-    Unused,
-    linear,
     output_tying,
     require,
+)
+from attn.artifacts.pretrained.keymap import (
+    Derived,
+    KeyTable,
+    Rule,
+    Unused,
+    linear,
     rule,
 )
 from attn.config import Architecture, ModelConfig, NormPlacement, Positional, Tying

@@ -20,13 +20,8 @@ from attn.artifacts.checkpoint import CHAT_TEMPLATE_FILE
 from attn.artifacts.pretrained import bert, gpt2, llama, marian
 from attn.artifacts.pretrained.decoding import DecodingRules
 from attn.artifacts.pretrained.gguf import GgufModel, read_gguf
-from attn.artifacts.pretrained.keymap import (
-    Family,
-    SpecialIds,
-    export_from,
-    load_into,
-    same_config,
-)
+from attn.artifacts.pretrained.hf_config import Family, SpecialIds, same_config
+from attn.artifacts.pretrained.keymap import export_from, load_into
 from attn.artifacts.torch_files import load_torch_file
 from attn.config import ModelConfig
 from attn.data.marian_tokenizer import is_marian_directory

@@ -13,17 +13,19 @@ from typing import Any
 
 import torch
 
-from attn.artifacts.pretrained.keymap import (
-    TRANSPOSE,
+from attn.artifacts.pretrained.hf_config import (
     ConfigTable,
-    Derived,
     Family,
-    KeyTable,
-    Rule,
     SpecialIds,
-    linear,
     output_tying,
     require,
+)
+from attn.artifacts.pretrained.keymap import (
+    TRANSPOSE,
+    Derived,
+    KeyTable,
+    Rule,
+    linear,
     rule,
 )
 from attn.config import Architecture, ModelConfig, NormPlacement, Positional, Tying

@@ -28,20 +28,15 @@ import dataclasses
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from attn.artifacts.pretrained.keymap import (
+from attn.artifacts.pretrained.hf_config import (
     ACTIVATION_NAMES,
-    COPY,
-    Concat,
     ConfigTable,
-    Derived,
     Family,
-    KeyTable,
-    Rule,
     SpecialIds,
     output_tying,
     require,
-    rule,
 )
+from attn.artifacts.pretrained.keymap import COPY, Concat, Derived, KeyTable, Rule, rule
 from attn.artifacts.pretrained.rope import FlatRope, LayerTypeRope
 from attn.config import (
     Activation,

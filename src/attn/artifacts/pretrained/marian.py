@@ -21,16 +21,18 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from attn.artifacts.pretrained.decoding import hf_decoding_rules
+from attn.artifacts.pretrained.hf_config import (
+    ConfigTable,
+    Family,
+    SpecialIds,
+    output_tying,
+)
 from attn.artifacts.pretrained.keymap import (
     ROW_VECTOR,
-    ConfigTable,
     Derived,
-    Family,
     KeyTable,
     Rule,
-    SpecialIds,
     linear,
-    output_tying,
     rule,
 )
 from attn.config import (
