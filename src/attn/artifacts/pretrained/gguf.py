@@ -39,10 +39,11 @@ import gguf
 import numpy as np
 import tokenizers as hf
 import torch
-from gguf import GGUFReader, GGUFValueType, ReaderTensor
+from gguf import ReaderTensor
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from torch import Tensor
 
+from attn.artifacts.pretrained.gguf_file import Metadata, open_gguf
 from attn.data.tokenizers import Tokenizer
 from attn.errors import CheckpointError, ConfigError
 
@@ -147,7 +148,7 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GgufModel
     if not dtype.is_floating_point:
         raise ConfigError("dtype", f"{dtype} is not a floating dtype; use torch.float32, torch.bfloat16, ...")
     path = Path(path)
-    meta = _Metadata(_open(path), path)
+    meta = Metadata(open_gguf(path), path)
     architecture = meta.get("general.architecture", "str")
     if architecture not in ARCHITECTURES:
         raise CheckpointError(f"{path}: architecture {architecture!r} is not supported; attn reads GGUF files of "
@@ -164,118 +165,6 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GgufModel
     config = _hf_config(family, hyper, ids, tied="output.weight" not in tensors)
     weights = {table[name][0]: _dequantized(tensor, table[name][2], dtype) for name, tensor in tensors.items()}
     return GgufModel(path, architecture, config, weights, tokenizer, chat_template, ids["eot"], add_bos)
-
-
-# -- the file -------------------------------------------------------------------------------------
-
-
-class _CutShort(Exception):
-    def __init__(self, end: int) -> None:
-        super().__init__(end)
-        self.end = end
-
-
-class _BoundedReader(GGUFReader):
-    """`gguf.GGUFReader` whose every read must lie inside the file.
-
-    `GGUFReader` reads past the end as an empty array and goes on, so an array whose declared
-    length is far beyond the file would have it loop (and allocate) for as long as that length says.
-    """
-
-    def _get(self, offset: int, dtype: Any, count: int = 1, *args: Any, **kwargs: Any) -> np.ndarray:
-        end = int(offset) + np.dtype(dtype).itemsize * int(count)
-        if end > self.data.size:
-            raise _CutShort(end)
-        return super()._get(offset, dtype, count, *args, **kwargs)
-
-
-def _open(path: Path) -> GGUFReader:
-    """The parsed header of the file (the tensors stay on disk, memory-mapped)."""
-    try:
-        with path.open("rb") as handle:
-            magic = handle.read(4)
-        size = path.stat().st_size
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot be read ({err.strerror or err}); give the path of a .gguf file") from err
-    if magic != b"GGUF":
-        raise CheckpointError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a model file "
-                              "in llama.cpp's GGUF format")
-    try:
-        reader = _BoundedReader(path)
-    except _CutShort as err:
-        raise CheckpointError(f"{path}: the file is cut short: its header and tensors reach byte {err.end:,}, "
-                              f"but it has {size:,} bytes; download it again") from None
-    # What GGUFReader raises for a malformed header: a bad version, type code or alignment, a key or
-    # tensor named twice, a name that is not UTF-8, tensor dimensions that do not fit its block
-    # format, arrays nested too deep.
-    except (ValueError, KeyError, IndexError, TypeError, OverflowError, RecursionError) as err:
-        raise CheckpointError(f"{path}: not a readable GGUF file ({type(err).__name__}: {err}); it is corrupt, or "
-                              "newer than the installed gguf package reads: download it again or upgrade gguf") from err
-    if reader.byte_order != "I":
-        raise CheckpointError(f"{path}: a GGUF file of the other byte order than this machine's; convert the "
-                              "model again on a little-endian machine")
-    return reader
-
-
-_REQUIRED = object()
-_INTEGERS = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-             GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
-_KINDS = {
-    "int": _INTEGERS,
-    "float": {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, *_INTEGERS},
-    "str": {GGUFValueType.STRING},
-    "bool": {GGUFValueType.BOOL},
-}
-
-
-class _Metadata:
-    """Typed reads of a GGUF file's key-value metadata."""
-
-    def __init__(self, reader: GGUFReader, path: Path) -> None:
-        self.reader = reader
-        self.path = path
-
-    def get(self, key: str, kind: str, default: Any = _REQUIRED) -> Any:
-        """The value of `key`: kind "int", "float", "str" or "bool", or a list of one ("int[]", "str[]").
-
-        Raises:
-            CheckpointError: the key is missing (and has no default), or holds another type.
-        """
-        field = self.reader.get_field(key)
-        if field is None:
-            if default is _REQUIRED:
-                raise CheckpointError(f"{self.path}: metadata key {key!r} is missing; the file is incomplete: "
-                                      "convert or download it again")
-            return default
-        item = kind.removesuffix("[]")
-        types = field.types
-        if item != kind:  # an array: [ARRAY, item type], or [ARRAY] alone when empty
-            fits = types[:1] == [GGUFValueType.ARRAY] and (len(types) == 1 or (len(types) == 2 and types[1] in _KINDS[item]))
-        else:
-            fits = len(types) == 1 and types[0] in _KINDS[item]
-        if not fits:
-            raise CheckpointError(f"{self.path}: metadata key {key!r} holds {'/'.join(t.name for t in types)}, "
-                                  f"expected {kind}; the file is corrupt: convert or download it again")
-        try:
-            value = field.contents()
-        except UnicodeDecodeError as err:
-            raise CheckpointError(f"{self.path}: metadata key {key!r} is not UTF-8 text ({err}); "
-                                  "convert or download the file again") from err
-        if item == "float" and types[-1] == GGUFValueType.FLOAT32:
-            value = float(str(np.float32(value)))  # the shortest decimal of that float32
-        return value
-
-    def count(self, key: str, default: Any = _REQUIRED, below: int | None = None) -> Any:
-        """A positive integer (`default` where absent), or, given `below`, an id from 0 to below - 1."""
-        value = self.get(key, "int", default)
-        if self.reader.get_field(key) is None:
-            return value
-        low, high = (1, None) if below is None else (0, below)
-        if value < low or (high is not None and value >= high):
-            allowed = f"from 0 to {high - 1}" if high is not None else "at least 1"
-            raise CheckpointError(f"{self.path}: metadata key {key!r} is {value}, expected {allowed}; "
-                                  "the file is corrupt: convert or download it again")
-        return value
 
 
 # -- hyper-parameters and the config --------------------------------------------------------------
@@ -296,7 +185,7 @@ class _Hyper:
     rope_scaling: dict[str, Any] | None
 
 
-def _hyper(meta: _Metadata, arch: str, family: _Family, tokens: int) -> _Hyper:
+def _hyper(meta: Metadata, arch: str, family: _Family, tokens: int) -> _Hyper:
     """The hyper-parameters of `{arch}.*`, checked against each other."""
     heads = meta.count(f"{arch}.attention.head_count")
     hidden = meta.count(f"{arch}.embedding_length")
@@ -333,7 +222,7 @@ def _hyper(meta: _Metadata, arch: str, family: _Family, tokens: int) -> _Hyper:
     return hyper
 
 
-def _rope_scaling(meta: _Metadata, arch: str) -> dict[str, Any] | None:
+def _rope_scaling(meta: Metadata, arch: str) -> dict[str, Any] | None:
     """config.json's rope_scaling: None, or linear position interpolation."""
     kind = meta.get(f"{arch}.rope.scaling.type", "str", "none")
     if kind == "none":
@@ -347,7 +236,7 @@ def _rope_scaling(meta: _Metadata, arch: str) -> dict[str, Any] | None:
 _LLAMA3_CONTEXT = 8192  # Llama 3's original_max_position_embeddings, the unit of its rope scaling's wavelengths
 
 
-def _llama3_scaling(meta: _Metadata, tensor: ReaderTensor, hyper: _Hyper) -> dict[str, Any]:
+def _llama3_scaling(meta: Metadata, tensor: ReaderTensor, hyper: _Hyper) -> dict[str, Any]:
     """config.json's "llama3" rope scaling that gives the per-frequency factors of `rope_freqs.weight`.
 
     llama.cpp's converter divides rotary frequency i by factor f_i: 1 where the wavelength w_i is
@@ -461,7 +350,7 @@ def _tensor_table(family: _Family, hyper: _Hyper) -> dict[str, tuple[str, tuple[
     return table
 
 
-def _check_tensors(meta: _Metadata, tensors: Mapping[str, ReaderTensor],
+def _check_tensors(meta: Metadata, tensors: Mapping[str, ReaderTensor],
                    table: Mapping[str, tuple[str, tuple[int, ...], int | None]], hyper: _Hyper) -> None:
     """Checks that every tensor is expected, of the expected dimensions and of a block format that
     `gguf` dequantizes, and that every expected tensor is there (`output.weight` is absent when tied)."""
@@ -513,7 +402,7 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
 # -- the tokenizer --------------------------------------------------------------------------------
 
 
-def _tokenizer(meta: _Metadata) -> tuple[Tokenizer, dict[str, int | None], bool]:
+def _tokenizer(meta: Metadata) -> tuple[Tokenizer, dict[str, int | None], bool]:
     """The tokenizer of the metadata, the special ids (bos, eos, pad, unk, eot) and whether bos
     starts a prompt."""
     path = meta.path
