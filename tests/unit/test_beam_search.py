@@ -50,7 +50,9 @@ class TableLM:
     def new_cache(self, batch: int, max_length: int) -> KVCache:
         return KVCache(1, batch, 1, max_length, 1)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None) -> Tensor:
+    def decode_step(
+        self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None, last_only: bool = False
+    ) -> Tensor:
         self.calls += 1
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
         cache.extend(cache.next_positions() + positions_from_mask(mask), mask)

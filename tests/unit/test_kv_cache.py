@@ -103,6 +103,18 @@ def test_llama_parts_decode_with_the_cache_as_without(variant):
         assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=0)
 
 
+def test_a_prefill_of_the_last_position_only_gives_its_logits_and_the_same_cache():
+    model = build_model(preset("gpt2-tiny").replace(**LLAMA)).eval()
+    tokens = torch.randint(0, 97, (2, 7))
+    mask = torch.tensor([[False, False] + [True] * 5, [True] * 7])
+    with torch.no_grad():
+        full, last = model.new_cache(2, 8), model.new_cache(2, 8)
+        expected = model.decode_step(tokens, full, mask)[:, -1:]
+        assert_close(model.decode_step(tokens, last, mask, last_only=True), expected, atol=1e-6, rtol=0)
+        step = torch.tensor([[3], [4]])
+        assert_close(model.decode_step(step, last), model.decode_step(step, full), atol=1e-6, rtol=0)
+
+
 def test_grouped_query_cache_bytes_are_two_x_layers_x_kv_heads_x_head_dim_x_length():
     """SmolLM2-135M's shape (30 layers, 9 query heads sharing 3 key/value heads of 64) at 2,048 tokens, fp32."""
     config = preset("gpt2").replace(

@@ -202,7 +202,7 @@ class ScriptLM:
 
         return KVCache(1, batch, 1, max_length, 1)
 
-    def decode_step(self, tokens, cache, mask=None):
+    def decode_step(self, tokens, cache, mask=None, last_only=False):
         from attn.masks import positions_from_mask
 
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask

@@ -68,7 +68,7 @@ def start_decoder(model: Decoder, prompts: Sequence[Sequence[int]], config: Gene
     padded = [[-1] * (longest - len(p)) + list(p) + [-1] * limit for p in prompts]
     history = torch.tensor(padded, dtype=torch.long, device=cache.keys.device)
     prompt = history[:, :longest]
-    logits = model.decode_step(prompt.clamp(min=0), cache, prompt >= 0)[:, -1].float()
+    logits = model.decode_step(prompt.clamp(min=0), cache, prompt >= 0, last_only=True)[:, -1].float()
     limits = torch.full((len(prompts),), limit, dtype=torch.long, device=history.device)
     return Session(model, cache, logits, history, longest, limits)
 

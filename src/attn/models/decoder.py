@@ -67,8 +67,11 @@ class Decoder(nn.Module):
         """An empty cache for `batch` rows of up to `max_length` tokens, on the model's device."""
         return empty_cache(self.blocks[0].attn, len(self.blocks), batch, max_length)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None) -> Tensor:
-        """Appends tokens (B, T) to the cache and returns their logits (B, T, vocab).
+    def decode_step(
+        self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None, last_only: bool = False
+    ) -> Tensor:
+        """Appends tokens (B, T) to the cache and returns their logits (B, T, vocab), or with `last_only`
+        those of the last position only (B, 1, vocab): all a prompt's prefill needs to pick the next token.
 
         The first call may pass a whole (left-padded) prompt; later calls pass one token per row.
         """
@@ -76,7 +79,8 @@ class Decoder(nn.Module):
         check_tokens(tokens, mask, self.max_positions, offset=cache.length)
         positions = cache.next_positions() + positions_from_mask(mask)  # (B, T)
         key_positions, key_tokens = cache.extend(positions, mask)
-        return self.lm_head(self._blocks(tokens, positions, key_positions, key_tokens, cache.slots))
+        x = self._blocks(tokens, positions, key_positions, key_tokens, cache.slots)
+        return self.lm_head(x[:, -1:] if last_only else x)
 
     def _blocks(
         self, tokens: Tensor, positions: Tensor, key_positions: Tensor, key_tokens: Tensor | None,
