@@ -158,8 +158,9 @@ def _one_query_grouped(q: Tensor, k: Tensor, v: Tensor, mask: Mask, dropout: flo
     """Grouped-query attention of one query per row (a decode step) as h_kv heads of g = h / h_kv queries.
 
     The g query heads that share a key/value head become g queries of that head: the same products,
-    with no copy of the keys and values per query head (SDPA's `enable_gqa` on a CPU takes up to 20x
-    longer at SmolLM2's shapes). A lone query's mask never depends on the query, so it broadcasts.
+    with no copy of the keys and values per query head. A whole decode step of SmolLM2-135M (9 query
+    heads, 3 key/value heads) at batch 8 on 2 CPU cores: 72 ms against 83 ms with SDPA's `enable_gqa`;
+    the same at batch 1. A lone query's mask never depends on the query, so it broadcasts.
     """
     b, h, _, d = q.shape
     grouped = q.view(b, k.size(1), h // k.size(1), d)  # (B, h_kv, g, d)
