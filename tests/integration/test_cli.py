@@ -101,6 +101,22 @@ def train_one_line(tmp_path, task, *extra):
     return main(argv), run_dir
 
 
+def test_init_fine_tunes_a_trained_model_with_its_own_tokenizer(tmp_path, capsys):
+    code, first = train_one_line(tmp_path, "lm")
+    assert code == 0
+    data = tmp_path / TINY["lm"][0]
+    second = tmp_path / "fine-tuned"
+    argv = ["train", "lm", "--init", str(first), "--train", str(data), "--run-dir", str(second),
+            "batch.block_size=16", "batch.batch_size=4", *FEW_STEPS]
+    assert main(argv) == 0
+    config = load_run_config(second / "run.toml")
+    assert config.model.init_from == str(first)
+    tuned, base = load_model(second, "cpu"), load_model(first, "cpu")
+    assert tuned.tokenizer.digest() == base.tokenizer.digest() and tuned.model_config == base.model_config
+    assert main([*argv[:-len(FEW_STEPS)], "--preset", "char-gpt-tiny", *FEW_STEPS]) == 2
+    assert "give --preset char-gpt-tiny (a fresh model) or --init" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("task", list(TINY))
 def test_train_a_task_in_one_line_writes_the_run_config_it_trained(tmp_path, task, capsys):
     code, run_dir = train_one_line(tmp_path, task)

@@ -117,10 +117,7 @@ def test_a_prefill_of_the_last_position_only_gives_its_logits_and_the_same_cache
 
 def test_grouped_query_cache_bytes_are_two_x_layers_x_kv_heads_x_head_dim_x_length():
     """SmolLM2-135M's shape (30 layers, 9 query heads sharing 3 key/value heads of 64) at 2,048 tokens, fp32."""
-    config = preset("gpt2").replace(
-        d_model=576, heads=9, kv_heads=3, decoder_layers=30, max_positions=2048, positional=Positional.ROTARY,
-        normalization=Norm.RMS, gated_ffn=True, d_ff=1536,
-    )
+    config = preset("smollm2-135m")
     with torch.device("meta"):
         cache = build_model(config).new_cache(1, 2048)
     size = cache.keys.numel() * cache.keys.element_size() + cache.values.numel() * cache.values.element_size()

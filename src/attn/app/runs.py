@@ -140,6 +140,9 @@ def configure(tables: Mapping[str, Any], data: Mapping[str, str] | None = None, 
     Raises:
         ConfigError: an unknown task, or an invalid key or value.
     """
+    if preset and init:
+        raise ConfigError("--init", f"give --preset {preset} (a fresh model) or --init {init} (a model to "
+                                    "fine-tune), not both")
     out = apply_overrides(tables, ())
     _update(out, "data", data or {})
     if minutes is not None:

@@ -217,25 +217,27 @@ class _Parts:
         classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
         return Encoder(self.encoder_stack(tokens), mlm, lm_head, pooler, classifier, c.dropout)
 
-    def sliding_window(self) -> SlidingWindow | None:
-        """What sliding layers attend with: their window and their rotation (absolute positions are
-        already in the embeddings); with `local_rotary_base`, rotary positions of that base, unscaled."""
+    def sliding_window(self, positions: NoPositions) -> SlidingWindow | None:
+        """What sliding layers attend with: their window, and `positions` (the stack's own: absolute ones
+        are already in the embeddings, rotary ones shared) or, with `local_rotary_base`, rotary positions
+        of that base, unscaled."""
         c = self.c
         if LayerType.SLIDING not in c.decoder_layer_types:
             return None
-        if c.positional != Positional.ROTARY:
-            return SlidingWindow(c.sliding_window, NoPositions())
-        local = c.replace(rotary_base=c.local_rotary_base, rope_scaling=RopeScaling.NONE) if c.local_rotary_base else c
-        return SlidingWindow(c.sliding_window, RotaryPositions(c.max_positions, *rope_frequencies(local)))
+        if c.positional == Positional.ROTARY and c.local_rotary_base:
+            local = c.replace(rotary_base=c.local_rotary_base, rope_scaling=RopeScaling.NONE)
+            return SlidingWindow(c.sliding_window, RotaryPositions(c.max_positions, *rope_frequencies(local)))
+        return SlidingWindow(c.sliding_window, positions if c.positional == Positional.ROTARY else NoPositions())
 
     def decoder(self) -> Decoder:
         c = self.c
         tokens = nn.Embedding(c.vocab_size, c.d_model)
+        embeddings = self.embeddings(tokens, False)
         blocks = [self.block() for _ in range(c.decoder_layers)]
         sliding = [kind == LayerType.SLIDING for kind in c.decoder_layer_types]
         return Decoder(
-            self.embeddings(tokens, False), blocks, self.final_norm(), self.lm_head(tokens), c.max_positions,
-            self.sliding_window(), sliding,
+            embeddings, blocks, self.final_norm(), self.lm_head(tokens), c.max_positions,
+            self.sliding_window(embeddings.positions), sliding,
         )
 
 
