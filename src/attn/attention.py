@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn.linear import Linear
 from attn.masks import CausalMask, Mask, cheap_to_read, materialize, with_bias
 
 
@@ -303,8 +304,8 @@ class SelfAttention(MultiHead):
     ) -> None:
         """`bias`: whether the input projections and the output projection have biases."""
         super().__init__(layout, dropout, attend, scores)
-        self.qkv = nn.Linear(d_model, layout.query_size + 2 * layout.kv_size, bias=bias[0])
-        self.out = nn.Linear(layout.query_size, d_model, bias=bias[1])
+        self.qkv = Linear(d_model, layout.query_size + 2 * layout.kv_size, bias=bias[0])
+        self.out = Linear(layout.query_size, d_model, bias=bias[1])
         self.q_norm, self.k_norm = qk_norms or (nn.Identity(), nn.Identity())
         self.sizes = (layout.query_size, layout.kv_size, layout.kv_size)
 
@@ -335,9 +336,9 @@ class CrossAttention(MultiHead):
         self, d_model: int, layout: Heads, bias: tuple[bool, bool], dropout: float, attend: AttentionFn
     ) -> None:
         super().__init__(layout, dropout, attend, PLAIN_SCORES)
-        self.q = nn.Linear(d_model, layout.query_size, bias=bias[0])
-        self.kv = nn.Linear(d_model, 2 * layout.kv_size, bias=bias[0])
-        self.out = nn.Linear(layout.query_size, d_model, bias=bias[1])
+        self.q = Linear(d_model, layout.query_size, bias=bias[0])
+        self.kv = Linear(d_model, 2 * layout.kv_size, bias=bias[0])
+        self.out = Linear(layout.query_size, d_model, bias=bias[1])
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, d_model) -> k, v each (B, h_kv, S, d_k); computed once per source when decoding."""

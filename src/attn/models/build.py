@@ -38,7 +38,6 @@ from attn.layers import (
     FeedForward,
     GatedFeedForward,
     OutputNorm,
-    OutputProjection,
     PostNorm,
     PreNorm,
     PrePostNorm,
@@ -46,6 +45,7 @@ from attn.layers import (
     SoftCappedProjection,
     embedding_scale,
 )
+from attn.linear import Linear
 from attn.models.decoder import Decoder
 from attn.models.encoder import (
     Encoder,
@@ -179,13 +179,13 @@ class _Parts:
         cross = CrossAttention(c.d_model, self.heads(), (c.attention_bias, c.out_bias), c.attention_dropout, self.attend)
         return DecoderBlock(self.self_attention(), cross, self.ffn(), self.residual)
 
-    def lm_head(self, tokens: nn.Embedding) -> OutputProjection:
+    def lm_head(self, tokens: nn.Embedding) -> Linear:
         """The vocabulary projection, logits = x W^T + b; W is the token embedding when tied (section 3.4)."""
         c = self.c
         projection = (
             SoftCappedProjection(c.d_model, c.vocab_size, c.output_bias, c.logit_softcap)
             if c.logit_softcap
-            else OutputProjection(c.d_model, c.vocab_size, bias=c.output_bias)
+            else Linear(c.d_model, c.vocab_size, bias=c.output_bias)
         )
         if c.tying != Tying.NONE:
             projection.weight = tokens.weight
@@ -211,10 +211,10 @@ class _Parts:
         mlm = lm_head = None
         if c.mlm_head:
             norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
-            mlm = MaskedLMTransform(nn.Linear(c.d_model, c.d_model), ACTIVATIONS[c.activation], norm)
+            mlm = MaskedLMTransform(Linear(c.d_model, c.d_model), ACTIVATIONS[c.activation], norm)
             lm_head = self.lm_head(tokens)
         pooler = MeanPool() if c.pooling == Pooling.MEAN else Pooler(c.d_model) if c.pooler else FirstToken()
-        classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
+        classifier = Linear(c.d_model, c.num_labels) if c.num_labels else None
         return Encoder(self.encoder_stack(tokens), mlm, lm_head, pooler, classifier, c.dropout)
 
     def sliding_window(self, positions: NoPositions) -> SlidingWindow | None:

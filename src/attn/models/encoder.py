@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from attn.blocks import Block, check_tokens, self_attention_inputs, token_positions
 from attn.errors import AttnError
 from attn.layers import Embeddings
+from attn.linear import Linear
 
 
 class EncoderStack(nn.Module):
@@ -65,7 +66,7 @@ class Pooler(nn.Module):
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = Linear(d_model, d_model)
 
     def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         """(B, T, d_model) -> (B, d_model)."""

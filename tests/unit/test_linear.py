@@ -1,0 +1,59 @@
+"""The model's linear layer: F.linear's numbers whichever kernel runs, oneDNN for float32 CPU inference only,
+and the parameters and state-dict keys of `nn.Linear`."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn import linear
+from attn.linear import Linear
+from attn.models import build_model
+from attn.presets import preset
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 32), (4, 1, 32), (2, 3, 32), (300, 32), (0, 32)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_inference_gives_f_linear_and_training_is_f_linear(shape, bias):
+    torch.manual_seed(0)
+    layer = Linear(32, 97, bias=bias)
+    x = torch.randn(*shape)
+    expected = F.linear(x, layer.weight, layer.bias)
+    with torch.no_grad():
+        inferred = layer(x)
+    assert inferred.shape == expected.shape
+    torch.testing.assert_close(inferred, expected, atol=1e-5, rtol=1e-5)
+    trained = layer(x)  # with autograd: F.linear itself, and the gradient reaches the weight
+    trained.sum().backward()
+    torch.testing.assert_close(trained, expected, atol=0, rtol=0)
+    assert layer.weight.grad is not None
+
+
+def test_a_strided_input_gives_f_linear():
+    layer = Linear(16, 8)
+    x = torch.randn(3, 5, 16)[:, -1:]  # the last position of each row: a decode step's view
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not linear.ONEDNN, reason="this PyTorch was built without oneDNN")
+def test_onednn_serves_float32_cpu_inference_only(monkeypatch):
+    calls = []
+    original = linear.uses_onednn
+    monkeypatch.setattr(linear, "uses_onednn", lambda x, w: calls.append(original(x, w)) or original(x, w))
+    layer = Linear(8, 4)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        layer(x)  # float32 inference: oneDNN
+        layer.to(torch.bfloat16)(x.bfloat16())  # another dtype: F.linear
+        layer.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert layer(x).dtype == torch.bfloat16  # autocast keeps its dtype: F.linear
+    layer(x)  # autograd: F.linear
+    assert calls == [True, False, False, False]
+
+
+def test_a_tied_projection_shares_the_embedding_and_keeps_linear_state_dict_keys():
+    model = build_model(preset("gpt2-tiny"))
+    assert isinstance(model.lm_head, Linear)
+    assert model.lm_head.weight is model.embeddings.tokens.weight
+    assert {k for k in model.state_dict() if k.startswith("lm_head")} <= {"lm_head.weight", "lm_head.bias"}
