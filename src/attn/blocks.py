@@ -146,6 +146,8 @@ def token_positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def empty_cache(attn: SelfAttention, layers: int, batch: int, max_length: int) -> KVCache:
-    """A KV cache for `layers` layers like `attn`: sized by its key/value heads, in its weights' dtype and device."""
+    """A KV cache for `layers` layers like `attn`: sized by its key/value heads, in its weights' dtype (float32
+    for int8 weights, which compute in float32) and on their device."""
     weight = attn.qkv.weight
-    return KVCache(layers, batch, attn.kv_heads, max_length, attn.head_dim, weight.dtype, weight.device)
+    dtype = weight.dtype if weight.is_floating_point() else torch.float32
+    return KVCache(layers, batch, attn.kv_heads, max_length, attn.head_dim, dtype, weight.device)

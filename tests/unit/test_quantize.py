@@ -1,0 +1,133 @@
+"""int8 weights: the row quantization's numbers, the layers against their float formula, the model transform
+(tied matrices stored once, soft-capped projections left in float), and checkpoints that stay int8."""
+
+import pytest
+import safetensors
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+
+from attn.app.cli import main
+from attn.artifacts import load_model, save_model
+from attn.artifacts.checkpoint import MODEL_FILE, QUANTIZATION_KEY, write_checkpoint
+from attn.data.tokenizers import Tokenizer
+from attn.errors import CheckpointError, ConfigError
+from attn.layers import SoftCappedProjection
+from attn.linear import Linear
+from attn.models import build_model
+from attn.presets import preset
+from attn.quantize import (
+    Int8Embedding,
+    Int8Linear,
+    quantization_of,
+    quantize,
+    quantize_rows,
+)
+from attn.training.runconfig import RunConfig
+
+TEXT = "the quick brown fox jumps over the lazy dog. " * 4
+
+
+def test_rows_are_scaled_by_their_largest_magnitude_over_127():
+    w = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [2.54, 1.27, -0.01]])
+    q, scale = quantize_rows(w)
+    assert q.dtype == torch.int8 and scale.shape == (3, 1)
+    torch.testing.assert_close(scale.squeeze(1), torch.tensor([1 / 127, 1.0, 0.02]))
+    assert q.tolist() == [[64, -127, 32], [0, 0, 0], [127, 64, 0]]  # round(63.5) = 64 (half to even: 64)
+
+
+def test_the_rounding_error_is_at_most_half_a_step():
+    torch.manual_seed(0)
+    w = torch.randn(64, 96) * torch.rand(64, 1) * 3
+    q, scale = quantize_rows(w)
+    assert bool(((q.float() * scale - w).abs() <= scale / 2 + 1e-7).all())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_is_x_times_the_dequantized_weight(bias):
+    torch.manual_seed(0)
+    layer = Linear(48, 40, bias=bias)
+    q, scale = quantize_rows(layer.weight.detach())
+    int8 = Int8Linear(q, scale.squeeze(1), layer.bias.detach() if bias else None)
+    x = torch.randn(3, 5, 48)
+    expected = F.linear(x, q.float() * scale, layer.bias.detach() if bias else None)
+    torch.testing.assert_close(int8(x), expected, atol=1e-5, rtol=1e-5)
+    assert int8(x[:, -1:]).shape == (3, 1, 40)  # a strided decode-step view
+
+
+def test_int8_embedding_rows_are_the_dequantized_rows():
+    torch.manual_seed(0)
+    q, scale = quantize_rows(torch.randn(11, 8))
+    tokens = torch.tensor([[3, 0, 10], [3, 3, 1]])
+    torch.testing.assert_close(Int8Embedding(q, scale.squeeze(1))(tokens), (q.float() * scale)[tokens])
+
+
+def test_quantize_replaces_every_linear_and_shares_a_tied_matrix():
+    torch.manual_seed(0)
+    model = build_model(preset("gpt2-tiny")).eval()
+    tokens = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        expected = model(tokens)
+        quantize(model)
+        got = model(tokens)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert isinstance(model.embeddings.tokens, Int8Embedding) and quantization_of(model) == "int8"
+    assert model.lm_head.weight is model.embeddings.tokens.weight  # one int8 matrix, as tied
+    assert not any(p.requires_grad for p in model.parameters())
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()  # within int8's few per cent
+    assert model.new_cache(1, 4).keys.dtype == torch.float32  # int8 weights compute in float32
+
+
+def test_a_soft_capped_projection_stays_float():
+    model = quantize(build_model(preset("gemma-2-2b").replace(d_model=32, heads=2, kv_heads=1, head_size=16, d_ff=64,
+                                                                 decoder_layers=2, layer_types=("sliding_attention", "full_attention"),
+                                                                 vocab_size=50)))
+    assert isinstance(model.lm_head, SoftCappedProjection)
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).shape == (1, 3, 50)
+
+
+def test_quantize_refuses_an_unknown_scheme():
+    with pytest.raises(ConfigError, match="unknown quantization 'int3'"):
+        quantize(build_model(preset("gpt2-tiny")), "int3")
+
+
+@pytest.fixture
+def lm_checkpoint(tmp_path):
+    tokenizer = Tokenizer.train_chars([TEXT])
+    config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size)
+    torch.manual_seed(0)
+    return write_checkpoint(tmp_path / "lm", build_model(config), config, RunConfig().to_dict(), tokenizer=tokenizer,
+                            task_info={"task": "lm"})
+
+
+def test_a_quantized_checkpoint_loads_quantized_with_the_same_numbers(lm_checkpoint, tmp_path):
+    bundle = load_model(lm_checkpoint, "cpu", quantize="int8")
+    folder = save_model(bundle, tmp_path / "int8")
+    with safetensors.safe_open(str(folder / MODEL_FILE), "pt") as weights:
+        assert weights.metadata()[QUANTIZATION_KEY] == "int8"
+    reloaded = load_model(folder, "cpu")
+    assert quantization_of(reloaded.model) == "int8"
+    tokens = torch.tensor([bundle.tokenizer.encode("the lazy")])
+    with torch.no_grad():
+        assert torch.equal(reloaded.model(tokens), bundle.model(tokens))
+    assert quantization_of(load_model(folder, "cpu", quantize="int8").model) == "int8"  # already int8: kept
+
+
+def test_an_unknown_quantization_in_the_file_is_named(lm_checkpoint):
+    file = lm_checkpoint / MODEL_FILE
+    with safetensors.safe_open(str(file), "pt") as weights:
+        tensors = {key: weights.get_tensor(key) for key in weights.keys()}
+    safetensors.torch.save_file(tensors, str(file), metadata={QUANTIZATION_KEY: "int3"})
+    with pytest.raises(CheckpointError, match="unknown quantization 'int3'"):
+        load_model(lm_checkpoint, "cpu")
+
+
+def test_the_cli_generates_and_converts_with_int8_weights(lm_checkpoint, tmp_path, capsys):
+    assert main(["generate", "--model", str(lm_checkpoint), "--device", "cpu", "--quantize", "int8",
+                 "--max-new-tokens", "5", "--prompt", "the"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["convert", "--to", "attn", "--quantize", "int8", str(lm_checkpoint), str(tmp_path / "q")]) == 0
+    assert quantization_of(load_model(tmp_path / "q", "cpu").model) == "int8"
+    assert main(["convert", "--to", "gpt2", "--quantize", "int8", str(lm_checkpoint), str(tmp_path / "hf")]) == 2
+    assert "gpt2 directories hold float weights" in capsys.readouterr().err
