@@ -24,6 +24,7 @@ from torch import Tensor
 from attn.app.chat import chat_config
 from attn.app.classification import Prediction
 from attn.app.continuation import check_samples, default_limit, prompt_ids
+from attn.app.serve.answers import Answer, ChatCompletion, Completion, rounded
 from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
@@ -154,97 +155,6 @@ def _rows(served: ServedModel, route: str, prompts: list[list[int]], config: Gen
     return completion_rows(served, [p for p in prompts for _ in seeds], configs, logprobs, attention, route)
 
 
-@dataclasses.dataclass
-class _Answer:
-    """A checked request for the running batch: its model, its rows (one per choice) and how to answer; the
-    answers of completions and of chat completions differ in their shape only (`choice`, `event`, `usage_event`).
-
-    Attributes:
-        param: the request field that a mistake found while decoding is about (a prompt too long).
-        prompt_tokens: the prompts' tokens, each prompt counted once.
-        attention: (layer, head, or None for the mean over heads) of the attention each streamed token carries,
-            or None (the same for completions and chat completions).
-    """
-
-    served: ServedModel
-    rows: RowsJob
-    head: dict[str, Any]
-    param: str
-    prompt_tokens: int
-    attention: tuple[int, int | None] | None
-
-    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
-        """One choice of the whole answer, from all its chunks."""
-        raise NotImplementedError
-
-    def event(self, chunk: Chunk) -> dict[str, Any]:
-        """The streamed object of one chunk."""
-        raise NotImplementedError
-
-    def usage_event(self, tokens: int) -> dict[str, Any] | None:
-        """The object streamed after the last chunk, when there is one."""
-        return None
-
-    def answer(self, chunks: list[Chunk]) -> dict[str, Any]:
-        choices = [self.choice([c for c in chunks if c.index == i]) for i in range(len(self.rows.prompts))]
-        return {**self.head, "choices": choices, "usage": self.usage(len(chunks))}
-
-    def usage(self, tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": tokens,
-                "total_tokens": self.prompt_tokens + tokens}
-
-    def decode(self, ids: list[int]) -> str:
-        return self.served.bundle.tokenizer.decode(ids)
-
-    def token_attention(self, chunk: Chunk) -> dict[str, Any]:
-        """{"attention": ...} with the attention that chose the chunk's token, when the request asked for it; else {}."""
-        if chunk.attention is None or self.attention is None:
-            return {}
-        layer, head = self.attention
-        return {"attention": {"layer": layer, "head": head, "token": self.decode([chunk.token.id]),
-                              "keys": chunk.attention.keys, "weights": _rounded(chunk.attention.weights)}}
-
-
-@dataclasses.dataclass
-class _Completion(_Answer):
-    """A completion: text choices, logprobs in the completions shape, the attention the page asks for.
-
-    Attributes:
-        prompts: the prompt of each choice (choice i * n + j is sample j of prompt i).
-        logprobs: whether the choices carry logprobs.
-    """
-
-    prompts: list[str]
-    logprobs: bool
-    offsets: list[int] = dataclasses.field(init=False)  # where each streamed choice's next text starts
-
-    def __post_init__(self) -> None:
-        self.offsets = [len(prompt) for prompt in self.prompts]
-
-    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
-        index = chunks[0].index
-        return {"text": "".join(c.token.text for c in chunks), "index": index,
-                "logprobs": self._logprobs(chunks, len(self.prompts[index])), "finish_reason": chunks[-1].token.finish}
-
-    def event(self, chunk: Chunk) -> dict[str, Any]:
-        choice = {"text": chunk.token.text, "index": chunk.index,
-                  "logprobs": self._logprobs([chunk], self.offsets[chunk.index]), "finish_reason": chunk.token.finish}
-        self.offsets[chunk.index] += len(chunk.token.text)
-        return {**self.head, "choices": [choice], **self.token_attention(chunk)}
-
-    def _logprobs(self, chunks: list[Chunk], offset: int) -> dict[str, list] | None:
-        if not self.logprobs:
-            return None
-        offsets = []
-        for chunk in chunks:
-            offsets.append(offset)
-            offset += len(chunk.token.text)
-        return {"tokens": [self.decode([c.token.id]) for c in chunks],
-                "token_logprobs": [c.token.logprob for c in chunks],
-                "top_logprobs": [{self.decode([i]): p for i, p in c.token.top} for c in chunks],
-                "text_offset": offsets}
-
-
 def _token_attention(served: ServedModel, body: DecodingRequest) -> tuple[int, int | None] | None:
     """(layer, head) of the attention each streamed token carries, checked against the model; None when not asked."""
     if body.attention is None:
@@ -253,7 +163,7 @@ def _token_attention(served: ServedModel, body: DecodingRequest) -> tuple[int, i
     return body.attention.layer, body.attention.head
 
 
-def _completion(request: Request, body: CompletionRequest) -> _Completion:
+def _completion(request: Request, body: CompletionRequest) -> Completion:
     served = _served(request, body.model, "completions")
     config = _checked(lambda: _decoding_config(body, body.max_tokens), "prompt")
     attention = _token_attention(served, body)
@@ -262,56 +172,11 @@ def _completion(request: Request, body: CompletionRequest) -> _Completion:
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": served.name}
     prompts = [p for p in body.prompts() for _ in range(body.n)]
-    return _Completion(served, rows, head, "prompt", sum(map(len, ids)), attention, prompts,
+    return Completion(served, rows, head, "prompt", sum(map(len, ids)), attention, prompts,
                        body.logprobs is not None)
 
 
-@dataclasses.dataclass
-class _ChatCompletion(_Answer):
-    """A chat completion: assistant messages (streamed as deltas, the first with the role), logprobs in the
-    chat shape, and with `include_usage` a last chunk that holds the usage.
-
-    Attributes:
-        logprobs: whether the choices carry logprobs.
-        include_usage: whether a stream ends with the usage.
-    """
-
-    logprobs: bool
-    include_usage: bool
-    started: set[int] = dataclasses.field(default_factory=set)  # the streamed choices that sent their role
-
-    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
-        return {"index": chunks[0].index, "message": {"role": "assistant", "content": "".join(c.token.text for c in chunks)},
-                "logprobs": self._logprobs(chunks), "finish_reason": chunks[-1].token.finish}
-
-    def event(self, chunk: Chunk) -> dict[str, Any]:
-        delta = {"content": chunk.token.text}
-        if chunk.index not in self.started:
-            self.started.add(chunk.index)
-            delta = {"role": "assistant", **delta}
-        choice = {"index": chunk.index, "delta": delta, "logprobs": self._logprobs([chunk]),
-                  "finish_reason": chunk.token.finish}
-        return {**self.head, "object": "chat.completion.chunk", "choices": [choice],
-                **({"usage": None} if self.include_usage else {}), **self.token_attention(chunk)}
-
-    def usage_event(self, tokens: int) -> dict[str, Any] | None:
-        if not self.include_usage:
-            return None
-        return {**self.head, "object": "chat.completion.chunk", "choices": [], "usage": self.usage(tokens)}
-
-    def _logprobs(self, chunks: list[Chunk]) -> dict[str, Any] | None:
-        if not self.logprobs:
-            return None
-        return {"content": [{**self._token(c.token.id, c.token.logprob),
-                             "top_logprobs": [self._token(i, p) for i, p in c.token.top]} for c in chunks],
-                "refusal": None}
-
-    def _token(self, token: int, logprob: float) -> dict[str, Any]:
-        text = self.decode([token])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
-def _chat_completion(request: Request, body: ChatCompletionRequest) -> _ChatCompletion:
+def _chat_completion(request: Request, body: ChatCompletionRequest) -> ChatCompletion:
     served = _served(request, body.model, "chat/completions")
     bundle = served.bundle
     attention = _token_attention(served, body)
@@ -323,7 +188,7 @@ def _chat_completion(request: Request, body: ChatCompletionRequest) -> _ChatComp
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": served.name}
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return _ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.logprobs, include_usage)
+    return ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.logprobs, include_usage)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
@@ -339,7 +204,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return await _respond(request, time.monotonic(), _chat_completion(request, body), body.stream)
 
 
-async def _respond(request: Request, started: float, answer: _Answer, streamed: bool) -> Any:
+async def _respond(request: Request, started: float, answer: Answer, streamed: bool) -> Any:
     """Runs the answer's rows in the model's running batch: the whole answer, or its server-sent events."""
     state = _state(request)
     chunks = state.engines[answer.served.name].submit_stream(answer.rows)
@@ -353,7 +218,7 @@ async def _respond(request: Request, started: float, answer: _Answer, streamed: 
     return answer.answer([first, *[chunk async for chunk in chunks]])
 
 
-async def _events(answer: _Answer, first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
+async def _events(answer: Answer, first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
     chunk: Chunk | None = first
     tokens = 0
     try:
@@ -474,17 +339,12 @@ async def attention(body: AttentionRequest, request: Request) -> Any:
             "target": found.target, "format": body.format, **_maps(found.weights, body.format)}
 
 
-def _rounded(weights: Tensor) -> list:
-    """Weights as nested lists of numbers, rounded to 6 decimals (what keeps a map's JSON small)."""
-    return weights.double().round(decimals=6).tolist()
-
-
 def _maps(weights: Tensor, form: str) -> dict[str, Any]:
     """{"weights", "scales"} of (layers, heads, rows, cols) maps: nested floats, or each map as base64 of
     little-endian uint16 with each row's largest weight as its scale (a weight w is sent as
     round(65535 w / scale), so it comes back within scale / 131070 of what it was)."""
     if form == "float":
-        return {"weights": _rounded(weights), "scales": None}
+        return {"weights": rounded(weights), "scales": None}
     scales = weights.float().amax(-1, keepdim=True)  # (L, H, R, 1)
     levels = (weights.float() / scales.clamp(min=torch.finfo(torch.float32).tiny) * _UINT16_TOP).round()
     data = levels.to(torch.int32).numpy().astype("<u2")
