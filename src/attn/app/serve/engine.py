@@ -16,8 +16,8 @@ With `batching=False` every job runs alone, one at a time: the baseline the batc
 At most `max_queue` jobs wait or run; one more raises `QueueFull` with a retry time (the recent mean
 job latency). A caller that stops waiting (a client that disconnected, a request past its deadline) cancels
 its job: a waiting job is dropped at once, a decoding one leaves the batch at the next step, and a batch that
-runs finishes (a model call cannot be stopped halfway) with the job's result dropped. `drain` stops new jobs and returns once
-every admitted one is done.
+runs finishes (a model call cannot be stopped halfway) with the job's result dropped. `drain` stops new jobs
+and returns once every admitted one is done.
 
 Metrics (when given): the number of jobs waiting or running (`queue_length{model}`) and the requests in each
 batch or decode step (`batch_size{model,route}`). Times to first token are the routes' to measure: they
