@@ -678,11 +678,10 @@ the vocabulary are tested through the Python API (`generate` names the first bad
 command line they can only come from a tokenizer that does not belong to its model
 (`tokenizer-of-another-model`). The HTTP server's bad requests (`attn serve`) have their own
 catalogue, `tests/integration/test_serve_bad_inputs.py`, with the server's caps (`max-tokens-over-cap`,
-`n-over-cap`, ...) and what the generated requests of `tests/integration/test_serve_schema.py` found:
-`top_p` or `temperature` of 5e-324 (0 in float32) were a 500 (`top-p-below-float32`,
-`temperature-below-float32`), a `seed` beyond 64 bits was a 500 (`seed-beyond-64-bits`: seeds are now
-0..2^63-1), a completion for a model that had stopped was a 500 instead of a 503, and
-the schema did not describe streamed answers (`text/event-stream`) or the 401, 429 and 504 answers.
+`n-over-cap`, ...) and the extremes that the generated requests of `tests/integration/test_serve_schema.py`
+send: a `top_p` or `temperature` of 5e-324 (0 in float32) samples the most likely token
+(`top-p-below-float32`, `temperature-below-float32`), a `seed` outside 0..2^63-1 is a 422 (`seed-beyond-64-bits`),
+and a completion for a model that has stopped is a 503, as on every route.
 Regenerate the table with `python tests/integration/test_bad_inputs.py`.
 
 | case | input | command | exit | message |

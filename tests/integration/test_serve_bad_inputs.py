@@ -200,8 +200,8 @@ CASES = [
     Case("n-over-cap", "/v1/completions", {**LM, "prompt": "x", "n": MAX_N + 1}, 422, "n",
          f"n: {MAX_N + 1} choices are more than this server's cap of {MAX_N} (--max-n)"),
 ]
-# Requests that the generated tests (test_serve_schema.py) found answered with a 500, and what they get now.
-FOUND = [("top-p-below-float32", "/v1/completions", {**LM, "prompt": "x", "top_p": 5e-324, "max_tokens": 3}),
+# Extremes that the generated requests of test_serve_schema.py send, which sampling must take in its stride.
+EXTREMES = [("top-p-below-float32", "/v1/completions", {**LM, "prompt": "x", "top_p": 5e-324, "max_tokens": 3}),
          ("temperature-below-float32", "/v1/completions", {**LM, "prompt": "x", "temperature": 5e-324,
                                                             "max_tokens": 3}),
          ("both-below-float32-with-top-k", "/v1/completions", {**LM, "prompt": "", "temperature": 5e-324,
@@ -241,15 +241,15 @@ def test_case_ids_are_unique() -> None:
     assert len({case.id for case in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("route,body", [found[1:] for found in FOUND], ids=[found[0] for found in FOUND])
-def test_what_the_generated_requests_found_is_answered(route: str, body: dict, client: TestClient) -> None:
+@pytest.mark.parametrize("route,body", [case[1:] for case in EXTREMES], ids=[case[0] for case in EXTREMES])
+def test_extreme_sampling_values_are_answered(route: str, body: dict, client: TestClient) -> None:
     response = client.post(route, json=body)
     assert response.status_code == 200, response.text
     assert '"error"' not in response.text
 
 
 def test_a_completion_for_a_stopped_model_is_a_503_not_a_500() -> None:
-    """Found by the generated tests: the engine's refusal came before the route caught it."""
+    """The engine refuses a stopped model's rows before any token is awaited; the route answers as every route."""
     models = [ServedModel("lm", tiny_bundles()["lm"])]
     with TestClient(create_app(models), raise_server_exceptions=False) as client:
         client.portal.call(client.app.state.serve.engines["lm"].drain)
