@@ -14,6 +14,7 @@ Without /usr/bin/chromium or the `playwright` package the module is skipped, exc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -99,16 +100,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base URL of a running `attn serve` with the tiny models."""
+@contextlib.contextmanager
+def _serving(checkpoints: dict[str, Path], log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The base URL of `attn serve` of `checkpoints`, running while the block runs."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     models = [arg for name, path in checkpoints.items() for arg in ("--model", f"{name}={path}")]
     command = [sys.executable, "-m", "attn.app.cli", "serve", *models, "--host", "127.0.0.1", "--port", str(port),
                "--device", "cpu"]
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_until_up(base, process, log)
@@ -116,6 +116,13 @@ def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base URL of a running `attn serve` with the tiny models."""
+    with _serving(checkpoints, tmp_path_factory.mktemp("serve-log") / "serve.log") as base:
+        yield base
 
 
 def _wait_until_up(base: str, process: subprocess.Popen, log: Path) -> None:
@@ -698,3 +705,29 @@ def test_a_chat_answer_s_attention_is_followed_token_by_token(page: Page, api: h
     page.fill("#chat-input", "Hi")
     run_and_wait(page, "chat")
     expect(page.locator("#chat-attention-box")).to_be_hidden()
+
+
+def test_a_server_with_a_key_gets_it_from_a_prompt_kept_in_memory_only(browser: Browser, checkpoints: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    key = "page-test-key"
+    answers = iter(["a-wrong-key", key])  # the first one typed is refused: the page asks again
+    asked: list[str] = []
+    sent: list[str | None] = []
+    with _serving({"lm": checkpoints["lm"]}, tmp_path / "serve.log", {"ATTN_API_KEY": key}) as base:
+        context = browser.new_context()
+        tab = context.new_page()
+        tab.on("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept(next(answers))))
+        tab.on("request", lambda request: sent.append(request.headers.get("authorization"))
+               if "/v1/" in request.url else None)
+        tab.goto(f"{base}/")
+        expect(tab.locator("body")).to_have_attribute("data-ready", "true")
+        choose(tab, "lm", "generate")
+        tab.fill("#max-tokens", "4")
+        run_and_wait(tab, "generate")
+        stored = tab.evaluate("() => [localStorage.length, sessionStorage.length, document.cookie]")
+        cookies = context.cookies()
+        context.close()
+    assert asked == ["This server needs an API key:", "The server refused that key. API key:"]
+    # /v1/models refused twice, then it and the completion with the key
+    assert sent == [None, "Bearer a-wrong-key", f"Bearer {key}", f"Bearer {key}"]
+    assert stored == [0, 0, ""] and cookies == []

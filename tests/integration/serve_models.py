@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from fastapi.routing import APIRoute
 
 from attn.artifacts import Bundle
 from attn.data.readers import Fields
@@ -42,3 +43,16 @@ def tiny_bundles(max_positions: int = 64) -> dict[str, Bundle]:
         bundles[name] = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task=task, model_config=config,
                                path=Path(name), **special)
     return bundles
+
+
+def app_routes(routes: list) -> list[tuple[str, str]]:
+    """(method, path) of every route among `routes` (an app's `routes`), those of the routers it includes too, HEAD
+    and the schema's own pages left out."""
+    found = []
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI keeps an included router as one route
+        if included is not None:
+            found += app_routes(included.routes)
+        elif isinstance(route, APIRoute):
+            found += [(method, route.path) for method in sorted(route.methods)]
+    return found

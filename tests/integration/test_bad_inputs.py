@@ -542,8 +542,30 @@ CASES = [
          ("attention", "--model", "{lm}", "--kind", "cross", "x", "-o", "{case}/a.png"), 1,
          "has no 'cross' attention; choose one of decoder"),
     Case("serve-host-not-local", "`attn serve` on an address that is not this machine's",
-         ("serve", "--model", "{translation}", "--host", "192.0.2.1"), 2,
+         ("serve", "--model", "{translation}", "--host", "192.0.2.1", "--insecure-no-key"), 2,
          "--host: cannot listen on 192.0.2.1:8000"),
+    Case("serve-exposed-without-key", "`attn serve` on every interface without an API key",
+         ("serve", "--model", "{translation}", "--host", "0.0.0.0"), 2,
+         "--host: 0.0.0.0 lets other machines reach the server, which then needs an API key: give --api-key-file "
+         "FILE (or set ATTN_API_KEY), or --insecure-no-key to serve without one"),
+    Case("serve-key-file-empty", "an API key file with comments only",
+         ("serve", "--model", "{translation}", "--api-key-file", "keys.txt"), 2,
+         "--api-key-file: keys.txt holds no key; write one key per line", files({"keys.txt": "# keys\n\n"})),
+    Case("serve-key-file-missing", "an API key file that does not exist",
+         ("serve", "--model", "{translation}", "--api-key-file", "nowhere.txt"), 2,
+         "--api-key-file: nowhere.txt: cannot be read (No such file or directory)"),
+    Case("serve-key-with-space", "an API key file whose line holds a space",
+         ("serve", "--model", "{translation}", "--api-key-file", "keys.txt"), 2,
+         "--api-key-file: keys.txt:2: a key must be printable ASCII without spaces",
+         files({"keys.txt": "# keys\nmy secret key\n"})),
+    Case("serve-request-timeout-zero", "a request timeout of 0 s",
+         ("serve", "--model", "{translation}", "--request-timeout", "0"), 2,
+         "--request-timeout: must be a number of seconds > 0, got 0.0"),
+    Case("serve-max-n-zero", "a cap of 0 choices per request", ("serve", "--model", "{translation}", "--max-n", "0"),
+         2, "--max-n: must be >= 1, got 0"),
+    Case("serve-cors-origin-not-an-origin", "a CORS origin without its scheme",
+         ("serve", "--model", "{translation}", "--cors-origin", "example.com"), 2,
+         "--cors-origin: 'example.com' is not an origin; give scheme://host[:port]"),
 ]
 
 
@@ -655,8 +677,12 @@ runs they trained, `.` the folder the command runs in. No command takes token id
 the vocabulary are tested through the Python API (`generate` names the first bad id); from the
 command line they can only come from a tokenizer that does not belong to its model
 (`tokenizer-of-another-model`). The HTTP server's bad requests (`attn serve`) have their own
-catalogue, `tests/integration/test_serve_bad_inputs.py`. Regenerate the table with
-`python tests/integration/test_bad_inputs.py`.
+catalogue, `tests/integration/test_serve_bad_inputs.py`, with the server's caps (`max-tokens-over-cap`,
+`n-over-cap`, ...) and the extremes that the generated requests of `tests/integration/test_serve_schema.py`
+send: a `top_p` or `temperature` of 5e-324 (0 in float32) samples the most likely token
+(`top-p-below-float32`, `temperature-below-float32`), a `seed` outside 0..2^63-1 is a 422 (`seed-beyond-64-bits`),
+and a completion for a model that has stopped is a 503, as on every route.
+Regenerate the table with `python tests/integration/test_bad_inputs.py`.
 
 | case | input | command | exit | message |
 | --- | --- | --- | --- | --- |

@@ -22,9 +22,10 @@ from attn.app.serve import ServedModel, ServeOptions, create_app
 
 LONG = "x" * 100  # more tokens than the tiny models' 64 positions
 MAX_BODY = 4096
-TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-         413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
-         503: "server_error"}
+CAP, MAX_N = 500, 8  # the server's --max-tokens-cap and --max-n: above the models' positions, below the schema's n
+TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+         429: "rate_limit_error", 500: "server_error", 503: "server_error", 504: "server_error"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,10 @@ CASES = [
          "less than or equal to 5"),
     Case("n-greedy", "/v1/completions", {**LM, "prompt": "x", "temperature": 0, "n": 2}, 422, "n",
          "greedy decoding and beam search give one continuation"),
+    Case("seed-beyond-64-bits", "/v1/completions", {**LM, "prompt": "x", "seed": 2**76}, 422, "seed",
+         "less than or equal to 9223372036854775807"),
+    Case("seed-negative", "/v1/completions", {**LM, "prompt": "x", "seed": -1}, 422, "seed",
+         "greater than or equal to 0"),
     Case("stop-empty", "/v1/completions", {**LM, "prompt": "x", "stop": [""]}, 422, "stop", "must not be empty"),
     Case("attention-without-stream", "/v1/completions", {**LM, "prompt": "x", "attention": {"layer": 0}}, 422,
          "attention", "set stream: true"),
@@ -184,7 +189,25 @@ CASES = [
          "messages", "more than the model's max_positions=64; shorten the prompt"),
     Case("chat-max-tokens-beyond-positions", CHAT_ROUTE, {**CHAT, "messages": HI, "max_completion_tokens": 60}, 422,
          "messages", "but max_tokens=60; set max_tokens <= "),
+    Case("max-tokens-over-cap", "/v1/completions", {**LM, "prompt": "x", "max_tokens": CAP + 1}, 422, "max_tokens",
+         f"max_tokens: {CAP + 1} is more than this server's cap of {CAP} new tokens (--max-tokens-cap)"),
+    Case("chat-max-completion-tokens-over-cap", CHAT_ROUTE, {**CHAT, "messages": HI, "max_completion_tokens": CAP + 1},
+         422, "max_completion_tokens", f"cap of {CAP} new tokens"),
+    Case("chat-max-tokens-over-cap", CHAT_ROUTE, {**CHAT, "messages": HI, "max_tokens": CAP + 1}, 422, "max_tokens",
+         f"cap of {CAP} new tokens"),
+    Case("translate-max-tokens-over-cap", "/v1/translate", {**TR, "input": "x", "max_tokens": CAP + 1}, 422,
+         "max_tokens", f"cap of {CAP} new tokens"),
+    Case("n-over-cap", "/v1/completions", {**LM, "prompt": "x", "n": MAX_N + 1}, 422, "n",
+         f"n: {MAX_N + 1} choices are more than this server's cap of {MAX_N} (--max-n)"),
 ]
+# Extremes that the generated requests of test_serve_schema.py send, which sampling must take in its stride.
+EXTREMES = [("top-p-below-float32", "/v1/completions", {**LM, "prompt": "x", "top_p": 5e-324, "max_tokens": 3}),
+         ("temperature-below-float32", "/v1/completions", {**LM, "prompt": "x", "temperature": 5e-324,
+                                                            "max_tokens": 3}),
+         ("both-below-float32-with-top-k", "/v1/completions", {**LM, "prompt": "", "temperature": 5e-324,
+                                                                "top_p": 5e-324, "top_k": 3, "n": 2}),
+         ("chat-temperature-below-float32", CHAT_ROUTE, {**CHAT, "messages": HI, "temperature": 1e-40,
+                                                         "max_tokens": 3, "stream": True})]
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +215,8 @@ def client():
     chat = tiny_chat_bundle(max_positions=64)
     models = [ServedModel(name, bundle) for name, bundle in tiny_bundles().items()]
     models += [ServedModel("chat", chat), ServedModel("strict", dataclasses.replace(chat, chat_template=STRICT))]
-    with TestClient(create_app(models, ServeOptions(max_body_bytes=MAX_BODY))) as client:
+    with TestClient(create_app(models, ServeOptions(max_body_bytes=MAX_BODY, max_tokens_cap=CAP,
+                                                    max_n=MAX_N))) as client:
         yield client
 
 
@@ -215,6 +239,22 @@ def test_bad_request_gets_the_contracts_json_error(case: Case, client: TestClien
 
 def test_case_ids_are_unique() -> None:
     assert len({case.id for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("route,body", [case[1:] for case in EXTREMES], ids=[case[0] for case in EXTREMES])
+def test_extreme_sampling_values_are_answered(route: str, body: dict, client: TestClient) -> None:
+    response = client.post(route, json=body)
+    assert response.status_code == 200, response.text
+    assert '"error"' not in response.text
+
+
+def test_a_completion_for_a_stopped_model_is_a_503_not_a_500() -> None:
+    """The engine refuses a stopped model's rows before any token is awaited; the route answers as every route."""
+    models = [ServedModel("lm", tiny_bundles()["lm"])]
+    with TestClient(create_app(models), raise_server_exceptions=False) as client:
+        client.portal.call(client.app.state.serve.engines["lm"].drain)
+        response = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    check_error(response, 503, None, "model 'lm' is shutting down and takes no new requests")
 
 
 def test_a_body_without_content_length_is_limited_while_it_is_read(client: TestClient) -> None:

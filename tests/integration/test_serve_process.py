@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -145,6 +146,46 @@ def test_port_zero_serves_on_a_free_port_that_the_log_names(tmp_path: Path) -> N
     finally:
         server.terminate()
         server.wait(30)
+
+
+@contextlib.contextmanager
+def serving_on_every_interface(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`attn serve --host 0.0.0.0 --port 0 FLAGS` of a tiny LM, running while the block runs; yields its address on
+    127.0.0.1 once its log names it (the log: tmp_path / "serve.log")."""
+    lm = save_model(tiny_bundles()["lm"], tmp_path / "lm")
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "attn.app.cli", "serve", "--model", str(lm), "--host",
+                                   "0.0.0.0", "--port", "0", "--device", "cpu", *flags], stdout=log,
+                                  stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    try:
+        deadline = time.monotonic() + READY_S
+        while not (found := re.search(r"attn serve: http://0\.0\.0\.0:(\d+) ", log_path.read_text())):
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{found.group(1)}"
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_every_interface_without_a_key_serves_with_the_flag_and_a_warning(tmp_path: Path) -> None:
+    with serving_on_every_interface(tmp_path, "--insecure-no-key") as base:
+        assert httpx.get(f"{base}/v1/models", timeout=10).status_code == 200
+    log = (tmp_path / "serve.log").read_text()
+    assert "WARNING: 0.0.0.0 is reachable from other machines and no API key is set (--insecure-no-key)" in log
+    assert "Traceback" not in log
+
+
+def test_every_interface_with_a_key_from_the_environment_needs_it(tmp_path: Path) -> None:
+    key = "a-key-from-the-environment"
+    with serving_on_every_interface(tmp_path, env={"ATTN_API_KEY": key}) as base:
+        refused = httpx.get(f"{base}/v1/models", timeout=10)
+        answered = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        health = httpx.get(f"{base}/health", timeout=10)
+    assert refused.status_code == 401 and answered.status_code == 200 and health.status_code == 200
+    log = (tmp_path / "serve.log").read_text()
+    assert "WARNING" not in log and key not in log
 
 
 def test_connections_to_the_bound_socket_send_without_delay() -> None:

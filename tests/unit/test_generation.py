@@ -24,6 +24,7 @@ from attn.decoding import (
 from attn.decoding.beam_search import beam_search
 from attn.decoding.continuous import RunningBatch
 from attn.decoding.generation import StopStrings
+from attn.decoding.sampling import tempered
 from attn.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder, build_model
 from attn.presets import preset
@@ -172,6 +173,14 @@ def test_samples_follow_the_tempered_softmax():
     assert_close(frequencies, (logits[0] / 2.0).softmax(-1), atol=0.01, rtol=0)
 
 
+def test_a_temperature_too_small_for_float32_samples_the_most_likely_token():
+    logits = torch.tensor([[-3.0, 2.0, 1.9, float("-inf")], [-5.0, -4.0, -4.5, -6.0]])
+    for temperature in (5e-324, 1e-40, 1e-30):
+        config = GenerationConfig(sample=True, temperature=temperature)
+        assert choose_tokens(logits, config, torch.Generator().manual_seed(0)).tolist() == [1, 1]
+    assert_close(tempered(logits, 0.5), logits / 0.5)  # a usual temperature: the scores divided, as before
+
+
 def test_top_k_and_top_p_keep_the_expected_tokens():
     logits = torch.log(torch.tensor([[0.1, 0.5, 0.15, 0.25]]))
     ninf = float("-inf")
@@ -180,6 +189,8 @@ def test_top_k_and_top_p_keep_the_expected_tokens():
     assert_close(keep_top_p(logits, 0.75), torch.where(torch.tensor([False, True, False, True]), logits, ninf))
     assert_close(keep_top_p(logits, 0.76), torch.where(torch.tensor([False, True, True, True]), logits, ninf))
     assert_close(keep_top_p(logits, 1e-6), torch.where(torch.tensor([False, True, False, False]), logits, ninf))
+    # 5e-324 is 0 in float32, where "mass before >= p" holds for the most likely token too: it is kept all the same.
+    assert_close(keep_top_p(logits, 5e-324), torch.where(torch.tensor([False, True, False, False]), logits, ninf))
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_scores():

@@ -38,7 +38,13 @@ from attn.app.runs import (
     train,
     write_run_config,
 )
-from attn.app.serve import ServeOptions, listen, load_served_models, run_server
+from attn.app.serve import (
+    ServeOptions,
+    api_keys,
+    listen,
+    load_served_models,
+    run_server,
+)
 from attn.app.tasks import EvalOptions, evaluate, task_names
 from attn.app.translation import translate
 from attn.artifacts import load_model, save_model
@@ -329,7 +335,9 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
-                           args.max_batch_tokens)
+                           args.max_batch_tokens, api_keys(args.api_key_file), args.insecure_no_key,
+                           args.request_timeout, args.max_tokens_cap, args.max_n, args.max_concurrent_per_key,
+                           tuple(args.cors_origins))
     bound = listen(options)  # before the models load: a port in use is said at once
     run_server(load_served_models(args.model, args.device, args.quantize), options, bound)
     return 0

@@ -213,6 +213,23 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
                    help="run the waiting requests to one model together (--no-batching: one at a time)")
     p.add_argument("--max-batch-tokens", dest="max_batch_tokens", type=int, default=8192,
                    help="the token budget of one batch (padded inputs; prompts and new tokens of running completions)")
+    p.add_argument("--api-key-file", dest="api_key_file", metavar="FILE",
+                   help="API keys, one per line (# comments and blank lines skipped): /v1/* and /metrics then need "
+                   "'Authorization: Bearer KEY' (the environment's ATTN_API_KEY adds one key)")
+    p.add_argument("--insecure-no-key", dest="insecure_no_key", action="store_true",
+                   help="serve on a --host that other machines reach without an API key (a warning at start)")
+    p.add_argument("--request-timeout", dest="request_timeout", type=float, metavar="S",
+                   help="the most seconds a request may wait and run; then 504 and its work stops (default: none)")
+    p.add_argument("--max-tokens-cap", dest="max_tokens_cap", type=int, metavar="N",
+                   help="the most new tokens (max_tokens, max_completion_tokens) a request may ask for; more get 422")
+    p.add_argument("--max-n", dest="max_n", type=int, metavar="N",
+                   help="the most choices (n) a request may ask for; more get 422")
+    p.add_argument("--max-concurrent-per-key", dest="max_concurrent_per_key", type=int, metavar="N",
+                   help="the most requests of one API key in flight at once (of all clients without keys); "
+                   "more get 429")
+    p.add_argument("--cors-origin", dest="cors_origins", action="append", default=[], metavar="ORIGIN",
+                   help="let pages of this origin (https://host[:port]) call the API from a browser (repeatable; "
+                   "default: none)")
 
     _tokenizer_parsers(sub, handlers)
 

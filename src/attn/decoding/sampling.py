@@ -62,12 +62,22 @@ def choose_tokens(logits: Tensor, config: GenerationConfig, generator: torch.Gen
     """(R, V) scores -> (R,) next tokens: argmax, or a sample after temperature, top-k and top-p."""
     if not config.sample:
         return logits.argmax(-1)
-    logits = logits / config.temperature
+    logits = tempered(logits, config.temperature)
     if config.top_k:
         logits = keep_top_k(logits, config.top_k)
     if config.top_p < 1.0:
         logits = keep_top_p(logits, config.top_p)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
+
+
+def tempered(logits: Tensor, temperature: float) -> Tensor:
+    """(R, V) scores / temperature. Where a tiny temperature overflows a finite score (or is 0 in the scores'
+    dtype), the scores less each row's largest instead: the same softmax, with the most likely token at 0 and
+    the others at -inf, so sampling becomes the argmax it tends to instead of a softmax of infinities (NaN)."""
+    scaled = logits / temperature
+    if not (torch.isfinite(logits) & ~torch.isfinite(scaled)).any():
+        return scaled
+    return (logits - logits.amax(-1, keepdim=True)) / max(temperature, torch.finfo(logits.dtype).tiny)
 
 
 def keep_top_k(logits: Tensor, k: int) -> Tensor:
@@ -85,6 +95,7 @@ def keep_top_p(logits: Tensor, p: float) -> Tensor:
     ordered, order = logits.sort(dim=-1, descending=True)
     probs = ordered.softmax(-1)
     drop_sorted = probs.cumsum(-1) - probs >= p  # mass strictly before each token
+    drop_sorted[:, 0] = False  # a p below float32's smallest number compares as 0, which would drop every token
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

@@ -10,7 +10,6 @@ flight, and returns; a second signal stops it at once.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import logging
 import socket
@@ -18,47 +17,20 @@ from collections.abc import AsyncIterator, Sequence
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from attn import __version__
+from attn.app.serve.access import AccessGate, needs_key
 from attn.app.serve.engine import Engine
 from attn.app.serve.errors import install_error_handlers
 from attn.app.serve.gate import RequestGate, Traffic
 from attn.app.serve.metrics import ServeMetrics
+from attn.app.serve.options import ServeOptions
 from attn.app.serve.registry import ServedModel
 from attn.app.serve.routes import ServeState, router
 from attn.decoding import RunningBatch
 from attn.errors import ConfigError
 from attn.models import Decoder
-
-DEFAULT_MAX_BODY_BYTES = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeOptions:
-    """How the server listens and what it accepts.
-
-    Attributes:
-        host: the address to listen on (the loopback interface unless asked otherwise).
-        port: the TCP port.
-        max_body_bytes: the largest request body; a larger one gets 413.
-        max_queue: the most requests per model waiting or running; one more gets 429.
-        batching: whether requests to one model run together (False: one at a time).
-        max_batch_tokens: the token budget of one batch (see `engine.Engine`).
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_queue: int = 64
-    batching: bool = True
-    max_batch_tokens: int = 8192
-
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_queue", "max_batch_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.port < 65536:
-            raise ConfigError("--port", f"must be in 0..65535, got {self.port}")
 
 
 def create_app(models: Sequence[ServedModel], options: ServeOptions = ServeOptions()) -> FastAPI:
@@ -76,7 +48,7 @@ def create_app(models: Sequence[ServedModel], options: ServeOptions = ServeOptio
     """
     metrics = ServeMetrics()
     engines = {served.name: _engine(served, options, metrics) for served in models}
-    state = ServeState({served.name: served for served in models}, engines, metrics, Traffic())
+    state = ServeState({served.name: served for served in models}, engines, metrics, Traffic(), options)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,12 +58,37 @@ def create_app(models: Sequence[ServedModel], options: ServeOptions = ServeOptio
 
     app = FastAPI(title="attn serve", version=__version__, lifespan=lifespan,
                   description="Transformer models of `attn` over HTTP: completions, translation, embeddings, "
-                  "classification and attention maps. Every error is `{\"error\": {message, type, param, code}}`.")
+                  "classification and attention maps. Every error is `{\"error\": {message, type, param, code}}`. "
+                  "When the server has API keys, /v1/* and /metrics need `Authorization: Bearer KEY`.")
     app.state.serve = state
     install_error_handlers(app)
     app.include_router(router)
+    _describe_keys(app, bool(options.api_keys))
+    # The last one added sees a request first: CORS (a browser's preflight carries no key), then the gate (413,
+    # 503 and the metrics, 401s counted too), then the keys.
+    app.add_middleware(AccessGate, keys=options.api_keys, max_concurrent_per_key=options.max_concurrent_per_key)
     app.add_middleware(RequestGate, traffic=state.traffic, metrics=metrics, max_body_bytes=options.max_body_bytes)
+    if options.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Retry-After"])
     return app
+
+
+def _describe_keys(app: FastAPI, keyed: bool) -> None:
+    """With keys, the OpenAPI schema says that every guarded route needs the bearer key (as /docs shows it)."""
+    if not keyed:
+        return
+    make = app.openapi
+
+    def openapi() -> dict:
+        schema = make()  # built once and kept by FastAPI: the lines below only set what they set before
+        schema.setdefault("components", {})["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        for path, operations in schema["paths"].items():
+            for operation in operations.values() if needs_key(path) else ():
+                operation["security"] = [{"apiKey": []}]
+        return schema
+
+    app.openapi = openapi
 
 
 def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -> Engine:
@@ -160,6 +157,10 @@ def listen(options: ServeOptions) -> socket.socket:
 
 def run_server(models: Sequence[ServedModel], options: ServeOptions, bound: socket.socket) -> None:
     """Serves `models` on the socket `listen` bound until SIGTERM or Ctrl-C, then drains and returns."""
+    if options.exposed_without_key:
+        logging.getLogger("uvicorn.error").warning(
+            "attn serve: WARNING: %s is reachable from other machines and no API key is set (--insecure-no-key): "
+            "anyone who reaches it may use the models; give --api-key-file FILE", options.host)
     app = create_app(models, options)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info", access_log=False)
     with bound:

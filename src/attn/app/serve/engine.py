@@ -14,9 +14,10 @@ on the event loop. Two kinds of job:
 With `batching=False` every job runs alone, one at a time: the baseline the batched engine is measured against.
 
 At most `max_queue` jobs wait or run; one more raises `QueueFull` with a retry time (the recent mean
-job latency). A caller that stops waiting (a client that disconnected) cancels its job: a waiting job is
-dropped, a decoding one leaves the batch at the next step. `drain` stops new jobs and returns once
-every admitted one is done.
+job latency). A caller that stops waiting (a client that disconnected, a request past its deadline) cancels
+its job: a waiting job is dropped at once, a decoding one leaves the batch at the next step, and a batch that
+runs finishes (a model call cannot be stopped halfway) with the job's result dropped. `drain` stops new jobs
+and returns once every admitted one is done.
 
 Metrics (when given): the number of jobs waiting or running (`queue_length{model}`) and the requests in each
 batch or decode step (`batch_size{model,route}`). Times to first token are the routes' to measure: they
@@ -161,7 +162,7 @@ class Engine:
         try:
             result = await job.out.get()
         except asyncio.CancelledError:
-            job.cancelled = True
+            self._withdraw(job)
             raise
         if isinstance(result, BaseException):
             raise result
@@ -190,7 +191,7 @@ class Engine:
                     raise item
                 yield item
         finally:
-            job.cancelled = True  # a no-op after the end; else the rows leave the batch at the next step
+            self._withdraw(job)  # a no-op after the end; else the rows leave the batch at the next step
 
     def _admit(self, work: BatchJob | RowsJob) -> _Job:
         if isinstance(work, RowsJob) and self.running is None:
@@ -206,6 +207,16 @@ class Engine:
             self._lock.notify()
         self._count()
         return job
+
+    def _withdraw(self, job: _Job) -> None:
+        """Cancels a job whose caller stopped waiting: a waiting job frees its place at once, a running one when its
+        batch or decode step ends (its result is dropped)."""
+        with self._lock:
+            job.cancelled = True
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._admitted -= 1
+        self._count()
 
     def _done(self, job: _Job, item: Any) -> None:
         """Sends the job's last item and frees its place in the queue."""
@@ -230,7 +241,6 @@ class Engine:
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._waiting or self._decoding or self._closing)
-                self._drop_cancelled()
                 if self._closing and not self._waiting and not self._decoding:
                     return
                 batch = self._take_batch()
@@ -239,12 +249,6 @@ class Engine:
                 self._run_batch(batch)
             if joining or self._decoding:
                 self._step(joining)
-
-    def _drop_cancelled(self) -> None:
-        for job in [t for t in self._waiting if t.cancelled]:
-            self._waiting.remove(job)
-            self._admitted -= 1
-        self._count()
 
     def _take_batch(self) -> list[_Job]:
         """The oldest waiting `BatchJob` job and, when batching, others of its group within the budget."""

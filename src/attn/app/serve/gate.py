@@ -64,12 +64,12 @@ class RequestGate:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         if self.traffic.draining and path not in _ALWAYS_OPEN:
-            await _send_error(send, 503, "the server is shutting down and takes no new requests; retry on another "
+            await send_error(send, 503, "the server is shutting down and takes no new requests; retry on another "
                               "instance or after it restarts")
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await _send_error(send, 413, self._too_large(int(length)))
+            await send_error(send, 413, self._too_large(int(length)))
             return
         received = 0
 
@@ -88,8 +88,10 @@ class RequestGate:
                 "(--max-body-bytes); send fewer or shorter inputs per request")
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
+async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    """Answers with the contract's JSON error, before the app sees the request."""
     body = json.dumps(error_body(status, message)).encode()
-    headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    sent: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       *((name.lower().encode(), value.encode()) for name, value in (headers or {}).items())]
+    await send({"type": "http.response.start", "status": status, "headers": sent})
     await send({"type": "http.response.body", "body": body})

@@ -6,6 +6,7 @@ route only validates, tokenizes to count and check, and turns the job's result i
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
@@ -24,10 +25,13 @@ from torch import Tensor
 from attn.app.chat import chat_config
 from attn.app.classification import Prediction
 from attn.app.continuation import check_samples, default_limit, prompt_ids
+from attn.app.serve.access import check_choices, held_to_cap, timed_out, token_limit
+from attn.app.serve.answers import Answer, ChatCompletion, Completion, rounded
 from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
 from attn.app.serve.metrics import ServeMetrics
+from attn.app.serve.options import ServeOptions
 from attn.app.serve.registry import ServedModel
 from attn.app.serve.schemas import (
     AttentionRequest,
@@ -61,7 +65,22 @@ from attn.decoding.attention_maps import layer_count
 from attn.errors import AttnError
 
 PAGE = Path(__file__).parent / "static" / "index.html"
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 422, 429, 500, 503)}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The schema's answers of `statuses`, each the one error shape."""
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
+# Every status a route may answer besides 200 (a guarded route's 401 and the per-key 429 included: the schema
+# describes a server with keys and limits).
+ERRORS = _errors(400, 401, 404, 413, 422, 429, 500, 503, 504)
+# A server-sent event of a streamed answer (OpenAPI 3.1: the schema of an event stream describes one event).
+_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {
+    "type": "string", "description": "a chunk as JSON (the answer's shape with one token's delta; an error body when "
+    "the answer fails once started), or [DONE] last"}}}
+STREAMED = {**ERRORS, 200: {"description": "the answer; with stream: true, server-sent events of its chunks",
+                            "content": {"text/event-stream": {"schema": _EVENT}}}}
 # Library field names that the API calls otherwise.
 _PARAMS = {"samples": "n", "max_new_tokens": "max_tokens"}
 # The most attention weights one /v1/attention answer holds: one 1,448-token map (2,097,152 weights: at most
@@ -75,12 +94,14 @@ router = APIRouter()
 
 @dataclasses.dataclass
 class ServeState:
-    """What the routes share: the served models, each one's engine, the metrics and the traffic gate."""
+    """What the routes share: the served models, each one's engine, the metrics, the traffic gate and the
+    server's settings."""
 
     models: dict[str, ServedModel]
     engines: dict[str, Engine]
     metrics: ServeMetrics
     traffic: Traffic
+    options: ServeOptions
 
 
 def _state(request: Request) -> ServeState:
@@ -115,11 +136,22 @@ def _checked(make: Callable[[], T], param: str) -> T:
 
 
 async def _run(request: Request, served: ServedModel, job: BatchJob, param: str) -> Any:
-    """The result of `job` on the served model's engine; a mistake it finds is a 422 naming `param`."""
+    """The result of `job` on the served model's engine; a mistake it finds is a 422 naming `param`, a job past the
+    server's --request-timeout a 504 (leaving the queue, see `engine`)."""
+    state = _state(request)
     try:
-        return await _state(request).engines[served.name].submit(job)
+        async with asyncio.timeout(state.options.request_timeout_s):
+            return await state.engines[served.name].submit(job)
     except AttnError as error:
         raise _invalid(error, param) from None
+    except TimeoutError:
+        raise timed_out(state.options) from None
+
+
+def _deadline(request: Request) -> float | None:
+    """When a request that starts now must end (the event loop's clock), or None: no --request-timeout."""
+    timeout = _state(request).options.request_timeout_s
+    return None if timeout is None else asyncio.get_running_loop().time() + timeout
 
 
 def _invalid(error: AttnError, param: str) -> ApiError:
@@ -136,8 +168,9 @@ def _invalid(error: AttnError, param: str) -> ApiError:
 # -- completions and chat completions -----------------------------------------------------------
 
 
-def _decoding_config(body: DecodingRequest, max_tokens: int | None) -> GenerationConfig:
-    """Temperature 0 is greedy decoding (top_p and top_k then do nothing)."""
+def _decoding_config(request: Request, body: DecodingRequest, max_tokens: int | None) -> GenerationConfig:
+    """Temperature 0 is greedy decoding (top_p and top_k then do nothing); `n` within the server's --max-n."""
+    check_choices(_state(request).options, body.n)
     sample = body.temperature > 0
     config = GenerationConfig(max_new_tokens=max_tokens, sample=sample, stop=body.stops(), seed=body.seed,
                               **({"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
@@ -154,97 +187,6 @@ def _rows(served: ServedModel, route: str, prompts: list[list[int]], config: Gen
     return completion_rows(served, [p for p in prompts for _ in seeds], configs, logprobs, attention, route)
 
 
-@dataclasses.dataclass
-class _Answer:
-    """A checked request for the running batch: its model, its rows (one per choice) and how to answer; the
-    answers of completions and of chat completions differ in their shape only (`choice`, `event`, `usage_event`).
-
-    Attributes:
-        param: the request field that a mistake found while decoding is about (a prompt too long).
-        prompt_tokens: the prompts' tokens, each prompt counted once.
-        attention: (layer, head, or None for the mean over heads) of the attention each streamed token carries,
-            or None (the same for completions and chat completions).
-    """
-
-    served: ServedModel
-    rows: RowsJob
-    head: dict[str, Any]
-    param: str
-    prompt_tokens: int
-    attention: tuple[int, int | None] | None
-
-    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
-        """One choice of the whole answer, from all its chunks."""
-        raise NotImplementedError
-
-    def event(self, chunk: Chunk) -> dict[str, Any]:
-        """The streamed object of one chunk."""
-        raise NotImplementedError
-
-    def usage_event(self, tokens: int) -> dict[str, Any] | None:
-        """The object streamed after the last chunk, when there is one."""
-        return None
-
-    def answer(self, chunks: list[Chunk]) -> dict[str, Any]:
-        choices = [self.choice([c for c in chunks if c.index == i]) for i in range(len(self.rows.prompts))]
-        return {**self.head, "choices": choices, "usage": self.usage(len(chunks))}
-
-    def usage(self, tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": tokens,
-                "total_tokens": self.prompt_tokens + tokens}
-
-    def decode(self, ids: list[int]) -> str:
-        return self.served.bundle.tokenizer.decode(ids)
-
-    def token_attention(self, chunk: Chunk) -> dict[str, Any]:
-        """{"attention": ...} with the attention that chose the chunk's token, when the request asked for it; else {}."""
-        if chunk.attention is None or self.attention is None:
-            return {}
-        layer, head = self.attention
-        return {"attention": {"layer": layer, "head": head, "token": self.decode([chunk.token.id]),
-                              "keys": chunk.attention.keys, "weights": _rounded(chunk.attention.weights)}}
-
-
-@dataclasses.dataclass
-class _Completion(_Answer):
-    """A completion: text choices, logprobs in the completions shape, the attention the page asks for.
-
-    Attributes:
-        prompts: the prompt of each choice (choice i * n + j is sample j of prompt i).
-        logprobs: whether the choices carry logprobs.
-    """
-
-    prompts: list[str]
-    logprobs: bool
-    offsets: list[int] = dataclasses.field(init=False)  # where each streamed choice's next text starts
-
-    def __post_init__(self) -> None:
-        self.offsets = [len(prompt) for prompt in self.prompts]
-
-    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
-        index = chunks[0].index
-        return {"text": "".join(c.token.text for c in chunks), "index": index,
-                "logprobs": self._logprobs(chunks, len(self.prompts[index])), "finish_reason": chunks[-1].token.finish}
-
-    def event(self, chunk: Chunk) -> dict[str, Any]:
-        choice = {"text": chunk.token.text, "index": chunk.index,
-                  "logprobs": self._logprobs([chunk], self.offsets[chunk.index]), "finish_reason": chunk.token.finish}
-        self.offsets[chunk.index] += len(chunk.token.text)
-        return {**self.head, "choices": [choice], **self.token_attention(chunk)}
-
-    def _logprobs(self, chunks: list[Chunk], offset: int) -> dict[str, list] | None:
-        if not self.logprobs:
-            return None
-        offsets = []
-        for chunk in chunks:
-            offsets.append(offset)
-            offset += len(chunk.token.text)
-        return {"tokens": [self.decode([c.token.id]) for c in chunks],
-                "token_logprobs": [c.token.logprob for c in chunks],
-                "top_logprobs": [{self.decode([i]): p for i, p in c.token.top} for c in chunks],
-                "text_offset": offsets}
-
-
 def _token_attention(served: ServedModel, body: DecodingRequest) -> tuple[int, int | None] | None:
     """(layer, head) of the attention each streamed token carries, checked against the model; None when not asked."""
     if body.attention is None:
@@ -253,118 +195,91 @@ def _token_attention(served: ServedModel, body: DecodingRequest) -> tuple[int, i
     return body.attention.layer, body.attention.head
 
 
-def _completion(request: Request, body: CompletionRequest) -> _Completion:
+def _completion(request: Request, body: CompletionRequest) -> Completion:
     served = _served(request, body.model, "completions")
-    config = _checked(lambda: _decoding_config(body, body.max_tokens), "prompt")
+    options = _state(request).options
+    asked = "max_tokens" in body.model_fields_set  # else its default, which the cap holds rather than refuses
+    limit = token_limit(options, body.max_tokens, "max_tokens") if asked else held_to_cap(options, body.max_tokens)
+    config = _checked(lambda: _decoding_config(request, body, limit), "prompt")
     attention = _token_attention(served, body)
     ids = _checked(lambda: [prompt_ids(served.bundle, p) for p in body.prompts()], "prompt")
     rows = _rows(served, "completions", ids, config, body.n, body.logprobs or 0, attention)
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": served.name}
     prompts = [p for p in body.prompts() for _ in range(body.n)]
-    return _Completion(served, rows, head, "prompt", sum(map(len, ids)), attention, prompts,
+    return Completion(served, rows, head, "prompt", sum(map(len, ids)), attention, prompts,
                        body.logprobs is not None)
 
 
-@dataclasses.dataclass
-class _ChatCompletion(_Answer):
-    """A chat completion: assistant messages (streamed as deltas, the first with the role), logprobs in the
-    chat shape, and with `include_usage` a last chunk that holds the usage.
-
-    Attributes:
-        logprobs: whether the choices carry logprobs.
-        include_usage: whether a stream ends with the usage.
-    """
-
-    logprobs: bool
-    include_usage: bool
-    started: set[int] = dataclasses.field(default_factory=set)  # the streamed choices that sent their role
-
-    def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
-        return {"index": chunks[0].index, "message": {"role": "assistant", "content": "".join(c.token.text for c in chunks)},
-                "logprobs": self._logprobs(chunks), "finish_reason": chunks[-1].token.finish}
-
-    def event(self, chunk: Chunk) -> dict[str, Any]:
-        delta = {"content": chunk.token.text}
-        if chunk.index not in self.started:
-            self.started.add(chunk.index)
-            delta = {"role": "assistant", **delta}
-        choice = {"index": chunk.index, "delta": delta, "logprobs": self._logprobs([chunk]),
-                  "finish_reason": chunk.token.finish}
-        return {**self.head, "object": "chat.completion.chunk", "choices": [choice],
-                **({"usage": None} if self.include_usage else {}), **self.token_attention(chunk)}
-
-    def usage_event(self, tokens: int) -> dict[str, Any] | None:
-        if not self.include_usage:
-            return None
-        return {**self.head, "object": "chat.completion.chunk", "choices": [], "usage": self.usage(tokens)}
-
-    def _logprobs(self, chunks: list[Chunk]) -> dict[str, Any] | None:
-        if not self.logprobs:
-            return None
-        return {"content": [{**self._token(c.token.id, c.token.logprob),
-                             "top_logprobs": [self._token(i, p) for i, p in c.token.top]} for c in chunks],
-                "refusal": None}
-
-    def _token(self, token: int, logprob: float) -> dict[str, Any]:
-        text = self.decode([token])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
-def _chat_completion(request: Request, body: ChatCompletionRequest) -> _ChatCompletion:
+def _chat_completion(request: Request, body: ChatCompletionRequest) -> ChatCompletion:
     served = _served(request, body.model, "chat/completions")
     bundle = served.bundle
     attention = _token_attention(served, body)
     prompt = _checked(lambda: prompt_ids(bundle, bundle.render_chat(body.conversation())), "messages")
-    config = _checked(lambda: chat_config(bundle, default_limit(_decoding_config(body, body.limit()), bundle,
-                                                                len(prompt))), "messages")
+    options = _state(request).options
+    asked = token_limit(options, body.limit(), "max_tokens" if body.max_completion_tokens is None
+                        else "max_completion_tokens")
+    config = _checked(lambda: default_limit(_decoding_config(request, body, asked), bundle, len(prompt)), "messages")
+    if asked is None:
+        config = dataclasses.replace(config, max_new_tokens=held_to_cap(options, config.max_new_tokens))
+    config = _checked(lambda: chat_config(bundle, config), "messages")
     top = (body.top_logprobs or 0) if body.logprobs else 0
     rows = _rows(served, "chat/completions", [prompt], config, body.n, top, attention)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": served.name}
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return _ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.logprobs, include_usage)
+    return ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.logprobs, include_usage)
 
 
-@router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS,
+@router.post("/v1/completions", response_model=CompletionResponse, responses=STREAMED,
              summary="Continue prompts with a decoder-only model (OpenAI completions; stream: server-sent events)")
 async def completions(body: CompletionRequest, request: Request) -> Any:
     return await _respond(request, time.monotonic(), _completion(request, body), body.stream)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS,
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAMED,
              summary="Answer a conversation with a chat model, through its chat template (OpenAI chat completions; "
              "stream: server-sent events)")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     return await _respond(request, time.monotonic(), _chat_completion(request, body), body.stream)
 
 
-async def _respond(request: Request, started: float, answer: _Answer, streamed: bool) -> Any:
-    """Runs the answer's rows in the model's running batch: the whole answer, or its server-sent events."""
+async def _respond(request: Request, started: float, answer: Answer, streamed: bool) -> Any:
+    """Runs the answer's rows in the model's running batch: the whole answer, or its server-sent events; past the
+    server's --request-timeout the rows leave the batch, and the answer is a 504 (or a stream's last event)."""
     state = _state(request)
-    chunks = state.engines[answer.served.name].submit_stream(answer.rows)
+    deadline = _deadline(request)
     try:  # the first token before the answer starts, so that a prompt's mistake is still an error status
-        first = await anext(chunks)
+        chunks = state.engines[answer.served.name].submit_stream(answer.rows)
+        async with asyncio.timeout_at(deadline):
+            first = await anext(chunks)
+            state.metrics.first_token.labels(model=answer.served.name).observe(time.monotonic() - started)
+            if not streamed:
+                return answer.answer([first, *[chunk async for chunk in chunks]])
     except AttnError as error:
         raise _invalid(error, answer.param) from None
-    state.metrics.first_token.labels(model=answer.served.name).observe(time.monotonic() - started)
-    if streamed:
-        return StreamingResponse(_events(answer, first, chunks), media_type="text/event-stream")
-    return answer.answer([first, *[chunk async for chunk in chunks]])
+    except TimeoutError:
+        raise timed_out(state.options) from None
+    return StreamingResponse(_events(answer, first, chunks, deadline, state.options), media_type="text/event-stream")
 
 
-async def _events(answer: _Answer, first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
+async def _events(answer: Answer, first: Chunk, chunks: AsyncIterator[Chunk], deadline: float | None,
+                  options: ServeOptions) -> AsyncIterator[str]:
     chunk: Chunk | None = first
     tokens = 0
     try:
         while chunk is not None:
             yield _event(answer.event(chunk))
             tokens += 1
-            chunk = await anext(chunks, None)
+            async with asyncio.timeout_at(deadline):  # around the wait only: a yield may not leave its scope
+                chunk = await anext(chunks, None)
         last = answer.usage_event(tokens)
         if last is not None:
             yield _event(last)
         yield "data: [DONE]\n\n"
+    except TimeoutError:
+        expired = timed_out(options)
+        yield _event(error_body(expired.status, expired.message))
     except Exception:  # the status went out with the first event: the error goes in the stream
         log.exception("internal error in a completion stream")
         yield _event(error_body(500, "internal error while streaming; the server log has the details"))
@@ -383,8 +298,11 @@ def _event(body: dict[str, Any]) -> str:
              summary="Translate with an encoder-decoder (beam search, n best, alignment)")
 async def translate(body: TranslateRequest, request: Request) -> Any:
     served = _served(request, body.model, "translate")
+    options = _state(request).options
+    asked = token_limit(options, body.max_tokens, "max_tokens")
+    limit = asked if asked is not None or options.max_tokens_cap is None else held_to_cap(options, served.max_positions)
     config = _checked(lambda: GenerationConfig(beam_size=body.beam_size, length_penalty=body.length_penalty,
-                                               n_best=body.n_best, max_new_tokens=body.max_tokens), "inputs")
+                                               n_best=body.n_best, max_new_tokens=limit), "inputs")
     if body.max_tokens is not None and body.max_tokens > served.max_positions:
         raise ApiError(422, f"max_tokens: {body.max_tokens} is more than the model's max_positions="
                        f"{served.max_positions}; ask for at most {served.max_positions}", "max_tokens")
@@ -474,17 +392,12 @@ async def attention(body: AttentionRequest, request: Request) -> Any:
             "target": found.target, "format": body.format, **_maps(found.weights, body.format)}
 
 
-def _rounded(weights: Tensor) -> list:
-    """Weights as nested lists of numbers, rounded to 6 decimals (what keeps a map's JSON small)."""
-    return weights.double().round(decimals=6).tolist()
-
-
 def _maps(weights: Tensor, form: str) -> dict[str, Any]:
     """{"weights", "scales"} of (layers, heads, rows, cols) maps: nested floats, or each map as base64 of
     little-endian uint16 with each row's largest weight as its scale (a weight w is sent as
     round(65535 w / scale), so it comes back within scale / 131070 of what it was)."""
     if form == "float":
-        return {"weights": _rounded(weights), "scales": None}
+        return {"weights": rounded(weights), "scales": None}
     scales = weights.float().amax(-1, keepdim=True)  # (L, H, R, 1)
     levels = (weights.float() / scales.clamp(min=torch.finfo(torch.float32).tiny) * _UINT16_TOP).round()
     data = levels.to(torch.int32).numpy().astype("<u2")
@@ -496,12 +409,13 @@ def _maps(weights: Tensor, form: str) -> dict[str, Any]:
 # -- the server itself --------------------------------------------------------------------------
 
 
-@router.get("/v1/models", response_model=ModelList, summary="The served models")
+@router.get("/v1/models", response_model=ModelList, responses=_errors(401, 413, 429, 500, 503),
+            summary="The served models")
 async def models(request: Request) -> Any:
     return {"object": "list", "data": [served.card() for served in _state(request).models.values()]}
 
 
-@router.get("/health", response_model=Health, responses={503: {"model": Health}},
+@router.get("/health", response_model=Health, responses={**_errors(413, 500), 503: {"model": Health}},
             summary="ok while serving; 503 draining once the server was told to stop")
 async def health(request: Request) -> Any:
     state = _state(request)
@@ -510,12 +424,14 @@ async def health(request: Request) -> Any:
                         status_code=503 if draining else 200)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={**_errors(401, 413, 500), 200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(request: Request) -> Response:
     return Response(_state(request).metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/", summary="The page that talks to these routes", response_class=FileResponse, responses=ERRORS)
+@router.get("/", summary="The page that talks to these routes", response_class=FileResponse,
+            responses={**_errors(404, 413, 500, 503), 200: {"content": {"text/html": {"schema": {"type": "string"}}}}})
 async def page() -> FileResponse:
     if not PAGE.exists():
         raise ApiError(404, "the page is not part of this installation; the API routes are listed at /docs")

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from attn.errors import ConfigError
 
+MAX_SEED = 2**63 - 1  # seed + j (j < n) must fit the 64 bits of torch's generators
+
 
 class Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -52,7 +54,7 @@ class DecodingRequest(Request):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0: off")
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, description="seeds choice j of each prompt with seed + j")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seeds choice j of each prompt with seed + j")
     n: int = Field(1, ge=1, le=16, description="choices per prompt")
     stream: bool = False
     attention: AttentionOption | None = Field(None, description="stream: send the attention with which each token "
