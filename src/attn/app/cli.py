@@ -327,7 +327,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    view = attention_of(load_model(args.model, args.device, quantize=args.quantize), " ".join(args.text), args.kind, args.layer, args.head)
+    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    view = attention_of(bundle, " ".join(args.text), args.kind, args.layer, args.head)
     path = plot_attention(view.weights, view.queries, view.keys, view.title, args.output)
     print(f"wrote {path}")
     return 0
