@@ -1,4 +1,4 @@
-"""int8 weights for CPU inference: every linear layer and the token embedding, a quarter of float32's bytes.
+"""int8 and int4 weights for CPU inference: a quarter or an eighth of float32's bytes per weight read.
 
 `quantize(model)` replaces, in place, each linear layer by an `Int8Linear` and each token embedding by an
 `Int8Embedding`. Both keep a matrix W as int8 rows with one float32 scale per row (per output channel,
@@ -9,6 +9,14 @@ weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`, vectorised for AV
 y = (x Q^T) s + b. Quantizing the input too, per token (as CTranslate2 does), broke SmolLM2-135M's
 answers (its activations have outlier channels: "What is the capital of France?" was answered
 "L'Étoile, la Marseilla, la France, la France, ..."); weight-only int8 answers it as float32 does.
+
+`quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of 32
+weights along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in
+0..15, s = (max - min) / 15, m = min), multiplied by PyTorch's CPU int4 kernel
+(`torch.ops.aten._weight_int4pack_mm_for_cpu`). A GGUF file's Q4_1 blocks are such groups, so
+re-quantizing its dequantized weights recovers them. The token embedding (and an output projection tied
+to it) stays int8, and so does a layer the kernel cannot take: an input size that is not a multiple of 32 or an
+output size that is not a multiple of 16.
 
 A quantized model is for inference: it has no gradients. Gemma 2's soft-capped output projection stays
 in float32.
@@ -27,6 +35,10 @@ from attn.layers import Embeddings, SoftCappedProjection
 
 class Quantization(StrEnum):
     INT8 = "int8"
+    INT4 = "int4"
+
+
+GROUP = 32  # int4 weights per scale and minimum
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -59,6 +71,56 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, in) float, in a multiple of GROUP -> 4-bit codes two to a byte (out, in / 2) uint8 (even columns in
+    the low nibble) and (out, in / GROUP, 2) float32 [scale, minimum] per group: W ~ scale q + minimum.
+
+    A group whose weights are all equal gets scale 1 (and codes 0).
+    """
+    out, size = w.shape
+    groups = w.float().view(out, size // GROUP, GROUP)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = (high - low) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.uint8).view(out, size)
+    return q[:, 0::2] | (q[:, 1::2] << 4), torch.cat([scale, low], -1)
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W in 4-bit groups (see the module's docstring): (..., in) -> (..., out).
+
+    The codes are stored as written by `quantize_groups`; the kernel's own layout, which differs between
+    AVX2 and AVX-512, is made from them when the layer is built or loaded, so a file serves every CPU.
+    """
+
+    def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
+        """weight (out, in / 2) uint8 codes, scales (out, in / GROUP, 2) float32, bias (out,) or None."""
+        super().__init__()
+        self.in_features, self.out_features = 2 * weight.size(1), weight.size(0)
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+        self._pack()
+
+    def _pack(self) -> None:
+        codes = torch.stack([self.weight & 15, self.weight >> 4], -1).view(self.out_features, -1).int()
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2), persistent=False)
+        scale, low = self.scales.unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
+        zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()  # (in / GROUP, out, 2)
+        self.register_buffer("scale_and_zero", zeros, persistent=False)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)
+        self._pack()
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
 class Int8Embedding(nn.Module):
     """Token embedding with int8 rows and per-row scales: (...) long -> (..., d) float32."""
 
@@ -81,27 +143,40 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
         raise ConfigError("quantize", f"unknown quantization {scheme!r}; choose one of "
                                       f"{[q.value for q in Quantization]}")
     if any(p.device.type != "cpu" for p in model.parameters()):
-        raise ConfigError("device", "int8 weights run on the CPU only: load the model with device='cpu' "
+        raise ConfigError("device", f"{scheme} weights run on the CPU only: load the model with device='cpu' "
                                     "(--device cpu) to quantize it")
-    rows: dict[int, tuple[Tensor, Tensor]] = {}  # id of a float matrix -> its int8 rows and scales, made once
+    embedded = {id(m.tokens.weight): m.tokens.weight for m in model.modules()
+                if isinstance(m, Embeddings) and isinstance(m.tokens, nn.Embedding)}
+    rows: dict[int, tuple[Tensor, Tensor]] = {}  # id of a float matrix in `embedded` or `kept` -> int8 rows, scales
+    kept: list[Tensor] = []  # the matrices quantized to int8 rows, alive while the model is rebuilt (ids stay theirs)
 
     def rows_of(weight: Tensor) -> tuple[Tensor, Tensor]:
         if id(weight) not in rows:
             q, scale = quantize_rows(weight.detach())
             rows[id(weight)] = q, scale.squeeze(-1)
+            kept.append(weight)
         return rows[id(weight)]
 
+    def replacement(linear: nn.Linear) -> nn.Module:
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        tied = id(linear.weight) in embedded  # an output projection tied to an embedding shares its int8 rows
+        fits = linear.in_features % GROUP == 0 and linear.out_features % 16 == 0  # what the int4 kernel takes
+        if scheme == Quantization.INT4 and not tied and fits:
+            return Int4Linear(*quantize_groups(linear.weight.detach()), bias)
+        return Int8Linear(*rows_of(linear.weight), bias)
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and not isinstance(child, SoftCappedProjection):
+                setattr(parent, name, replacement(child))
     for parent in list(model.modules()):
         if isinstance(parent, Embeddings) and isinstance(parent.tokens, nn.Embedding):
             parent.tokens = Int8Embedding(*rows_of(parent.tokens.weight))
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and not isinstance(child, SoftCappedProjection):
-                bias = child.bias.detach().float() if child.bias is not None else None
-                setattr(parent, name, Int8Linear(*rows_of(child.weight), bias))
     model.requires_grad_(False)
     return model
 
 
 def quantization_of(model: nn.Module) -> str | None:
     """The scheme `quantize` applied to `model`, or None for a float model."""
-    return Quantization.INT8.value if any(isinstance(m, Int8Linear) for m in model.modules()) else None
+    kinds = {type(m) for m in model.modules()}
+    return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else None

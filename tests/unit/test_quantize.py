@@ -17,10 +17,12 @@ from attn.linear import Linear
 from attn.models import build_model
 from attn.presets import preset
 from attn.quantize import (
+    Int4Linear,
     Int8Embedding,
     Int8Linear,
     quantization_of,
     quantize,
+    quantize_groups,
     quantize_rows,
 )
 from attn.training.runconfig import RunConfig
@@ -131,3 +133,49 @@ def test_the_cli_generates_and_converts_with_int8_weights(lm_checkpoint, tmp_pat
     assert quantization_of(load_model(tmp_path / "q", "cpu").model) == "int8"
     assert main(["convert", "--to", "gpt2", "--quantize", "int8", str(lm_checkpoint), str(tmp_path / "hf")]) == 2
     assert "gpt2 directories hold float weights" in capsys.readouterr().err
+
+
+def test_int4_groups_of_32_have_a_scale_and_a_minimum():
+    w = torch.cat([torch.arange(32.0) * 0.5 - 3, torch.full((32,), 0.25)]).view(1, 64)
+    codes, scales = quantize_groups(w)
+    assert codes.shape == (1, 32) and codes.dtype == torch.uint8 and scales.shape == (1, 2, 2)
+    torch.testing.assert_close(scales[0], torch.tensor([[15.5 / 15, -3.0], [1.0, 0.25]]))
+    unpacked = torch.stack([codes & 15, codes >> 4], -1).view(1, 64)
+    assert unpacked[0, :32].tolist() == torch.round(torch.arange(32.0) * 0.5 / (15.5 / 15)).int().tolist()
+    assert unpacked[0, 32:].tolist() == [0] * 32  # a constant group: scale 1, codes 0
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int4_linear_is_x_times_the_dequantized_weight(bias):
+    torch.manual_seed(0)
+    w, b = torch.randn(48, 96), torch.randn(48) if bias else None
+    codes, scales = quantize_groups(w)
+    q = torch.stack([codes & 15, codes >> 4], -1).view(48, 96).float().view(48, 3, 32)
+    dequantized = (q * scales[..., :1] + scales[..., 1:]).view(48, 96)
+    assert (dequantized - w).abs().max() <= scales[..., 0].max() / 2 + 1e-6
+    x = torch.randn(2, 7, 96)
+    torch.testing.assert_close(Int4Linear(codes, scales, b)(x), F.linear(x, dequantized, b), atol=1e-5, rtol=1e-5)
+
+
+def test_int4_keeps_a_tied_projection_and_odd_sized_layers_in_int8():
+    torch.manual_seed(0)
+    model = build_model(preset("gpt2-tiny").replace(d_ff=40)).eval()  # w1's output and w2's input, 40: not multiples of 16 and 32
+    tokens = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        expected = model(tokens)
+        quantize(model, "int4")
+        got = model(tokens)
+    assert quantization_of(model) == "int4"
+    assert isinstance(model.blocks[0].attn.qkv, Int4Linear) and isinstance(model.blocks[0].ffn.w2, Int8Linear)
+    assert model.lm_head.weight is model.embeddings.tokens.weight
+    assert (got - expected).abs().max() < 0.2 * expected.abs().max()  # 4 bits: a coarser grid than int8
+
+
+def test_an_int4_checkpoint_loads_with_its_codes_packed_again(lm_checkpoint, tmp_path):
+    bundle = load_model(lm_checkpoint, "cpu", quantize="int4")
+    reloaded = load_model(save_model(bundle, tmp_path / "int4"), "cpu")
+    assert quantization_of(reloaded.model) == "int4"
+    assert "packed" not in str(list(reloaded.model.state_dict()))  # the kernel's layout is not stored
+    tokens = torch.tensor([bundle.tokenizer.encode("the lazy")])
+    with torch.no_grad():
+        assert torch.equal(reloaded.model(tokens), bundle.model(tokens))
