@@ -33,8 +33,8 @@ HF = "HF generate"
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 NEW_TOKENS = 128
 QUICK_NEW_TOKENS = 8
-QUESTIONS = (
-    "What is the capital of France? Answer in one sentence.",
+QUESTIONS = (  # 20 chat prompts; the batch-8 setting asks the first eight
+    "What is the capital of France?",
     "Write a haiku about the sea.",
     "Name three uses of a paperclip.",
     "Why is the sky blue?",
@@ -42,6 +42,18 @@ QUESTIONS = (
     "What does a compiler do?",
     "Translate 'good morning' into Spanish.",
     "Tell me a fact about owls.",
+    "How many legs does a spider have?",
+    "What is 12 times 7?",
+    "Who wrote Hamlet?",
+    "Summarise the plot of Romeo and Juliet in one sentence.",
+    "What is photosynthesis?",
+    "Suggest a name for a black cat.",
+    "How do I boil an egg?",
+    "What is the boiling point of water in Fahrenheit?",
+    "Explain recursion to a child.",
+    "What language is spoken in Brazil?",
+    "List the planets of the solar system.",
+    "What is a prime number?",
 )
 
 

