@@ -1,7 +1,8 @@
 """The `attn` command line: the commands, thin over importable functions (their flags: `attn.app.cli_parser`).
 
-Every subcommand parses its arguments and calls a function of the library (`attn.app.inference`,
-`attn.app.tasks`, `attn.app.runs`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's mistake (an
+Every subcommand parses its arguments (reading and writing through `attn.app.cli_io`) and calls a function
+of the library (`attn.app.inference`, `attn.app.tasks`, `attn.app.runs`, `attn.artifacts.pretrained`,
+`attn.app.quickstart`). A user's mistake (an
 `AttnError`) is printed on one line; configuration and usage errors exit with status 2, other
 errors with 1; no traceback. An unexpected error (a fault of attn) is one line too, exit 1, unless
 ATTN_DEBUG=1 asks for its traceback. The commands that train or serve keep freed CPU memory for
@@ -18,13 +19,20 @@ import os
 import shlex
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from attn.app.allocator import keep_freed_memory
 from attn.app.attention_views import attention_of
 from attn.app.chat import ChatSession, chat_config, conversation
 from attn.app.classification import classify, embed
+from attn.app.cli_io import (
+    flag_error,
+    generation_config,
+    print_table,
+    read_inputs,
+    write_lines,
+    write_output,
+)
 from attn.app.cli_parser import Handler, command_parser
 from attn.app.continuation import check_samples, continue_texts, generate_stream
 from attn.app.plots import plot_attention, plot_run
@@ -49,7 +57,6 @@ from attn.app.tasks import EvalOptions, evaluate, task_names
 from attn.app.translation import translate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
-from attn.data.text import decode_text, read_text
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
@@ -88,14 +95,6 @@ def _format_count(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
 
 
-def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
-    cells = [[str(r[c]) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-
-
 def cmd_presets(args: argparse.Namespace) -> int:
     rows = presets_table()
     if args.json:
@@ -110,85 +109,27 @@ def cmd_presets(args: argparse.Namespace) -> int:
 # -- inference --------------------------------------------------------------------------------
 
 
-def _read_inputs(args: argparse.Namespace) -> list[str]:
-    """The texts of a command: positional arguments, else --input FILE, else standard input."""
-    if args.text:
-        return list(args.text)
-    text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
-    return [line for line in text.splitlines() if line.strip()]
-
-
-def _write_lines(lines: Sequence[str], output: str | None) -> None:
-    if output:
-        text = "".join(f"{line}\n" for line in lines)
-        _write_output(output, lambda path: path.write_text(text, encoding="utf-8"))
-    else:
-        for line in lines:
-            print(line)
-
-
-def _write_output(output: str, write: Callable[[Path], object]) -> None:
-    """Writes a file through a hidden sibling renamed into place, so a failed write leaves no partial file.
-
-    Raises:
-        AttnError: the file cannot be written (a directory, a missing folder, no permission, a full disk).
-    """
-    path = Path(output)
-    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    except OSError as err:
-        partial.unlink(missing_ok=True)
-        raise AttnError(f"{output}: cannot write the output ({err.strerror}); give a file path in an existing, "
-                        "writable directory") from err
-
-
-def _generation_config(args: argparse.Namespace, **defaults: object):
-    # Sampling draws one continuation, so a command's default beam search gives way to it.
-    fields = {k: v for k, v in defaults.items() if not (args.sample and k in ("beam_size", "length_penalty"))}
-    for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
-                 "repetition_penalty", "no_repeat_ngram", "n_best", "stop"):
-        value = getattr(args, name, None)
-        if value is not None:
-            fields[name] = value
-    if args.sample:
-        fields["sample"] = True
-    try:
-        return GenerationConfig(**fields)
-    except GenerationError as error:
-        raise _flag_error(error) from None
-
-
-def _flag_error(error: AttnError, flags: dict[str, str] | None = None) -> AttnError:
-    """A library's error about one of its arguments as a usage error that names the command-line flag
-    (`flags` maps the arguments whose flag is not --NAME); an error about no argument as it is."""
-    if error.field is None:
-        return error
-    return ConfigError((flags or {}).get(error.field, f"--{error.field.replace('_', '-')}"), error.detail)
-
-
 def cmd_translate(args: argparse.Namespace) -> int:
-    config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
+    config = generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_model(args.model, args.device, quantize=args.quantize)
-    outputs = translate(loaded, _read_inputs(args), config)
+    outputs = translate(loaded, read_inputs(args), config)
     if args.json:
         print(json.dumps([{"translation": t} for t in outputs], ensure_ascii=False))
     else:
-        _write_lines(outputs, args.output)
+        write_lines(outputs, args.output)
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     # Greedy unless asked to sample; checked before a model is loaded.
-    config = _generation_config(args, **({"temperature": 0.8, "seed": 0} if args.sample else {}))
+    config = generation_config(args, **({"temperature": 0.8, "seed": 0} if args.sample else {}))
     try:
         check_samples(args.n, config)
     except GenerationError as error:
-        raise _flag_error(error, {"samples": "--n"}) from None
+        raise flag_error(error, {"samples": "--n"}) from None
     if args.system is not None and not args.chat:
         raise ConfigError("--system", "is the system message of a chat: give --chat as well")
-    inputs = list(args.text) or (_read_inputs(args) if args.input else [args.prompt])
+    inputs = list(args.text) or (read_inputs(args) if args.input else [args.prompt])
     loaded = load_model(args.model, args.device, quantize=args.quantize)
     prompts, shown = inputs, inputs  # shown: what is printed before each continuation
     if args.chat:  # each input is a user's message; its answer is printed alone
@@ -206,7 +147,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps([{"prompt": prompt, "continuations": [dataclasses.asdict(c) for c in continuations]}
                           for prompt, continuations in zip(inputs, found)], ensure_ascii=False))
     else:  # each prompt with its continuation; a blank line between two
-        _write_lines(["\n\n".join(head + c.text for head, cs in zip(shown, found) for c in cs)], args.output)
+        write_lines(["\n\n".join(head + c.text for head, cs in zip(shown, found) for c in cs)], args.output)
     return 0
 
 
@@ -238,7 +179,7 @@ def _chat_config(args: argparse.Namespace) -> GenerationConfig:
     try:
         return GenerationConfig(max_new_tokens=args.max_new_tokens, seed=args.seed, **sampled)
     except GenerationError as error:
-        raise _flag_error(error, {"max_new_tokens": "--max-tokens"}) from None
+        raise flag_error(error, {"max_new_tokens": "--max-tokens"}) from None
 
 
 def _answer(session: ChatSession, text: str) -> None:
@@ -262,7 +203,7 @@ def _answer(session: ChatSession, text: str) -> None:
 
 def cmd_classify(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, args.device, quantize=args.quantize)
-    texts = _read_inputs(args)
+    texts = read_inputs(args)
     if loaded.fields.text_pair_field:
         firsts, seconds = _split_pairs(texts)
         predictions = classify(loaded, firsts, pairs=seconds)
@@ -272,7 +213,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
         print(json.dumps([{"text": t, "label": p.label, "probability": round(p.probability, 4)}
                           for t, p in zip(texts, predictions)], ensure_ascii=False))
     else:
-        _write_lines([f"{p.label}\t{p.probability:.3f}\t{t}" for t, p in zip(texts, predictions)], args.output)
+        write_lines([f"{p.label}\t{p.probability:.3f}\t{t}" for t, p in zip(texts, predictions)], args.output)
     return 0
 
 
@@ -291,26 +232,26 @@ def _split_pairs(lines: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def cmd_embed(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, args.device, quantize=args.quantize)
-    texts = _read_inputs(args)
+    texts = read_inputs(args)
     vectors = embed(loaded, texts, args.batch_size)
     if args.output and args.output.endswith(".npy"):
         import numpy as np
 
-        _write_output(args.output, lambda path: np.save(path, vectors.numpy()))
+        write_output(args.output, lambda path: np.save(path, vectors.numpy()))
         print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
     elif args.output and args.output.endswith(".safetensors"):
         from safetensors.torch import save_file
 
-        _write_output(args.output, lambda path: save_file({"embeddings": vectors.contiguous()}, str(path)))
+        write_output(args.output, lambda path: save_file({"embeddings": vectors.contiguous()}, str(path)))
         print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
     else:
-        _write_lines([json.dumps({"text": t, "embedding": [round(x, 6) for x in v.tolist()]}, ensure_ascii=False)
+        write_lines([json.dumps({"text": t, "embedding": [round(x, 6) for x in v.tolist()]}, ensure_ascii=False)
                       for t, v in zip(texts, vectors)], args.output)
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    config = _generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
+    config = generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_model(args.model, args.device, quantize=args.quantize)
     result = evaluate(loaded, args.data, EvalOptions(config, args.limit, args.context))
     if args.json:
@@ -472,7 +413,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         trained = train_tokenizer_files(args.kind, args.inputs, args.vocab_size, args.output, args.force,
                                         args.lowercase, args.fields)
     except ConfigError as error:
-        raise _flag_error(error, {"inputs": "inputs", "texts": "inputs"}) from None
+        raise flag_error(error, {"inputs": "inputs", "texts": "inputs"}) from None
     tokenizer = trained.tokenizer
     print(f"trained a {tokenizer.kind} tokenizer on {trained.lines} texts of {len(trained.files)} file(s)")
     print(f"vocabulary size: {tokenizer.vocab_size}")

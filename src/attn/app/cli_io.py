@@ -1,0 +1,82 @@
+"""How the `attn` commands read their inputs and write their outputs: texts from arguments, a file or
+standard input; lines and files written whole or not at all; tables; decoding flags as a
+`GenerationConfig`, and a library's error about an argument as one naming its flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from attn.data.text import decode_text, read_text
+from attn.decoding import GenerationConfig
+from attn.errors import AttnError, ConfigError, GenerationError
+
+
+def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
+    cells = [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def read_inputs(args: argparse.Namespace) -> list[str]:
+    """The texts of a command: positional arguments, else --input FILE, else standard input."""
+    if args.text:
+        return list(args.text)
+    text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def write_lines(lines: Sequence[str], output: str | None) -> None:
+    if output:
+        text = "".join(f"{line}\n" for line in lines)
+        write_output(output, lambda path: path.write_text(text, encoding="utf-8"))
+    else:
+        for line in lines:
+            print(line)
+
+
+def write_output(output: str, write: Callable[[Path], object]) -> None:
+    """Writes a file through a hidden sibling renamed into place, so a failed write leaves no partial file.
+
+    Raises:
+        AttnError: the file cannot be written (a directory, a missing folder, no permission, a full disk).
+    """
+    path = Path(output)
+    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise AttnError(f"{output}: cannot write the output ({err.strerror}); give a file path in an existing, "
+                        "writable directory") from err
+
+
+def generation_config(args: argparse.Namespace, **defaults: object):
+    # Sampling draws one continuation, so a command's default beam search gives way to it.
+    fields = {k: v for k, v in defaults.items() if not (args.sample and k in ("beam_size", "length_penalty"))}
+    for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
+                 "repetition_penalty", "no_repeat_ngram", "n_best", "stop"):
+        value = getattr(args, name, None)
+        if value is not None:
+            fields[name] = value
+    if args.sample:
+        fields["sample"] = True
+    try:
+        return GenerationConfig(**fields)
+    except GenerationError as error:
+        raise flag_error(error) from None
+
+
+def flag_error(error: AttnError, flags: dict[str, str] | None = None) -> AttnError:
+    """A library's error about one of its arguments as a usage error that names the command-line flag
+    (`flags` maps the arguments whose flag is not --NAME); an error about no argument as it is."""
+    if error.field is None:
+        return error
+    return ConfigError((flags or {}).get(error.field, f"--{error.field.replace('_', '-')}"), error.detail)
