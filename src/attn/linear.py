@@ -36,10 +36,15 @@ def uses_onednn(x: Tensor, weight: Tensor) -> bool:
     )
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x W^T + b with oneDNN where `uses_onednn`, else `F.linear`."""
+    if uses_onednn(x, weight):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 class Linear(nn.Linear):
     """y = x W^T + b, (..., in_features) -> (..., out_features)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if uses_onednn(x, self.weight):
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

@@ -6,7 +6,9 @@ symmetric): s_i = max_j |W_ij| / 127, Q_ij = round(W_ij / s_i), so W_ij ~ s_i Q_
 most s_i / 2. A tied embedding and output projection share one int8 matrix, as they shared one float
 matrix. `Int8Linear` keeps its input in float32 and multiplies it by the int8 rows with PyTorch's
 weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`, vectorised for AVX2 and AVX-512):
-y = (x Q^T) s + b. Quantizing the input too, per token (as CTranslate2 does), broke SmolLM2-135M's
+y = (x Q^T) s + b. That kernel (as the int4 one) reads the weights once for every 4 input rows, so
+for more rows (a batch of 8, beams, a prompt) the layer multiplies by the dequantized float32 weight
+instead (`attn.linear.linear`). Quantizing the input too, per token (as CTranslate2 does), broke SmolLM2-135M's
 answers (its activations have outlier channels: "What is the capital of France?" was answered
 "L'Étoile, la Marseilla, la France, la France, ..."); weight-only int8 answers it as float32 does.
 
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 
 from attn.errors import ConfigError
 from attn.layers import Embeddings, SoftCappedProjection
+from attn.linear import linear
 
 
 class Quantization(StrEnum):
@@ -39,6 +42,7 @@ class Quantization(StrEnum):
 
 
 GROUP = 32  # int4 weights per scale and minimum
+KERNEL_ROWS = 4  # the int8 and int4 kernels read the weights once per this many input rows
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -63,11 +67,17 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
 
+    def dequantized(self) -> Tensor:
+        """The float32 weight the int8 rows stand for, (out, in)."""
+        return self.weight.float() * self.scale.unsqueeze(1)
+
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
-        if self.bias is not None:
-            y = y + self.bias
+        if rows.size(0) > KERNEL_ROWS:
+            y = linear(rows, self.dequantized(), self.bias)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
+            y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
@@ -113,11 +123,18 @@ class Int4Linear(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
         self._pack()
 
+    def dequantized(self) -> Tensor:
+        """The float32 weight the 4-bit groups stand for, (out, in)."""
+        codes = torch.stack([self.weight & 15, self.weight >> 4], -1).view(self.out_features, -1, GROUP).float()
+        return (codes * self.scales[..., :1] + self.scales[..., 1:]).view(self.out_features, self.in_features)
+
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero)
-        if self.bias is not None:
-            y = y + self.bias
+        if rows.size(0) > KERNEL_ROWS:
+            y = linear(rows, self.dequantized(), self.bias)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero)
+            y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 

@@ -45,16 +45,17 @@ def test_the_rounding_error_is_at_most_half_a_step():
     assert bool(((q.float() * scale - w).abs() <= scale / 2 + 1e-7).all())
 
 
+@pytest.mark.parametrize("shape", [(3, 1, 48), (3, 5, 48)])  # a few rows: the int8 kernel; more: dequantized
 @pytest.mark.parametrize("bias", [False, True])
-def test_int8_linear_is_x_times_the_dequantized_weight(bias):
+def test_int8_linear_is_x_times_the_dequantized_weight(bias, shape):
     torch.manual_seed(0)
     layer = Linear(48, 40, bias=bias)
     q, scale = quantize_rows(layer.weight.detach())
     int8 = Int8Linear(q, scale.squeeze(1), layer.bias.detach() if bias else None)
-    x = torch.randn(3, 5, 48)
+    x = torch.randn(*shape)
     expected = F.linear(x, q.float() * scale, layer.bias.detach() if bias else None)
     torch.testing.assert_close(int8(x), expected, atol=1e-5, rtol=1e-5)
-    assert int8(x[:, -1:]).shape == (3, 1, 40)  # a strided decode-step view
+    torch.testing.assert_close(int8(x[:, -1:]), expected[:, -1:], atol=1e-5, rtol=1e-5)  # a strided view
 
 
 def test_int8_embedding_rows_are_the_dequantized_rows():
@@ -145,15 +146,16 @@ def test_int4_groups_of_32_have_a_scale_and_a_minimum():
     assert unpacked[0, 32:].tolist() == [0] * 32  # a constant group: scale 1, codes 0
 
 
+@pytest.mark.parametrize("shape", [(2, 1, 96), (2, 7, 96)])  # a few rows: the int4 kernel; more: dequantized
 @pytest.mark.parametrize("bias", [False, True])
-def test_int4_linear_is_x_times_the_dequantized_weight(bias):
+def test_int4_linear_is_x_times_the_dequantized_weight(bias, shape):
     torch.manual_seed(0)
     w, b = torch.randn(48, 96), torch.randn(48) if bias else None
     codes, scales = quantize_groups(w)
     q = torch.stack([codes & 15, codes >> 4], -1).view(48, 96).float().view(48, 3, 32)
     dequantized = (q * scales[..., :1] + scales[..., 1:]).view(48, 96)
     assert (dequantized - w).abs().max() <= scales[..., 0].max() / 2 + 1e-6
-    x = torch.randn(2, 7, 96)
+    x = torch.randn(*shape)
     torch.testing.assert_close(Int4Linear(codes, scales, b)(x), F.linear(x, dequantized, b), atol=1e-5, rtol=1e-5)
 
 
