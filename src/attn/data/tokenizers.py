@@ -60,6 +60,7 @@ from attn.data.files import read_tokenizer_file
 from attn.data.marian_tokenizer import MarianSentencePiece, is_marian_directory
 from attn.data.sentencepiece_tokenizer import SUFFIXES as SENTENCEPIECE_SUFFIXES
 from attn.data.sentencepiece_tokenizer import SentencePieceModel
+from attn.data.text import check_unicode
 from attn.data.tokenizer_pipelines import (
     bert_pipeline,
     bpe_pipeline,
@@ -420,6 +421,9 @@ class Tokenizer:
 
         Returns:
             The ids, length L.
+
+        Raises:
+            TextError: the text is not valid Unicode (`attn.data.text.check_unicode`).
         """
         return self.encode_batch([text], add_special)[0]
 
@@ -432,7 +436,12 @@ class Tokenizer:
 
         Returns:
             One id list per text.
+
+        Raises:
+            TextError: a text is not valid Unicode (`attn.data.text.check_unicode`).
         """
+        for number, text in enumerate(texts, start=1):
+            check_unicode(text, f"text {number}" if len(texts) > 1 else "text")
         # The offsets that the slower `encode_batch` also computes are never used here.
         encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special)
         return [encoding.ids for encoding in encodings]
