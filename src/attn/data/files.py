@@ -30,9 +30,17 @@ def read_tokenizer_file(loader: Callable[[], T], *paths: str | Path) -> T:
             )
     try:
         return loader()
-    except Exception as err:  # the Rust side raises plain Exception for every failure
+    except BaseException as err:  # the Rust side raises plain Exception for every failure, or panics
+        if not library_failure(err):
+            raise
         where = ", ".join(str(p) for p in paths)
         raise CheckpointError(f"{where}: cannot be read as a tokenizer file ({err}); write it again") from err
+
+
+def library_failure(err: BaseException) -> bool:
+    """Whether `err` is a compiled library's failure: an Exception, or a Rust library's panic (pyo3's
+    PanicException, which derives from BaseException, so `except Exception` lets it through)."""
+    return isinstance(err, Exception) or type(err).__name__ == "PanicException"
 
 
 def read_sentencepiece(path: Path) -> Any:  # a sentencepiece.SentencePieceProcessor

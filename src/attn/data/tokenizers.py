@@ -56,7 +56,7 @@ from pathlib import Path
 
 import tokenizers as hf
 
-from attn.data.files import read_tokenizer_file
+from attn.data.files import library_failure, read_tokenizer_file
 from attn.data.marian_tokenizer import MarianSentencePiece, is_marian_directory
 from attn.data.sentencepiece_tokenizer import SUFFIXES as SENTENCEPIECE_SUFFIXES
 from attn.data.sentencepiece_tokenizer import SentencePieceModel
@@ -443,7 +443,13 @@ class Tokenizer:
         for number, text in enumerate(texts, start=1):
             check_unicode(text, f"text {number}" if len(texts) > 1 else "text")
         # The offsets that the slower `encode_batch` also computes are never used here.
-        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special)
+        try:
+            encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special)
+        except BaseException as err:  # a panic of a pipeline that loaded yet is corrupt
+            if not library_failure(err):
+                raise
+            raise CheckpointError(f"the {self._kind} tokenizer failed on a text ({err}); its files are corrupt: "
+                                  "restore them") from err
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
@@ -500,4 +506,25 @@ def _checked_roles(roles: object, vocab_size: int) -> dict[str, int | None]:
 
 
 def _load_json(path: str | Path) -> hf.Tokenizer:
-    return read_tokenizer_file(lambda: hf.Tokenizer.from_file(str(path)), path)
+    return read_tokenizer_file(lambda: _checked_backend(hf.Tokenizer.from_file(str(path))), path)
+
+
+def _checked_backend(backend: hf.Tokenizer) -> hf.Tokenizer:
+    """A loaded pipeline whose ids lie inside its vocabulary and whose frame works.
+
+    Raises:
+        ValueError: an id at or past the vocabulary's size (an embedding has no row for it), in the
+            vocabulary or in the frame.
+        PanicException: the frame (post-processor) names a token it does not hold.
+    """
+    backend.no_padding()  # a file's padding to 2**31 tokens would otherwise fill the memory below
+    backend.no_truncation()
+    size = backend.get_vocab_size(with_added_tokens=True)
+    token, top = max(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1], default=("", -1))
+    if top >= size:
+        raise ValueError(f"token {token!r} has id {top}, but the vocabulary has {size} ids; every id must lie "
+                         f"from 0 to {size - 1}")
+    framed = backend.encode_batch_fast(["a b"], add_special_tokens=True)[0].ids
+    if max(framed, default=-1) >= size:
+        raise ValueError(f"the frame (post_processor) adds id {max(framed)}, but the vocabulary has {size} ids")
+    return backend
