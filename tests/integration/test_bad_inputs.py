@@ -697,6 +697,10 @@ request field for such an escape anywhere in a body, and 400 for a body that is 
 them all, `Tokenizer.encode` raises the same `TextError` for any text that reaches it. Paths are
 not checked: a file name may hold any bytes.
 
+Files that come with a downloaded model (safetensors weights, GGUF files, `tokenizer.json`,
+SentencePiece models, `config.json`) and chat templates are fuzzed rather than listed here:
+`docs/security.md` says what is drawn, how many files and the memory bound.
+
 | case | input | command | exit | message |
 | --- | --- | --- | --- | --- |
 """
