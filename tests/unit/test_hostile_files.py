@@ -118,6 +118,14 @@ def test_weights_for_a_part_the_config_leaves_out_are_named_with_their_file(tmp_
         load_pretrained(folder)
 
 
+def test_a_huge_width_that_heads_do_not_divide_is_refused_at_once(gpt2: Path) -> None:
+    """The hint of a divisor counted up to d_model: 2**62 steps."""
+    path = _config(gpt2, n_embd=2**62 + 1, n_head=4)
+    with pytest.raises(CheckpointError, match=f"^{path}: d_model: d_model=4611686018427387905 is not divisible by "
+                                              "heads=4; pick heads among the divisors of d_model"):
+        load_pretrained(gpt2)
+
+
 def test_a_bert_classifier_whose_labels_are_not_an_object(tmp_path: Path) -> None:
     """`len()` of a float was a TypeError."""
     folder = _hf_folder(tmp_path, "bert", "minilm-l6-tiny", num_labels=3)
