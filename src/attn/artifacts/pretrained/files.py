@@ -266,7 +266,7 @@ def _our_config(family: Family, hf: Mapping[str, Any], weights: Mapping[str, Ten
 
 
 # Numbers a model may hold beyond its weights: its rotary or sinusoidal tables, a long context's.
-SIZE_ALLOWANCE = 2**24
+SIZE_ALLOWANCE = 2**22
 
 
 def _check_size(config: ModelConfig, weights: Mapping[str, Tensor], path: Path) -> None:
