@@ -56,7 +56,7 @@ from pathlib import Path
 
 import tokenizers as hf
 
-from attn.data.files import library_failure, read_tokenizer_file
+from attn.data.files import library_call, read_tokenizer_file
 from attn.data.marian_tokenizer import MarianSentencePiece, is_marian_directory
 from attn.data.sentencepiece_tokenizer import SUFFIXES as SENTENCEPIECE_SUFFIXES
 from attn.data.sentencepiece_tokenizer import SentencePieceModel
@@ -65,6 +65,7 @@ from attn.data.tokenizer_pipelines import (
     bert_pipeline,
     bpe_pipeline,
     chars_pipeline,
+    file_pipeline,
     gpt2_pipeline,
     unigram_pipeline,
     wordpiece_pipeline,
@@ -279,7 +280,7 @@ class Tokenizer:
         Raises:
             CheckpointError: the file is missing or is not a tokenizer.
         """
-        return cls(_load_json(tokenizer_json), "file")
+        return cls(file_pipeline(tokenizer_json), "file")
 
     @classmethod
     def from_sentencepiece(cls, model_file: str | Path) -> Tokenizer:
@@ -377,7 +378,7 @@ class Tokenizer:
         if kind == SENTENCEPIECE_KIND:
             return cls.from_sentencepiece(directory / SENTENCEPIECE_FILE)
         try:
-            return cls(_load_json(directory / TOKENIZER_FILE), kind, meta.get("roles"))
+            return cls(file_pipeline(directory / TOKENIZER_FILE), kind, meta.get("roles"))
         except ConfigError as err:  # roles that are not a mapping of role names to ids of this vocabulary
             raise CheckpointError(f"{meta_path}: {err}; save the tokenizer again with Tokenizer.save") from err
 
@@ -420,10 +421,7 @@ class Tokenizer:
                 module docstring).
 
         Returns:
-            The ids, length L.
-
-        Raises:
-            TextError: the text is not valid Unicode (`attn.data.text.check_unicode`).
+            The ids, length L (`encode_batch` says what it raises).
         """
         return self.encode_batch([text], add_special)[0]
 
@@ -443,13 +441,9 @@ class Tokenizer:
         for number, text in enumerate(texts, start=1):
             check_unicode(text, f"text {number}" if len(texts) > 1 else "text")
         # The offsets that the slower `encode_batch` also computes are never used here.
-        try:
-            encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special)
-        except BaseException as err:  # a panic of a pipeline that loaded yet is corrupt
-            if not library_failure(err):
-                raise
-            raise CheckpointError(f"the {self._kind} tokenizer failed on a text ({err}); its files are corrupt: "
-                                  "restore them") from err
+        encodings = library_call(lambda: self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special),
+                                 lambda err: CheckpointError(f"the {self._kind} tokenizer failed on a text ({err}); "
+                                                             "its files are corrupt: restore them"))
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
@@ -503,28 +497,3 @@ def _checked_roles(roles: object, vocab_size: int) -> dict[str, int | None]:
         if token_id is not None and not in_vocab:
             raise ConfigError("roles", f"{role} id {token_id!r} is not an id of this vocabulary (0 to {vocab_size - 1})")
     return dict(roles)
-
-
-def _load_json(path: str | Path) -> hf.Tokenizer:
-    return read_tokenizer_file(lambda: _checked_backend(hf.Tokenizer.from_file(str(path))), path)
-
-
-def _checked_backend(backend: hf.Tokenizer) -> hf.Tokenizer:
-    """A loaded pipeline whose ids lie inside its vocabulary and whose frame works.
-
-    Raises:
-        ValueError: an id at or past the vocabulary's size (an embedding has no row for it), in the
-            vocabulary or in the frame.
-        PanicException: the frame (post-processor) names a token it does not hold.
-    """
-    backend.no_padding()  # a file's padding to 2**31 tokens would otherwise fill the memory below
-    backend.no_truncation()
-    size = backend.get_vocab_size(with_added_tokens=True)
-    token, top = max(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1], default=("", -1))
-    if top >= size:
-        raise ValueError(f"token {token!r} has id {top}, but the vocabulary has {size} ids; every id must lie "
-                         f"from 0 to {size - 1}")
-    framed = backend.encode_batch_fast(["a b"], add_special_tokens=True)[0].ids
-    if max(framed, default=-1) >= size:
-        raise ValueError(f"the frame (post_processor) adds id {max(framed)}, but the vocabulary has {size} ids")
-    return backend
