@@ -208,7 +208,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     config = _chat_config(args)  # checked before a model is loaded
     session = ChatSession(load_model(args.model, args.device), config, args.system)
     interactive = sys.stdin.isatty()
-    sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 is refused, and the chat goes on
+    with contextlib.suppress(AttributeError):  # a line that is not UTF-8 is refused, and the chat goes on
+        sys.stdin.reconfigure(errors="surrogateescape")  # (unless standard input is not a text file: tests)
     print(f"attn chat: {args.model}; /reset starts a new conversation, Ctrl-C stops an answer, Ctrl-D or Ctrl-C at "
           "the prompt ends", file=sys.stderr)
     while True:
