@@ -382,8 +382,9 @@ def _first_of_each_kind(layer_types: tuple[LayerType, ...], layers: int) -> tupl
 
 
 def _divisor_hint(d_model: int, heads: int) -> int:
-    divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
-    return min(divisors, key=lambda h: abs(h - heads))
+    """The divisor of d_model nearest heads, looked for among the 2,000 counts around it (d_model may be huge)."""
+    near = sorted(range(max(1, heads - 1000), heads + 1001), key=lambda h: abs(h - heads))
+    return next((h for h in near if h <= d_model and d_model % h == 0), 1)
 
 
 def plain_fields(obj: Any) -> dict[str, Any]:

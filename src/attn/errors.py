@@ -65,3 +65,10 @@ class TrainingError(AttnError):
 class ChatTemplateError(AttnError, ValueError):
     """A chat template that cannot be compiled, or that fails on a conversation: the template refused it
     (`raise_exception`), broke a rule of the sandbox it runs in, or ran past its time limit."""
+
+
+class TextError(AttnError, ValueError):
+    """Text that is not valid Unicode: it holds a lone surrogate, from an unpaired JSON escape
+    (`"\\ud800"`) or from bytes that are not UTF-8 (Python decodes command-line arguments and the
+    terminal's input with `surrogateescape`, so byte 0xE9 arrives as U+DCE9). Names the field and
+    the character."""

@@ -353,6 +353,10 @@ CASES = [
          train("classifier", "data.train={case}/l.jsonl"), 1,
          "l.jsonl:1: field 'label' (label_field) is 1, a JSON int, not a string; write it in quotes",
          files({"l.jsonl": '{"text": "A yawn.", "label": 1}\n{"text": "The court.", "label": 2}\n'})),
+    Case("jsonl-lone-surrogate", "a JSON Lines text with an unpaired surrogate escape",
+         train("classifier", "data.train={case}/l.jsonl"), 1,
+         "l.jsonl:2: field 'text' (text_field) is not valid Unicode: a lone surrogate U+D800 at character 2",
+         files({"l.jsonl": '{"text": "A yawn.", "label": "a"}\n{"text": "A \\ud800", "label": "b"}\n'})),
     Case("text-files-different-lengths", "line-aligned `train.en` and `train.es` of different lengths",
          train("translation", "data.train={case}/train"), 1,
          "train.es: has 1 lines but train.en has 2; line-aligned files need one line per example in each",
@@ -499,7 +503,7 @@ CASES = [
          files({"t5/config.json": '{"model_type": "t5", "d_model": 512}'})),
     Case("huggingface-config-missing-fields", "a GPT-2 config.json without its sizes",
          ("generate", "--model", "{case}/hf", "ROMEO."), 1,
-         "but config.json implies (50257, 768); the weights and config.json do not match",
+         "hf/config.json: describes a model of at least 102,363,904 numbers (vocab_size=50257, d_model=768",
          export_gpt2(overwrite("config.json", '{"model_type": "gpt2"}'))),
     Case("marian-spm-missing", "a Hugging Face Marian folder without its source.spm",
          translate_with("marian"), 1, "marian/source.spm: no such file; a Marian tokenizer needs source.spm, "
@@ -516,6 +520,23 @@ CASES = [
          "a source of 100 tokens exceeds the model's max_positions=64; split or truncate long sentences"),
     Case("empty-input-text", "an empty sentence", translate(""), 1,
          "empty input text: give at least one non-blank line"),
+    Case("text-argument-not-utf8", "a prompt argument with a Latin-1 byte", generate_from("caf\udce9"), 1,
+         "text: is not valid Unicode: a lone surrogate U+DCE9 (the byte 0xe9 of text that is not UTF-8) at character 3"),
+    Case("second-text-argument-not-utf8", "the second of two sentences with a byte that is not UTF-8",
+         translate("ok", "\udcff"), 1, "text 2: is not valid Unicode: a lone surrogate U+DCFF (the byte 0xff"),
+    Case("stop-argument-not-utf8", "a stop string with a Latin-1 byte", generate_from("--stop", "\udce9", "ROMEO."), 1,
+         "--stop: is not valid Unicode: a lone surrogate U+DCE9 (the byte 0xe9"),
+    Case("system-argument-not-utf8", "a system message with a Latin-1 byte",
+         generate_from("--chat", "--system", "caf\udce9", "ROMEO."), 1, "--system: is not valid Unicode"),
+    Case("embed-argument-not-utf8", "a text to embed with a Latin-1 byte",
+         ("embed", "--model", "{classifier}", "caf\udce9"), 1, "text: is not valid Unicode"),
+    Case("classify-input-file-not-utf8", "classify --input of a Latin-1 file",
+         ("classify", "--model", "{classifier}", "--input", "{case}/in.txt"), 1,
+         "in.txt:2: invalid UTF-8 (byte 0xe9); re-save the file as UTF-8", files({"in.txt": b"ok\ncaf\xe9\n"})),
+    Case("attention-argument-not-utf8", "a sentence to draw with a Latin-1 byte",
+         ("attention", "--model", "{lm}", "caf\udce9", "-o", "{case}/a.png"), 1, "text: is not valid Unicode"),
+    Case("tokenizer-encode-argument-not-utf8", "a text to encode with a Latin-1 byte",
+         ("tokenizer", "encode", "--tokenizer", "{lm}/" + STEP, "caf\udce9"), 1, "text: is not valid Unicode"),
     Case("prompts-file-missing", "--input names no file", generate_from("--input", "{case}/prompts.txt"), 1,
          "prompts.txt: cannot be read (No such file or directory); check the path"),
     Case("output-is-a-directory", "--output names a folder", translate("x", "-o", "{case}/out"), 1,
@@ -655,13 +676,21 @@ def _cell(text: str) -> str:
     return text.strip().replace("|", "\\|").replace("\n", " ")
 
 
+def _shell_word(arg: str) -> str:
+    """`arg` as a shell would take it: quoted when empty or spaced, bytes that are not UTF-8 as $'\\xe9'."""
+    raw = arg.encode("utf-8", "surrogateescape")
+    if raw != arg.encode("utf-8", "replace"):
+        return "$'" + "".join(chr(b) if b < 0x80 else f"\\x{b:02x}" for b in raw) + "'"
+    return f'"{arg}"' if not arg or " " in arg else arg
+
+
 def write_docs_table(world: World) -> None:
     """Runs every case and writes docs/bad-inputs.md with the command and the message of each."""
     names = {"case": ".", "tiny": "tiny", **{task: f"runs/{task}" for task in TASKS}}
     rows = []
     for case in CASES:
         code, _, stderr = run_case(case, world)
-        command = " ".join(["attn", *(f'"{a}"' if not a or " " in a else a for a in case.argv(names))])
+        command = " ".join(["attn", *map(_shell_word, case.argv(names))])
         message = world.shown(stderr, world.root / "cases" / case.id).strip().splitlines()[-1]
         rows.append(f"| `{case.id}` | {_cell(case.input)} | `{_cell(command)}` | {code} | {_cell(message)} |")
     DOCS.write_text(DOCS_HEADER.format(count=len(CASES)) + "\n".join(rows) + "\n", encoding="utf-8")
@@ -683,6 +712,20 @@ send: a `top_p` or `temperature` of 5e-324 (0 in float32) samples the most likel
 (`top-p-below-float32`, `temperature-below-float32`), a `seed` outside 0..2^63-1 is a 422 (`seed-beyond-64-bits`),
 and a completion for a model that has stopped is a 503, as on every route.
 Regenerate the table with `python tests/integration/test_bad_inputs.py`.
+
+Text that is not valid Unicode is refused, never replaced, with one line that names where it came
+from and the character: bytes that are not UTF-8 in a file or on standard input (`tsv-invalid-utf8`,
+`classify-input-file-not-utf8`), in a text argument, which Python hands over as a lone surrogate
+(`text-argument-not-utf8`, `--stop`, `--system`, `attn embed`, `attn attention`, `attn tokenizer
+encode`) or in a line typed into `attn chat` (refused, and the chat goes on), and an unpaired
+surrogate escape in a JSON Lines file (`jsonl-lone-surrogate`). The server answers 422 naming the
+request field for such an escape anywhere in a body, and 400 for a body that is not UTF-8. Below
+them all, `Tokenizer.encode` raises the same `TextError` for any text that reaches it. Paths are
+not checked: a file name may hold any bytes.
+
+Files that come with a downloaded model (safetensors weights, GGUF files, `tokenizer.json`,
+SentencePiece models, `config.json`) and chat templates are fuzzed rather than listed here:
+`docs/security.md` says what is drawn, how many files and the memory bound.
 
 | case | input | command | exit | message |
 | --- | --- | --- | --- | --- |

@@ -53,6 +53,17 @@ def test_chat_answers_each_line_remembers_the_conversation_and_resets(model: Pat
     assert found.stderr.count("attn chat: a new conversation") == 1 and "Traceback" not in found.stderr
 
 
+def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(model: Path, loaded: Bundle) -> None:
+    found = subprocess.run([sys.executable, "-m", "attn.app.cli", "chat", "--model", str(model), "--device", "cpu",
+                            "--max-tokens", str(LIMIT)], input=b"caf\xe9\nHi\n", capture_output=True, timeout=120,
+                           check=False)
+    assert found.returncode == 0, found.stderr
+    errors = [line for line in found.stderr.decode().splitlines() if line.startswith("attn: error:")]
+    assert errors == [("attn: error: message: is not valid Unicode: a lone surrogate U+DCE9 (the byte 0xe9 of text "
+                       "that is not UTF-8) at character 3; give the text in UTF-8; /reset starts a new conversation")]
+    assert found.stdout.decode() == answer_of(loaded, conversation("Hi", None)) + "\n"  # the refused line is no turn
+
+
 def test_ctrl_c_stops_an_answer_which_stays_in_the_conversation(model: Path, loaded: Bundle,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:

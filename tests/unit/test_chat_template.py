@@ -4,6 +4,8 @@ loops past its time limit."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import time
 
@@ -44,6 +46,83 @@ def test_a_template_that_does_not_compile_names_the_line() -> None:
 def test_a_template_that_breaks_the_sandbox_is_stopped(source: str, cause: str) -> None:
     error = failure(source)
     assert "broke a rule of its sandbox" in str(error) and cause in str(error) and error.field is None
+
+
+@pytest.mark.parametrize("source", [
+    "{{ messages.__class__.__base__.__subclasses__() }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os }}",
+    "{{ joiner.__init__.__globals__ }}",
+    "{{ namespace.__init__.__globals__ }}",
+    "{{ raise_exception.__globals__ }}",
+    "{{ strftime_now.__globals__['__builtins__'] }}",
+    "{{ self._TemplateReference__context }}",
+    "{{ self.__init__.__globals__ }}",
+    "{{ cycler|attr('__init__') }}",
+    "{% set ns = namespace() %}{% set ns.__dict__ = 1 %}",
+    "{% set ns = namespace(__class__=1) %}",
+    "{{ messages|map(attribute='__class__')|list }}",
+    "{{ tojson.__globals__ }}",
+])
+def test_a_template_reaching_for_python_internals_is_refused(source: str) -> None:
+    error = failure(source)
+    assert "broke a rule of its sandbox" in str(error) or "is undefined" in str(error), str(error)
+
+
+# Templates that would run for ever or build text that fills the memory.
+HUNGRY = [
+    "{% for i in range(10**9) %}{% endfor %}",
+    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+    "{{ 'a' * 10**10 }}",
+    "{{ 'a'|center(10**9) }}",
+    "{{ 'a'.ljust(10**9) }}",
+    "{{ 'a'|indent(10**9, true) }}",
+    "{{ '%1000000000d' % 1 }}",
+    "{{ '{:>1000000000}'.format(1) }}",
+    "{{ range(100000)|join(' ' * 1000000) }}",
+    "{{ ('a' * 1000000)|replace('a', 'a' * 1000) }}",
+    "{% set ns = namespace(v='a') %}{% for i in range(60) %}{% set ns.v = ns.v ~ ns.v %}{% endfor %}",
+    "{% set ns = namespace(v=['a']) %}{% for i in range(60) %}{% set ns.v = ns.v + ns.v %}{% endfor %}",
+    "{% macro double(s, n) %}{% if n %}{{ double(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ double('a', 60) }}",
+    "{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}",
+    "{{ lipsum(10**6) }}",
+]
+_RENDER_ALL = """
+import json, resource, sys, time
+from attn.data.chat_template import ChatTemplate
+from attn.errors import ChatTemplateError
+with open("/proc/self/status") as status:
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+for source in json.loads(sys.argv[1]):
+    started = time.monotonic()
+    try:
+        ChatTemplate(source).render([{"role": "user", "content": "Hello"}])
+        print(json.dumps([source, "rendered", 0.0]))
+    except ChatTemplateError as error:
+        print(json.dumps([source, str(error), time.monotonic() - started]))
+"""
+
+
+def test_a_template_that_would_run_for_ever_or_fill_the_memory_is_refused_in_time() -> None:
+    """In a process whose address space may grow by 512 MiB only: a template that built its gigabytes would
+    fail there with a MemoryError instead of the sandbox's own refusal."""
+    found = subprocess.run([sys.executable, "-c", _RENDER_ALL, json.dumps(HUNGRY)], capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert found.returncode == 0, found.stderr[-3000:]
+    results = [json.loads(line) for line in found.stdout.splitlines()]
+    assert [source for source, _, _ in results] == HUNGRY
+    for source, message, seconds in results:
+        assert seconds < chat_template.RENDER_SECONDS + 1, (source, seconds)
+        assert "MemoryError" not in message and ("broke a rule of its sandbox" in message or "ran longer than"
+                                                 in message or "is undefined" in message or "Range too big"
+                                                 in message), (source, message)
+
+
+def test_templates_of_ordinary_size_still_pad_join_replace_and_format() -> None:
+    source = ("{{ messages|map(attribute='content')|join(', ') }}|{{ '%s-%d'|format('a', 3) }}|{{ 'x'|center(5) }}|"
+              "{{ 'a\nb'|indent(2) }}|{{ '{}:{:>3}'.format('k', 'v') }}|{{ 'ab'|replace('b', 'cd') }}|{{ [1] + [2] }}")
+    assert ChatTemplate(source).render(HELLO) == "Hello|a-3|  x  |a\n  b|k:  v|acd|[1, 2]"
 
 
 def test_a_template_that_loops_too_long_is_stopped_at_its_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.data.tokenizer_pipelines import SEQ_SPECIALS, WORDPIECE_SPECIALS
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError, ConfigError
+from attn.errors import CheckpointError, ConfigError, TextError
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # transformers must never reach for the network here
 
@@ -308,3 +308,18 @@ def test_declared_roles_are_checked(trained: dict[str, Tokenizer], tmp_path: Pat
     (tmp_path / "attn_tokenizer.json").write_text('{"kind": "chars", "roles": {"eos": "</s>"}}', encoding="utf-8")
     with pytest.raises(CheckpointError, match="attn_tokenizer.json: roles: eos id '</s>' is not an id"):
         Tokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize(("text", "expect"), [
+    ("\ud800 x", "text: is not valid Unicode: a lone surrogate U+D800 at character 0; a \\ud800-\\udbff JSON escape"),
+    ("caf\udce9", ("text: is not valid Unicode: a lone surrogate U+DCE9 (the byte 0xe9 of text that is not UTF-8) at "
+                    "character 3; give the text in UTF-8")),
+])
+def test_text_that_is_not_valid_unicode_is_one_typed_error(text: str, expect: str) -> None:
+    tokenizer = Tokenizer.train_chars(["to be"])
+    with pytest.raises(TextError) as found:
+        tokenizer.encode(text)
+    assert str(found.value).startswith(expect) and found.value.field == "text"
+    with pytest.raises(TextError, match="^text 2: "):
+        tokenizer.encode_batch(["ok", text])
+    assert tokenizer.encode("caf\u00e9 \U0001f600") is not None  # a pair of surrogates is one character, valid

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from attn.app.continuation import generate_stream
 from attn.app.inputs import expect_model
 from attn.artifacts import Bundle
+from attn.data.text import check_unicode
 from attn.decoding import GenerationConfig
 from attn.models import Decoder
 
@@ -85,8 +86,9 @@ class ChatSession:
         Raises:
             ChatTemplateError: the template fails on the conversation.
             GenerationError: the conversation is too long for the model.
+            TextError: `text` is not valid Unicode.
         """
-        messages = [*self.messages, {"role": "user", "content": text}]
+        messages = [*self.messages, {"role": "user", "content": check_unicode(text, "message")}]
         pieces = generate_stream(self.loaded, self.loaded.render_chat(messages), self.config)
         return self._answer(messages, pieces)
 

@@ -33,7 +33,7 @@ from attn.app.cli_io import (
     write_lines,
     write_output,
 )
-from attn.app.cli_parser import Handler, command_parser
+from attn.app.cli_parser import Handler, check_text_arguments, command_parser
 from attn.app.continuation import check_samples, continue_texts, generate_stream
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
@@ -155,6 +155,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     config = _chat_config(args)  # checked before a model is loaded
     session = ChatSession(load_model(args.model, args.device, quantize=args.quantize), config, args.system)
     interactive = sys.stdin.isatty()
+    with contextlib.suppress(AttributeError):  # a line that is not UTF-8 is refused, and the chat goes on
+        sys.stdin.reconfigure(errors="surrogateescape")  # (unless standard input is not a text file: tests)
     print(f"attn chat: {args.model}; /reset starts a new conversation, Ctrl-C stops an answer, Ctrl-D or Ctrl-C at "
           "the prompt ends", file=sys.stderr)
     while True:
@@ -460,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in KEEPS_MEMORY and os.environ.get("ATTN_KEEP_MEMORY") != "0":
         keep_freed_memory()  # once, before any step: the setting is the whole process's
     try:
+        check_text_arguments(args)
         return args.func(args)
     except ConfigError as error:
         print(f"attn: error: {error}", file=sys.stderr)

@@ -12,10 +12,27 @@ from collections.abc import Callable, Mapping
 from attn import __version__
 from attn.app.tasks import task_names
 from attn.artifacts.pretrained import FAMILIES
+from attn.data.text import check_unicode
 from attn.data.tokenizers import TRAINED_KINDS
 from attn.quantize import Quantization
 
 Handler = Callable[[argparse.Namespace], int]
+# The arguments that hold texts, by the name a message gives them. Paths are left alone: a file
+# name may hold any bytes.
+TEXT_ARGUMENTS = {"text": "text", "prompt": "--prompt", "stop": "--stop", "system": "--system"}
+
+
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuses a text argument that is not valid Unicode (bytes that are not UTF-8), naming it.
+
+    Raises:
+        TextError: names the argument ("text 2", "--system") and the character.
+    """
+    for dest, name in TEXT_ARGUMENTS.items():
+        value = getattr(args, dest, None)
+        texts = [value] if isinstance(value, str) else value or []
+        for number, text in enumerate(texts, start=1):
+            check_unicode(text, f"{name} {number}" if len(texts) > 1 else name)
 
 
 def _subcommand(sub, handlers: Mapping[str, Handler], name: str, summary: str, example: str) -> argparse.ArgumentParser:

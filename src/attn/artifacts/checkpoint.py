@@ -343,6 +343,9 @@ def _check_shapes(model: nn.Module, file: Path) -> None:
             f"{file}: not a readable safetensors file ({err}); it is truncated or corrupt, use another checkpoint"
         ) from err
     for key, shape in shapes.items():
+        if any(size >= 2**63 for size in shape):  # torch holds sizes as int64; safetensors passes them on as given
+            raise CheckpointError(f"{file}: weight {key!r} has shape {shape}, beyond what a tensor can hold; the file "
+                                  "is corrupt, use another checkpoint")
         if key in expected and tuple(expected[key].shape) != shape:
             raise CheckpointError(
                 f"{file}: size mismatch for weight {key!r}: {shape} in the file, {tuple(expected[key].shape)} in "

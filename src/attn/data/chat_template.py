@@ -16,7 +16,10 @@ and special tokens (tests/parity/test_chat_templates_as_transformers.py compares
 A template is code that comes with a model, so it runs in Jinja's immutable sandbox: no Python internals (reading
 one, a name that starts with "_", is an error at once), no changes to the messages, no names starting with "_" stored on a `namespace`, and one
 `*` or `**` may not build a string, list or number beyond `MAX_ITEMS` items or an exponent of `MAX_EXPONENT`.
-Rendering stops after `RENDER_SECONDS` (a loop of loops that would not end in any useful time); the template's
+No text may grow past `MAX_CHARS` characters: not the prompt, not a value stored on a namespace or passed to a
+call, not what `+`, `%`, a string method or a filter that pads, indents, joins, replaces or formats would build
+(bounded from its inputs before it runs), so a template cannot fill the memory within its time. `lipsum` is
+left out of the globals (it writes as many paragraphs as asked). Rendering stops after `RENDER_SECONDS` (a loop of loops that would not end in any useful time); the template's
 own lines are timed through a trace function, so a debugger or coverage tool does not see them. Every failure
 is a `ChatTemplateError` naming the cause.
 """
@@ -25,9 +28,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +46,7 @@ from attn.errors import ChatTemplateError
 
 RENDER_SECONDS = 2.0
 MAX_ITEMS = 1_000_000
+MAX_CHARS = 1 << 24
 MAX_EXPONENT = 4096
 _SOURCE_NAME = "<chat template>"  # the file name of the template's compiled code, which the time limit traces
 # An assistant message that no template changes, to see what a template writes after one (`end_of_turn_id`).
@@ -67,6 +72,7 @@ class _Namespace(Namespace):
 
     def __setitem__(self, name: str, value: Any) -> None:
         _check_name(name)
+        _check_chars(_size(value), f"the value stored as {name!r}")
         Namespace.__setitem__(self, name, value)
 
 
@@ -75,12 +81,89 @@ def _check_name(name: Any) -> None:
         raise SecurityError(f"a namespace may not hold {name!r}: names that start with '_' are Python internals")
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, with `*` and `**` bounded (see the module docstring)."""
+def _size(value: Any) -> int:
+    """The characters a value holds, roughly: a text's length, a sequence's or mapping's items and their texts."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, (list, tuple, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        return len(value) + sum(len(item) for item in items if isinstance(item, str))
+    return 0
 
-    intercepted_binops = frozenset({"*", "**"})
+
+def _check_chars(size: int, what: str) -> None:
+    if size > MAX_CHARS:
+        raise SecurityError(f"{what} would hold {size:,} characters, more than {MAX_CHARS:,}")
+
+
+def _number(value: Any, default: int) -> int:
+    return len(value) if isinstance(value, str) else value if isinstance(value, int) else default
+
+
+def _formatted(text: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """At most what formatting `text` (`%` or `format`) builds: its numbers count as widths."""
+    widths = sum(int(digits) for digits in re.findall(r"\d+", text))
+    return len(text) + widths + sum(map(_size, args)) + sum(map(_size, kwargs.values()))
+
+
+def _padded(text: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    return len(text) + _number(args[0] if args else kwargs.get("width"), 80)
+
+
+def _indented(text: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    return len(text) + _number(args[0] if args else kwargs.get("width"), 4) * (text.count("\n") + 1)
+
+
+def _replaced(text: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    old, new = (list(args) + [kwargs.get("old", ""), kwargs.get("new", "")])[:2]
+    return len(text) + (text.count(str(old)) + 1) * _size(new)
+
+
+def _joined(items: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    sized = hasattr(items, "__len__")  # a generator (`map`) yields items that are bounded themselves
+    return _size(items) + (len(items) * _size(args[0] if args else kwargs.get("d", "")) if sized else 0)
+
+
+# What a string method or filter may build, bounded from its inputs (see the module docstring).
+_GROWTH = {"center": _padded, "ljust": _padded, "rjust": _padded, "zfill": _padded, "expandtabs": _indented,
+           "indent": _indented, "replace": _replaced, "join": _joined, "format": _formatted}
+
+
+def _bounded_filter(name: str, function: Any) -> Any:
+    """The filter `function`, refusing a call whose result would pass `MAX_CHARS` before it runs."""
+
+    @functools.wraps(function)  # keeps Jinja's marker of a filter that takes the context first
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        first = 1 if getattr(function, "jinja_pass_arg", None) else 0
+        value = args[first] if len(args) > first else ""
+        if name != "join" and not isinstance(value, str):
+            value = str(value)
+        _check_chars(_GROWTH[name](value, args[first + 1:], kwargs), f"the {name} filter's result")
+        return function(*args, **kwargs)
+
+    return bounded
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with `*`, `**`, `+`, `%`, calls and the filters that grow text bounded (see the
+    module docstring)."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        for value in (*args, *kwargs.values()):
+            _check_chars(_size(value), "an argument")
+        owner = getattr(getattr(obj, "__wrapped__", obj), "__self__", None)  # the sandbox wraps str.format
+        growth = _GROWTH.get(getattr(obj, "__name__", ""))
+        if isinstance(owner, str) and growth is not None:
+            _check_chars(growth(owner, args, kwargs), f"str.{obj.__name__}'s result")
+        return super().call(context, obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            _check_chars(_size(left) + _size(right), "a sum")
+        if operator == "%" and isinstance(left, str):
+            _check_chars(_formatted(left, right if isinstance(right, tuple) else (right,), {}), "a % format")
         if operator == "**" and isinstance(right, int) and isinstance(left, (int, float)) and abs(left) > 1 \
                 and abs(right) > MAX_EXPONENT:
             raise SecurityError(f"{left!r} ** {right} has an exponent above {MAX_EXPONENT}")
@@ -113,6 +196,9 @@ def _compile(source: str) -> jinja2.Template:
     environment = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     environment.filters["tojson"] = _tojson
     environment.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, namespace=_Namespace)
+    del environment.globals["lipsum"]
+    for name in ("center", "indent", "replace", "join", "format"):
+        environment.filters[name] = _bounded_filter(name, environment.filters[name])
     try:
         code = environment.compile(source, filename=_SOURCE_NAME)
     except TemplateSyntaxError as error:
@@ -172,7 +258,7 @@ class ChatTemplate:
         before = sys.gettrace()
         sys.settrace(call)
         try:
-            return self._template.render(variables)
+            return _joined_text(self._template.generate(variables))
         except _Refused as error:
             raise ChatTemplateError(f"the model's chat template refuses this conversation: {error.message}",
                                     "messages") from None
@@ -189,6 +275,16 @@ class ChatTemplate:
                                     f"{error}); check the messages' roles and contents, or correct the template") from None
         finally:
             sys.settrace(before)
+
+
+def _joined_text(pieces: Iterator[str]) -> str:
+    """The pieces of a render as one text, refused once it passes `MAX_CHARS`."""
+    kept, size = [], 0
+    for piece in pieces:
+        size += len(piece)
+        _check_chars(size, "the rendered prompt")
+        kept.append(piece)
+    return "".join(kept)
 
 
 def _plain_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

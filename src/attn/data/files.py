@@ -28,11 +28,21 @@ def read_tokenizer_file(loader: Callable[[], T], *paths: str | Path) -> T:
             raise CheckpointError(
                 f"{path}: no such file; check the path (in a checkpoint, Tokenizer.save writes it)"
             )
+    where = ", ".join(str(p) for p in paths)
+    return library_call(loader, lambda err: CheckpointError(f"{where}: cannot be read as a tokenizer file ({err}); "
+                                                            "write it again"))
+
+
+def library_call(call: Callable[[], T], failed: Callable[[BaseException], Exception]) -> T:
+    """`call()`, a compiled library's failure raised as `failed(err)`: an Exception (the Rust side of
+    `tokenizers` raises plain Exception for every failure) or a Rust panic (pyo3's PanicException,
+    which derives from BaseException, so `except Exception` lets it through)."""
     try:
-        return loader()
-    except Exception as err:  # the Rust side raises plain Exception for every failure
-        where = ", ".join(str(p) for p in paths)
-        raise CheckpointError(f"{where}: cannot be read as a tokenizer file ({err}); write it again") from err
+        return call()
+    except BaseException as err:
+        if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
+            raise  # Ctrl-C, exit
+        raise failed(err) from err
 
 
 def read_sentencepiece(path: Path) -> Any:  # a sentencepiece.SentencePieceProcessor

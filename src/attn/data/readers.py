@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attn.data.text import MAX_LINE_CHARS, read_text
-from attn.errors import ConfigError, DataFormatError
+from attn.data.text import MAX_LINE_CHARS, check_unicode, read_text
+from attn.errors import ConfigError, DataFormatError, TextError
 from attn.shipped import locate
 
 FORMATS = ("auto", "tsv", "csv", "jsonl", "text")
@@ -323,7 +323,10 @@ def _value(records: _Records, number: int, row: Mapping[str, Any], setting: str,
         raise DataFormatError(where, message, number)
     if not value.strip():
         raise DataFormatError(where, f"field {name!r} ({setting}) is empty; fill it in or delete the line", number)
-    return value
+    try:
+        return check_unicode(value)  # a JSON Lines file's unpaired surrogate escape
+    except TextError as error:
+        raise DataFormatError(where, f"field {name!r} ({setting}) {error.detail}", number) from None
 
 
 def _read_records(path: str, fmt: str, max_line_chars: int) -> _Records:

@@ -9,14 +9,45 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from attn.errors import DataFormatError
+from attn.errors import DataFormatError, TextError
 from attn.shipped import locate
 
 MAX_LINE_CHARS = 100_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(text: str, field: str | None = None) -> str:
+    """`text`, refused when it is not valid Unicode, the one policy for every input.
+
+    A lone surrogate cannot be encoded as UTF-8, so no tokenizer can read it. It reaches a `str` from
+    an unpaired JSON escape (`"\\ud800"`), or from bytes that are not UTF-8 in a command-line
+    argument or the terminal's input, which Python keeps as U+DC80..U+DCFF (`surrogateescape`).
+
+    Args:
+        text: the text.
+        field: where it came from (a flag, a request field, "file:line field"), for the message.
+
+    Returns:
+        `text`, unchanged.
+
+    Raises:
+        TextError: `text` holds a lone surrogate; names the field, the character and its position.
+    """
+    found = None if text.isascii() else _SURROGATE.search(text)
+    if found is None:
+        return text
+    code = ord(found.group())
+    if 0xDC80 <= code <= 0xDCFF:  # most likely a byte that was not UTF-8
+        what = f"U+{code:04X} (the byte 0x{code - 0xDC00:02x} of text that is not UTF-8)"
+        fix = "give the text in UTF-8"
+    else:
+        what, fix = f"U+{code:04X}", "a \\ud800-\\udbff JSON escape must be followed by a \\udc00-\\udfff one"
+    raise TextError(f"is not valid Unicode: a lone surrogate {what} at character {found.start()}; {fix}", field)
 
 
 def read_text(path: str | Path) -> str:

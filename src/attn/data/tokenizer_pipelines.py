@@ -144,6 +144,36 @@ def bert_pipeline(vocab_txt: str | Path, lowercase: bool) -> hf.Tokenizer:
     return _framed(backend, [t for t in BERT_SPECIALS if model.token_to_id(t) is not None], "[CLS]", "[SEP]")
 
 
+def file_pipeline(path: str | Path) -> hf.Tokenizer:
+    """The pipeline of a Hugging Face tokenizer.json, checked (`_checked_backend`).
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, or its pipeline is broken.
+    """
+    return read_tokenizer_file(lambda: _checked_backend(hf.Tokenizer.from_file(str(path))), path)
+
+
+def _checked_backend(backend: hf.Tokenizer) -> hf.Tokenizer:
+    """A loaded pipeline whose ids lie inside its vocabulary and whose frame works.
+
+    Raises:
+        ValueError: an id at or past the vocabulary's size (an embedding has no row for it), in the
+            vocabulary or in the frame.
+        PanicException: the frame (post-processor) names a token it does not hold.
+    """
+    backend.no_padding()  # a file's padding to 2**31 tokens would otherwise fill the memory below
+    backend.no_truncation()
+    size = backend.get_vocab_size(with_added_tokens=True)
+    token, top = max(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1], default=("", -1))
+    if top >= size:
+        raise ValueError(f"token {token!r} has id {top}, but the vocabulary has {size} ids; every id must lie "
+                         f"from 0 to {size - 1}")
+    framed = backend.encode_batch_fast([""], add_special_tokens=True)[0].ids  # the frame alone: no word to miss
+    if max(framed, default=-1) >= size:
+        raise ValueError(f"the frame (post_processor) adds id {max(framed)}, but the vocabulary has {size} ids")
+    return backend
+
+
 def minimum_vocab_size(kind: str) -> int:
     """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of
     `byte-bpe`, and one token more (`unigram` also needs one per character of its texts, which

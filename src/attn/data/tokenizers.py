@@ -56,14 +56,16 @@ from pathlib import Path
 
 import tokenizers as hf
 
-from attn.data.files import read_tokenizer_file
+from attn.data.files import library_call, read_tokenizer_file
 from attn.data.marian_tokenizer import MarianSentencePiece, is_marian_directory
 from attn.data.sentencepiece_tokenizer import SUFFIXES as SENTENCEPIECE_SUFFIXES
 from attn.data.sentencepiece_tokenizer import SentencePieceModel
+from attn.data.text import check_unicode
 from attn.data.tokenizer_pipelines import (
     bert_pipeline,
     bpe_pipeline,
     chars_pipeline,
+    file_pipeline,
     gpt2_pipeline,
     unigram_pipeline,
     wordpiece_pipeline,
@@ -278,7 +280,7 @@ class Tokenizer:
         Raises:
             CheckpointError: the file is missing or is not a tokenizer.
         """
-        return cls(_load_json(tokenizer_json), "file")
+        return cls(file_pipeline(tokenizer_json), "file")
 
     @classmethod
     def from_sentencepiece(cls, model_file: str | Path) -> Tokenizer:
@@ -376,7 +378,7 @@ class Tokenizer:
         if kind == SENTENCEPIECE_KIND:
             return cls.from_sentencepiece(directory / SENTENCEPIECE_FILE)
         try:
-            return cls(_load_json(directory / TOKENIZER_FILE), kind, meta.get("roles"))
+            return cls(file_pipeline(directory / TOKENIZER_FILE), kind, meta.get("roles"))
         except ConfigError as err:  # roles that are not a mapping of role names to ids of this vocabulary
             raise CheckpointError(f"{meta_path}: {err}; save the tokenizer again with Tokenizer.save") from err
 
@@ -419,7 +421,7 @@ class Tokenizer:
                 module docstring).
 
         Returns:
-            The ids, length L.
+            The ids, length L (`encode_batch` says what it raises).
         """
         return self.encode_batch([text], add_special)[0]
 
@@ -432,9 +434,16 @@ class Tokenizer:
 
         Returns:
             One id list per text.
+
+        Raises:
+            TextError: a text is not valid Unicode (`attn.data.text.check_unicode`).
         """
+        for number, text in enumerate(texts, start=1):
+            check_unicode(text, f"text {number}" if len(texts) > 1 else "text")
         # The offsets that the slower `encode_batch` also computes are never used here.
-        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special)
+        encodings = library_call(lambda: self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special),
+                                 lambda err: CheckpointError(f"the {self._kind} tokenizer failed on a text ({err}); "
+                                                             "its files are corrupt: restore them"))
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
@@ -488,7 +497,3 @@ def _checked_roles(roles: object, vocab_size: int) -> dict[str, int | None]:
         if token_id is not None and not in_vocab:
             raise ConfigError("roles", f"{role} id {token_id!r} is not an id of this vocabulary (0 to {vocab_size - 1})")
     return dict(roles)
-
-
-def _load_json(path: str | Path) -> hf.Tokenizer:
-    return read_tokenizer_file(lambda: hf.Tokenizer.from_file(str(path)), path)

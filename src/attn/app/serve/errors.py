@@ -91,6 +91,9 @@ def install_error_handlers(app: FastAPI) -> None:
         message = {404: f"no route {request.url.path}; see /docs for the routes",
                    405: f"{request.method} is not allowed on {request.url.path}; see /docs"}.get(
             error.status_code, str(error.detail))
+        if isinstance(bad := error.__cause__, UnicodeDecodeError):  # FastAPI's 400 for a body it cannot decode
+            message = (f"the body is not valid UTF-8 (byte 0x{bad.object[bad.start]:02x} at offset {bad.start}); "
+                       "send JSON encoded as UTF-8")
         return error_response(error.status_code, message, None, getattr(error, "headers", None))
 
     @app.exception_handler(Exception)

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from attn.data.text import check_unicode
 from attn.errors import ConfigError
 
 MAX_SEED = 2**63 - 1  # seed + j (j < n) must fit the 64 bits of torch's generators
@@ -19,6 +20,25 @@ class Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = Field(None, description="a served model's name; may be left out when only one is served")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, body: object) -> object:
+        """Refuses a string anywhere in the body that is not valid Unicode (an unpaired surrogate
+        escape, which JSON allows), naming its field: `messages.0.content`, `inputs.1`."""
+        _check_strings(body, "")
+        return body
+
+
+def _check_strings(body: object, root: str) -> None:
+    """Every string of a parsed JSON body through `check_unicode`; a loop, as a body may nest deep."""
+    pending = [(root, body)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, str):
+            check_unicode(value, path)
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        pending += [(f"{path}.{key}" if path else str(key), item) for key, item in items]
 
 
 class TextsRequest(Request):

@@ -124,12 +124,16 @@ def model_config(hf: Mapping[str, Any], keys: Collection[str]) -> ModelConfig:
     """Our config for a BERT config.json (defaults as in `transformers.BertConfig`) and its keys."""
     require(hf, "position_embedding_type", "absolute", ["absolute"])
     require(hf, "is_decoder", False, [False])
+    labels = hf.get("id2label", {0: 0, 1: 1})
+    if not isinstance(labels, dict):
+        raise CheckpointError(f"config.json: id2label={labels!r} is not an object of label ids and names; restore the "
+                              "model's config.json")
     return ModelConfig(
         **CONFIG.read(hf),
         tying=output_tying(hf),
         mlm_head=any(key.startswith(MLM) for key in keys),
         pooler=any(key.endswith("pooler.dense.weight") for key in keys),
-        num_labels=len(hf.get("id2label", {0: 0, 1: 1})) if "classifier.weight" in keys else 0,
+        num_labels=len(labels) if "classifier.weight" in keys else 0,
     )
 
 

@@ -128,6 +128,7 @@ def convert(
         attention: "fast" or "reference", as in `build_model`.
     """
     config = _our_config(family, hf, weights, config_path)
+    _check_size(config, weights, config_path)
     model = build_model(config, attention)
     unused = load_into(model, family.key_table(config), weights, source)
     ids = SpecialIds.from_hf(hf)
@@ -243,7 +244,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 def family_of(hf: Mapping[str, Any], path: Path) -> Family:
     """The family that config.json's `model_type` names."""
     model_type = hf.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(
             f"{path}: model_type {model_type!r} is not supported; attn converts {', '.join(FAMILIES)}"
         )
@@ -259,10 +260,32 @@ def _family_named(name: str) -> Family:
 def _our_config(family: Family, hf: Mapping[str, Any], weights: Mapping[str, Tensor], path: Path) -> ModelConfig:
     try:
         return family.model_config(hf, weights.keys())
-    except CheckpointError:
-        raise
-    except AttnError as err:  # a value our config rejects (e.g. heads not dividing d_model)
-        raise CheckpointError(f"{path}: {err}") from err
+    except AttnError as err:  # a value the family or our config rejects (e.g. heads not dividing d_model)
+        detail = str(err).removeprefix(f"{path}: ").removeprefix(f"{path.name}: ")  # named once, with its folder
+        raise CheckpointError(f"{path}: {detail}") from err
+
+
+# Numbers a model may hold beyond its weights: its rotary or sinusoidal tables, a long context's.
+SIZE_ALLOWANCE = 2**22
+
+
+def _check_size(config: ModelConfig, weights: Mapping[str, Tensor], path: Path) -> None:
+    """Refuses a config whose model would take far more memory than its weights fill, before it is built.
+
+    A config.json that lies (2**40 layers, positions or features) would otherwise have `build_model`
+    allocate that much. The bound counts what every model of the config holds at least: token
+    embeddings, a query projection and a feed-forward pair per layer, a position table.
+    """
+    head = config.head_size or config.d_model // max(config.heads, 1)
+    layers = config.encoder_layers + config.decoder_layers
+    least = ((config.vocab_size + config.src_vocab_size + config.type_vocab_size) * config.d_model
+             + layers * config.d_model * (2 * config.d_ff + config.heads * head) + config.max_positions * head)
+    held = sum(tensor.numel() for tensor in weights.values())
+    if least > held + SIZE_ALLOWANCE:
+        raise CheckpointError(
+            f"{path}: describes a model of at least {least:,} numbers (vocab_size={config.vocab_size}, "
+            f"d_model={config.d_model}, d_ff={config.d_ff}, {layers} layers, max_positions={config.max_positions}), "
+            f"but the weights hold {held:,}; the config does not belong to these weights: restore it")
 
 
 def read_weights(folder: Path) -> tuple[dict[str, Tensor], str]:

@@ -72,7 +72,7 @@ class SpecialIds:
 def activation(hf: Mapping[str, Any], field: str, default: str) -> Activation:
     """Our activation for the Hugging Face name in `hf[field]`."""
     name = hf.get(field, default)
-    if name not in HF_ACTIVATIONS:
+    if not isinstance(name, str) or name not in HF_ACTIVATIONS:
         raise CheckpointError(
             f"config.json: {field}={name!r} is not supported; attn has {', '.join(sorted(HF_ACTIVATIONS))}"
         )
@@ -88,6 +88,16 @@ def require(hf: Mapping[str, Any], field: str, default: Any, supported: Iterable
             f"config.json: {field}={value!r} is not supported by attn (supported: "
             f"{', '.join(map(repr, allowed))}); this checkpoint cannot be loaded exactly"
         )
+
+
+def _typed(hf: Mapping[str, Any], field: str, default: Any) -> Any:
+    """config.json's `field`, of the type of its default: an int for a size, a number for a rate."""
+    value = hf.get(field, default)
+    expected = (int,) if type(default) is int else (int, float) if type(default) is float else (type(default),)
+    if default is not None and (not isinstance(value, expected) or isinstance(value, bool) != isinstance(default, bool)):
+        raise CheckpointError(f"config.json: {field}={value!r} is not {'an int' if expected == (int,) else 'a number'}"
+                              f"; restore the model's config.json")
+    return value
 
 
 def output_tying(hf: Mapping[str, Any]) -> Tying:
@@ -112,8 +122,12 @@ class ConfigTable:
     names: Mapping[Activation, str] = dataclasses.field(default_factory=lambda: ACTIVATION_NAMES)
 
     def read(self, hf: Mapping[str, Any]) -> dict[str, Any]:
-        """Our config fields that config.json `hf` gives directly."""
-        renamed = {ours: hf.get(theirs, default) for ours, (theirs, default) in self.renamed.items()}
+        """Our config fields that config.json `hf` gives directly.
+
+        Raises:
+            CheckpointError: a value is not of its default's type (a size that is null, text or a float).
+        """
+        renamed = {ours: _typed(hf, theirs, default) for ours, (theirs, default) in self.renamed.items()}
         return {**self.fixed, **renamed, "activation": activation(hf, *self.activation)}
 
     def write(self, config: ModelConfig, ids: SpecialIds) -> dict[str, Any]:

@@ -241,7 +241,10 @@ def _take(r: Rule, checkpoint: Mapping[str, Tensor], ours: Mapping[str, Tensor],
             f"{source}: missing key {missing[0]!r} (needed for {r.ours}); the file is incomplete "
             "or config.json describes a different model"
         )
-    target = _our_tensor(ours, r.ours)
+    if r.ours not in ours:  # config.json leaves out a part whose weights the file holds
+        raise CheckpointError(f"{source}: key {r.theirs[0]!r} has no place in the model config.json describes (it "
+                              f"has no {r.ours}); the weights and config.json do not match")
+    target = ours[r.ours]
     expected = r.transform.to_theirs(target.detach(), len(r.theirs))
     for key, want in zip(r.theirs, expected):
         if checkpoint[key].shape != want.shape:

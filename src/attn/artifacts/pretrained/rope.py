@@ -130,6 +130,9 @@ def _entry(hf: Mapping[str, Any]) -> tuple[Params, str]:
     """The flat rope entry of config.json and its name (`rope_scaling` wins, as in transformers)."""
     for name in ("rope_scaling", "rope_parameters"):
         if hf.get(name):
+            if not isinstance(hf[name], Mapping):
+                raise CheckpointError(f"config.json: {name}={hf[name]!r} is not an object; it holds rope_type and "
+                                      "its parameters, e.g. {\"rope_type\": \"default\"}")
             return hf[name], name
     return {}, "rope_parameters"
 
