@@ -1,14 +1,15 @@
 """The model's one linear layer: `nn.Linear`, whose float32 inference on a CPU runs through oneDNN.
 
 Without autograd, PyTorch's CPU `F.linear` in float32 calls MKL's sgemm; oneDNN (which PyTorch
-ships and already uses for bfloat16) multiplies the same matrices 1.3-2x faster for every row count
-a decode step or a prefill has, and SmolLM2's greedy decode step 15-20 % faster, on an AMD EPYC with
-AVX-512 and with its ISA capped at AVX2 (`benchmarks/results/linear-cpu/`). So `Linear` calls
-oneDNN's linear there: `torch.ops.mkldnn._linear_pointwise`, the operator Inductor's CPU passes
-emit. It is a private operator (no deprecation notice in torch 2.13; the version is pinned), taken
-only when PyTorch was built with oneDNN and `torch.backends.mkldnn` is enabled (`torch.backends.mkldnn.flags(
-enabled=False)` turns it off), and `F.linear` serves every other case: training (autograd),
-autocast, other dtypes and devices, and `torch.compile`, which chooses its own kernels.
+ships and already uses for bfloat16) multiplies the same matrices 1.2-2.1x faster for the row counts
+of a decode step and a prefill on an AMD EPYC with AVX-512 (`benchmarks/results/linear-cpu/`), which
+made a greedy SmolLM2 decode step about 15 % shorter at batch 1 and 8 (case 9 of `benchmarks/`). So
+`Linear` calls oneDNN's linear there: `torch.ops.mkldnn._linear_pointwise`, the operator Inductor's
+CPU passes emit. It is a private operator (no deprecation notice in torch 2.13; the version is pinned),
+taken only when PyTorch was built with oneDNN and `torch.backends.mkldnn` is enabled
+(`torch.backends.mkldnn.flags(enabled=False)` turns it off), and `F.linear` serves every other case:
+training (autograd), autocast, other dtypes and devices, and `torch.compile`, which chooses its own
+kernels.
 
 Parameters and state-dict keys are `nn.Linear`'s, so a weight can be tied to an embedding and
 `isinstance(m, nn.Linear)` holds.
