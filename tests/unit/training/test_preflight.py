@@ -114,7 +114,7 @@ def test_a_full_disk_while_writing_the_weights_keeps_the_previous_checkpoint(tmp
     model = tiny(0)
     save(tmp_path, 1, model)
 
-    def torn_save(model, file):
+    def torn_save(model, file, **options):
         with open(file, "wb") as handle:
             handle.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -159,7 +159,7 @@ def test_training_stops_with_a_checkpoint_error_when_the_disk_fills(tmp_path, mo
     real_save = ckpt.safetensors.torch.save_model
     calls = []
 
-    def fills_up(model, file):
+    def fills_up(model, file, **options):
         calls.append(file)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
