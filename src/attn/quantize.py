@@ -56,7 +56,31 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(x / scale).to(torch.int8), scale
 
 
-class Int8Linear(nn.Module):
+class QuantizedLinear(nn.Module):
+    """What the int8 and int4 layers share: up to KERNEL_ROWS input rows go through the layer's `kernel`, more
+    through its `dequantized` float32 weight; (..., in) -> (..., out)."""
+
+    in_features: int
+    out_features: int
+    bias: Tensor | None
+
+    def kernel(self, rows: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def dequantized(self) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        if rows.size(0) > KERNEL_ROWS:
+            y = linear(rows, self.dequantized(), self.bias)
+        else:
+            y = self.kernel(rows)
+            y = y if self.bias is None else y + self.bias
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class Int8Linear(QuantizedLinear):
     """y = x W^T + b with W in int8 rows and per-row scales: (..., in) -> (..., out)."""
 
     def __init__(self, weight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
@@ -71,14 +95,8 @@ class Int8Linear(nn.Module):
         """The float32 weight the int8 rows stand for, (out, in)."""
         return self.weight.float() * self.scale.unsqueeze(1)
 
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).float().contiguous()
-        if rows.size(0) > KERNEL_ROWS:
-            y = linear(rows, self.dequantized(), self.bias)
-        else:
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
-            y = y if self.bias is None else y + self.bias
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+    def kernel(self, rows: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
 
 
 def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -96,7 +114,7 @@ def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
     return q[:, 0::2] | (q[:, 1::2] << 4), torch.cat([scale, low], -1)
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     """y = x W^T + b with W in 4-bit groups (see the module's docstring): (..., in) -> (..., out).
 
     The codes are stored as written by `quantize_groups`; the kernel's own layout, which differs between
@@ -112,9 +130,13 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", bias)
         self._pack()
 
+    def codes(self) -> Tensor:
+        """The 4-bit codes, (out, in) uint8 in 0..15."""
+        return torch.stack([self.weight & 15, self.weight >> 4], -1).view(self.out_features, self.in_features)
+
     def _pack(self) -> None:
-        codes = torch.stack([self.weight & 15, self.weight >> 4], -1).view(self.out_features, -1).int()
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2), persistent=False)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes().int(), 2)
+        self.register_buffer("packed", packed, persistent=False)
         scale, low = self.scales.unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
         zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()  # (in / GROUP, out, 2)
         self.register_buffer("scale_and_zero", zeros, persistent=False)
@@ -125,17 +147,11 @@ class Int4Linear(nn.Module):
 
     def dequantized(self) -> Tensor:
         """The float32 weight the 4-bit groups stand for, (out, in)."""
-        codes = torch.stack([self.weight & 15, self.weight >> 4], -1).view(self.out_features, -1, GROUP).float()
+        codes = self.codes().view(self.out_features, -1, GROUP).float()
         return (codes * self.scales[..., :1] + self.scales[..., 1:]).view(self.out_features, self.in_features)
 
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).float().contiguous()
-        if rows.size(0) > KERNEL_ROWS:
-            y = linear(rows, self.dequantized(), self.bias)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero)
-            y = y if self.bias is None else y + self.bias
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+    def kernel(self, rows: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero)
 
 
 class Int8Embedding(nn.Module):
