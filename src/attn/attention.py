@@ -346,7 +346,13 @@ class CrossAttention(MultiHead):
         return split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
-        """x (B, T, d_model), memory k/v (B, h_kv, S, d_k), mask (B, 1, 1, S) -> (B, T, d_model)."""
-        q = split_heads(self.q(x), self.heads)  # (B, h, T, d_k)
+        """x (B, T, d_model), memory k/v (M, h_kv, S, d_k), mask (M, 1, 1, S) -> (B, T, d_model).
+
+        B is a multiple of M: the rows come in runs of B / M that read one memory row (the beams of
+        a sentence). A run's queries are attended as one sequence of (B / M) T queries, so the
+        memory is read once per run: every query attends to the memory alone, so this is exact.
+        """
         k, v = memory_kv
-        return self.combine(q, k, v, mask, bias=None)
+        runs = x.reshape(k.size(0), -1, x.size(-1))  # (M, (B / M) T, d_model)
+        q = split_heads(self.q(runs), self.heads)
+        return self.combine(q, k, v, mask, bias=None).view(x.shape)

@@ -3,12 +3,16 @@
 Lifecycle: a model's `new_cache(batch, max_length)` allocates it (and, for the encoder-decoder,
 computes every layer's cross-attention keys and values once per source); each `decode_step`
 appends the new tokens' keys and values; `reorder` follows beam search; `reset` empties it for
-reuse with the same shapes. Continuous batching changes the rows of a running cache: `stack_rows`
+reuse with the same shapes. The rows read the cross-attention memory in equal runs: with B rows and
+M memory rows, row i reads memory row i // (B / M), so the beams of one sentence share their
+source's keys and values instead of holding copies. Continuous batching changes the rows of a running cache: `stack_rows`
 joins two caches (their tokens end-aligned, the shorter rows left-padded), `reorder` drops rows,
 and `trim_padding` then frees the leading columns that only padding holds.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -56,6 +60,7 @@ class KVCache:
         self.positions = torch.zeros(batch, max_length, dtype=torch.long, device=device)
         self.mask = torch.zeros(batch, max_length, dtype=torch.bool, device=device)
         self.slots = [_Slot(self, i) for i in range(layers)]
+        self._spare: tuple[Tensor, Tensor] | None = None
         self.memory: list[tuple[Tensor, Tensor]] = []
         self.memory_mask: Tensor | None = None
         self.start = 0
@@ -90,28 +95,41 @@ class KVCache:
         """(B, 1): the position of each row's next token (one past its last real token)."""
         return self.mask[:, : self.length].long().sum(-1, keepdim=True)
 
-    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+    def reorder(self, index: Tensor, sources: Tensor | None = None) -> None:
         """Keeps rows `index` (B',) of the batch, e.g. the surviving beams; B' may differ from B.
 
-        Only the filled part of the keys and values is copied, into a fresh allocation (slots past
-        `length` are written before they are read). `same_sources=True` says every new row i reads the
-        same encoder output as old row i (beams of one sentence share it), so the cross-attention
-        memory stays where it is.
+        The filled part of the keys and values is copied into a second buffer, which then becomes the
+        cache's while the first waits for the next reorder: a fresh allocation at every beam step
+        costs several times the copy in page faults. `sources` (M',) keeps those rows of the
+        cross-attention memory (each kept row then reads the memory row of its run, see the module
+        docstring); None leaves the memory as it is.
+
+        Raises:
+            GenerationError: B' is not a multiple of the memory's rows.
         """
-        self.keys = self._select_filled(self.keys, index)
-        self.values = self._select_filled(self.values, index)
+        if self.memory:
+            memory_rows = self.memory[0][0].size(0) if sources is None else sources.numel()
+            if index.numel() % memory_rows:
+                raise GenerationError(f"{index.numel()} rows cannot read {memory_rows} memory rows in equal "
+                                      "runs: keep the memory rows of the rows kept (`sources`)")
+        self.keys, self.values = self._select_filled(index)
         self.positions = self.positions.index_select(0, index)
         self.mask = self.mask.index_select(0, index)
-        if same_sources:
-            return
-        self.memory = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory]
-        if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, index)
+        if sources is not None:
+            self.memory = [(k.index_select(0, sources), v.index_select(0, sources)) for k, v in self.memory]
+            if self.memory_mask is not None:
+                self.memory_mask = self.memory_mask.index_select(0, sources)
 
-    def _select_filled(self, x: Tensor, index: Tensor) -> Tensor:
-        """x (layers, B, h, max_length, d_k) -> (layers, B', h, max_length, d_k), rows `index`, slots < length."""
-        out = x.new_empty(x.size(0), index.numel(), *x.shape[2:])
-        torch.index_select(x[:, :, :, : self.length], 1, index, out=out[:, :, :, : self.length])
+    def _select_filled(self, index: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows `index` of the keys and values (slots < length), written into the spare buffers."""
+        shape = (self.keys.size(0), index.numel(), *self.keys.shape[2:])
+        size = math.prod(shape)
+        if self._spare is None or self._spare[0].numel() < size:
+            self._spare = (self.keys.new_empty(size), self.values.new_empty(size))
+        out = tuple(flat[:size].view(shape) for flat in self._spare)
+        for old, new in zip((self.keys, self.values), out):
+            torch.index_select(old[:, :, :, : self.length], 1, index, out=new[:, :, :, : self.length])
+        self._spare = (_whole_buffer(self.keys), _whole_buffer(self.values))
         return out
 
     def trim_padding(self) -> None:
@@ -131,6 +149,11 @@ class KVCache:
         """Forgets every token (keeps the allocation and the memory)."""
         self.start = self.length = 0
         self.mask.zero_()
+
+
+def _whole_buffer(x: Tensor) -> Tensor:
+    """The flat buffer that `x` views (x starts at its beginning)."""
+    return x.new_empty(0).set_(x.untyped_storage())
 
 
 def stack_rows(first: KVCache, second: KVCache, max_length: int) -> KVCache:

@@ -237,7 +237,7 @@ def test_reorder_carries_the_cross_attention_memory():
     with torch.no_grad():
         cache = model.new_cache(model.encode(src, src_mask), src_mask, 4)
         model.decode_step(torch.tensor([[3], [4]]), cache)
-        cache.reorder(index)
+        cache.reorder(index, sources=index)
         reordered = model.decode_step(torch.tensor([[7], [8], [9]]), cache)
         fresh = model.new_cache(model.encode(src[index], src_mask[index]), src_mask[index], 4)
         model.decode_step(torch.tensor([[4], [4], [3]]), fresh)
@@ -249,7 +249,7 @@ def test_reorder_within_sources_keeps_the_memory_in_place():
     model = _build("paper-base-tiny", Positional.SINUSOIDAL, NormPlacement.PRE)
     src = torch.randint(1, 97, (2, 5))
     src_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
-    beams = torch.tensor([0, 0, 1, 1])
+    beams = torch.tensor([0, 0, 1, 1])  # two beams per source, both reading its memory row
     index = torch.tensor([1, 1, 3, 2])  # every row stays with its source, as beams of one sentence do
     first, second = torch.tensor([[3], [4], [5], [6]]), torch.tensor([[7], [8], [9], [10]])
     with torch.no_grad():
@@ -257,13 +257,39 @@ def test_reorder_within_sources_keeps_the_memory_in_place():
         cache.reorder(beams)
         model.decode_step(first, cache)
         memory = cache.memory
-        cache.reorder(index, same_sources=True)
+        cache.reorder(index)
+        in_place = cache.memory is memory
         reordered = model.decode_step(second, cache)
         fresh = model.new_cache(model.encode(src[beams], src_mask[beams]), src_mask[beams], 4)
         model.decode_step(first[index], fresh)
         expected = model.decode_step(second, fresh)
-    assert cache.memory is memory
+        cache.reorder(torch.tensor([2, 3]), sources=torch.tensor([1]))  # the first sentence leaves
+        last = model.decode_step(second[2:], cache)
+        fresh.reorder(torch.tensor([2, 3]), sources=torch.tensor([2, 3]))
+        expected_last = model.decode_step(second[2:], fresh)
+    assert in_place and memory[0][0].size(0) == 2  # one memory row per source, shared by its beams
+    assert cache.memory[0][0].size(0) == 1
     assert_close(reordered, expected, atol=1e-5, rtol=0)
+    assert_close(last, expected_last, atol=1e-5, rtol=0)
+
+
+def test_rows_that_cannot_share_the_memory_evenly_are_refused():
+    model = _build("paper-base-tiny", Positional.SINUSOIDAL, NormPlacement.PRE)
+    src = torch.randint(1, 97, (2, 5))
+    with torch.no_grad():
+        cache = model.new_cache(model.encode(src), None, 4)
+        with pytest.raises(GenerationError, match="3 rows cannot read 2 memory rows"):
+            cache.reorder(torch.tensor([0, 0, 1]))
+
+
+def test_reorders_alternate_between_two_buffers():
+    cache = _filled(2, 3, 10.0)
+    first = cache.keys.data_ptr()
+    cache.reorder(torch.tensor([1, 0]))
+    second = cache.keys.data_ptr()
+    cache.reorder(torch.tensor([1]))
+    assert cache.keys.data_ptr() == first != second  # the first buffer, reused for the smaller batch
+    assert cache.keys[0, :, 0, :3, 0].tolist() == [[10, 11, 12]]
 
 
 def _filled(batch: int, length: int, first: float) -> KVCache:

@@ -229,13 +229,14 @@ def _hypotheses(state: BeamState, offset: int, n_best: int) -> list[list[Hypothe
 
 def _retire(
     state: BeamState, rows: Tensor, done: Tensor, results: list[list[Hypothesis]], offset: int, n_best: int
-) -> tuple[BeamState, Tensor]:
-    """Stores the hypotheses of the sentences that are done; returns the others' state and cache rows."""
+) -> tuple[BeamState, Tensor, Tensor]:
+    """Stores the hypotheses of the sentences that are done; returns the others' state, cache rows and
+    their indices among the sentences of `state` (the memory rows they read)."""
     finished = state.select(done.nonzero().squeeze(1))
     for sentence, found in zip(finished.sentence.tolist(), _hypotheses(finished, offset, n_best)):
         results[sentence] = found
     keep = (~done).nonzero().squeeze(1)
-    return state.select(keep), rows.view(done.size(0), -1)[keep].flatten()
+    return state.select(keep), rows.view(done.size(0), -1)[keep].flatten(), keep
 
 
 def search(session: Session, config: GenerationConfig, eos_id: int | None) -> list[list[Hypothesis]]:
@@ -256,12 +257,12 @@ def search(session: Session, config: GenerationConfig, eos_id: int | None) -> li
         logprobs = adjust_logits(logprobs, history, config, eos_id, at_limit)
         state, rows = advance(state, logprobs, step, session.offset, config, eos_id)
         done = sentences_done(state, step + 1, config)
-        retired = bool(done.any())
-        if retired:
-            state, rows = _retire(state, rows, done, results, session.offset, config.n_best)
+        kept = None  # the sentences' memory rows stay as they are
+        if bool(done.any()):
+            state, rows, kept = _retire(state, rows, done, results, session.offset, config.n_best)
             if rows.numel() == 0:
                 break
-        session.cache.reorder(rows, same_sources=not retired)
+        session.cache.reorder(rows, sources=kept)
         tokens = state.history[:, :, session.offset + step].flatten()
         logprobs = decode_one_token(session.model, tokens, session.cache).log_softmax(-1)
     return results

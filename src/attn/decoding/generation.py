@@ -123,7 +123,7 @@ def decode_rows(
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 return
-            session.cache.reorder(keep)
+            session.cache.reorder(keep, sources=keep)
             rows, tokens, history, limits = rows[keep], tokens[keep], history[keep], limits[keep]
             new = [new[i] for i in keep.tolist()] if stops is not None else []
         logits = decode_one_token(session.model, tokens, session.cache)
