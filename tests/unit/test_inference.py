@@ -27,7 +27,8 @@ def test_length_sorted_batches_give_each_text_its_own_translation_in_input_order
                     start_id=2, eos_id=3, pad_id=0)
     decoding = GenerationConfig(beam_size=2, max_new_tokens=12)
     alone = [translate(loaded, [text], decoding)[0] for text in TEXTS]
-    assert translate(loaded, TEXTS, decoding, batch_size=2) == alone
+    longest = max(len(text) for text in TEXTS) + 1  # characters and the closing token
+    assert translate(loaded, TEXTS, decoding, batch_tokens=2 * longest) == alone  # 3 batches, 2 of 2 texts
     assert len(set(alone)) > 1  # the texts do not all translate alike, so an order mix-up would show
 
 
