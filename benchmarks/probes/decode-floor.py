@@ -1,9 +1,11 @@
-"""The weight-reading floor of one batch-1 decode step of SmolLM2-135M-Instruct, beside the whole steps.
+"""The weight-reading floor of one decode step of SmolLM2-135M-Instruct, beside the whole steps, at batch 1 and 8.
 
-Times (median of 20, 2 threads): the matrix-vector products of every weight matrix of the model (what
-reading the fp32 weights once costs), attn's `decode_step` of one token after a chat prompt, and
-transformers' forward of one token with its KV cache, both on the same GGUF file. Writes the JSON to
-the path given (with the commit and machine).
+Times (median of 20, 2 threads), for each batch: the products of every weight matrix of the model
+with that many rows, through `F.linear` (MKL, what transformers runs) and `attn.linear.linear` (oneDNN,
+what attn runs), attn's `decode_step` of one token per row after a chat prompt, and transformers' forward
+of one token per row with its KV cache, both on the same GGUF file. Also the time to sum every weight
+once (2 threads): the rate at which this machine reads them, the floor of any float32 kernel. Writes
+the JSON to the path given (with the commit and machine).
 
     python benchmarks/probes/decode-floor.py benchmarks/results/chat-model-cpu/decode-floor.json
 """
@@ -17,9 +19,11 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import transformers
 
 import attn
+from attn.linear import linear
 from benchmarks.chat_model import gguf_path
 from benchmarks.harness import device_name, git_commit
 
@@ -41,34 +45,45 @@ def main(out: str) -> None:
     model = bundle.model
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     ids = bundle.tokenizer.encode(bundle.render_chat([{"role": "user", "content": "What is the capital of France?"}]))
-    prompt, one = torch.tensor([ids]), torch.tensor([[5]])
+    result = {
+        "command": "python benchmarks/probes/decode-floor.py " + out, "commit": git_commit(),
+        "device": device_name(torch.device("cpu")), "torch": torch.__version__,
+        "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+    }
     with torch.inference_mode():
         weights = [p for p in model.parameters() if p.dim() == 2]
-        inputs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
-        floor = median_ms(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights])
-        cache = model.new_cache(1, len(ids) + 64)
-        model.decode_step(prompt, cache)
-
-        def ours() -> None:
-            cache.start = cache.length = len(ids)
-            model.decode_step(one, cache)
-
-        past = hf(prompt, use_cache=True).past_key_values
-        position = [len(ids)]
-
-        def theirs() -> None:
-            hf(one, past_key_values=past, use_cache=True, cache_position=torch.tensor(position))
-            past.crop(-1)  # back to the prompt, as attn's step above
-
-        result = {
-            "command": "python benchmarks/probes/decode-floor.py " + out, "commit": git_commit(),
-            "device": device_name(torch.device("cpu")), "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "weight_megabytes": sum(w.numel() for w in weights) * 4 / 1e6,
-            "matvec_floor_ms": floor, "attn_decode_step_ms": median_ms(ours), "hf_forward_step_ms": median_ms(theirs),
-        }
+        result["weight_megabytes"] = sum(w.numel() for w in weights) * 4 / 1e6
+        result["read_all_weights_ms"] = median_ms(lambda: [w.sum() for w in weights])
+        for batch in (1, 8):
+            result[f"batch_{batch}"] = _steps(model, hf, weights, ids, batch)
     Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
+
+
+def _steps(model: torch.nn.Module, hf: torch.nn.Module, weights: list[torch.Tensor], ids: list[int],
+           batch: int) -> dict[str, float]:
+    """The products with every weight and both models' decode steps, `batch` rows of the same prompt."""
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1]) for w in weights}
+    prompt, one = torch.tensor([ids] * batch), torch.full((batch, 1), 5)
+    cache = model.new_cache(batch, len(ids) + 64)
+    model.decode_step(prompt, cache)
+
+    def ours() -> None:
+        cache.start = cache.length = len(ids)
+        model.decode_step(one, cache)
+
+    past = hf(prompt, use_cache=True).past_key_values
+    position = [len(ids)]
+
+    def theirs() -> None:
+        hf(one, past_key_values=past, use_cache=True, cache_position=torch.tensor(position))
+        past.crop(-1)  # back to the prompt, as attn's step above
+
+    return {
+        "mkl_matmul_floor_ms": median_ms(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights]),
+        "onednn_matmul_floor_ms": median_ms(lambda: [linear(inputs[w.shape[1]], w, None) for w in weights]),
+        "attn_decode_step_ms": median_ms(ours), "hf_forward_step_ms": median_ms(theirs),
+    }
 
 
 if __name__ == "__main__":
