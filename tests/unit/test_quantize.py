@@ -1,5 +1,6 @@
-"""int8 weights: the row quantization's numbers, the layers against their float formula, the model transform
-(tied matrices stored once, soft-capped projections left in float), and checkpoints that stay int8."""
+"""int8 and int4 weights: the row quantization's numbers, the layers against their float formula, the model
+transform (tied matrices stored once, soft-capped projections left in float), and checkpoints that stay
+quantized."""
 
 import pytest
 import safetensors
@@ -17,6 +18,7 @@ from attn.linear import Linear
 from attn.models import build_model
 from attn.presets import preset
 from attn.quantize import (
+    DynamicInt8Linear,
     Int4Linear,
     Int8Embedding,
     Int8Linear,
@@ -56,6 +58,21 @@ def test_int8_linear_is_x_times_the_dequantized_weight(bias, shape):
     expected = F.linear(x, q.float() * scale, layer.bias.detach() if bias else None)
     torch.testing.assert_close(int8(x), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(int8(x[:, -1:]), expected[:, -1:], atol=1e-5, rtol=1e-5)  # a strided view
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (3, 5, 48)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_dynamic_int8_linear_multiplies_the_quantized_rows_of_input_and_weight(bias, shape):
+    torch.manual_seed(0)
+    layer = Linear(48, 40, bias=bias)
+    q, scale = quantize_rows(layer.weight.detach())
+    int8 = DynamicInt8Linear(q, scale.squeeze(1), layer.bias.detach() if bias else None)
+    x = torch.randn(*shape)
+    xq, x_scale = quantize_rows(x)
+    expected = F.linear(xq.double() * x_scale.double(), q.double() * scale.double(),
+                        layer.bias.detach().double() if bias else None)
+    torch.testing.assert_close(int8(x).double(), expected, atol=1e-5, rtol=1e-5)
+    assert (int8(x) - layer(x)).abs().max() < 0.03 * layer(x).abs().max()  # within int8's few per cent
 
 
 def test_int8_embedding_rows_are_the_dequantized_rows():
@@ -115,6 +132,17 @@ def test_a_quantized_checkpoint_loads_quantized_with_the_same_numbers(lm_checkpo
     with torch.no_grad():
         assert torch.equal(reloaded.model(tokens), bundle.model(tokens))
     assert quantization_of(load_model(folder, "cpu", quantize="int8").model) == "int8"  # already int8: kept
+
+
+def test_a_dynamic_int8_checkpoint_loads_back_dynamic(lm_checkpoint, tmp_path):
+    bundle = load_model(lm_checkpoint, "cpu", quantize="int8-dynamic")
+    assert quantization_of(bundle.model) == "int8-dynamic"
+    assert isinstance(bundle.model.lm_head, DynamicInt8Linear)
+    reloaded = load_model(save_model(bundle, tmp_path / "dynamic"), "cpu")
+    assert quantization_of(reloaded.model) == "int8-dynamic"
+    tokens = torch.tensor([bundle.tokenizer.encode("the lazy")])
+    with torch.no_grad():
+        assert torch.equal(reloaded.model(tokens), bundle.model(tokens))
 
 
 def test_an_unknown_quantization_in_the_file_is_named(lm_checkpoint):

@@ -51,8 +51,9 @@ def _model(p: argparse.ArgumentParser, what: str) -> None:
 
 def _quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=[q.value for q in Quantization],
-                   help="the weights in 8 bits (int8) or 4 bits (int4: linear layers in groups of 32), read faster "
-                   "and smaller, on the CPU (--device cpu)")
+                   help="the weights in 8 bits (int8), 8 bits with each layer's input quantized per token too "
+                   "(int8-dynamic: the fastest, less exact) or 4 bits (int4: linear layers in groups of 32); "
+                   "smaller, on the CPU (--device cpu)")
 
 
 def _inputs(p: argparse.ArgumentParser, json_flag: bool = True) -> None:

@@ -210,13 +210,13 @@ def load_model(
         device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
         require_tokenizer: refuse a model without a tokenizer (what every use of a model on text needs;
             fine-tuning takes the weights alone).
-        quantize: "int8" for int8 weights on the CPU (`attn.quantize`); None keeps the weights as stored
+        quantize: "int8", "int8-dynamic" or "int4" weights on the CPU (`attn.quantize`); None keeps them as stored
             (a checkpoint written from a quantized model loads quantized either way).
 
     Raises:
         CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one
             whose ids fall outside the model's vocabulary.
-        ConfigError: an unknown or unavailable device, an unknown quantization, or int8 off the CPU.
+        ConfigError: an unknown or unavailable device, an unknown quantization, or quantizing off the CPU.
 
     Example:
         >>> from attn import load_model
