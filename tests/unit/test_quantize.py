@@ -7,6 +7,7 @@ import safetensors
 import safetensors.torch
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from attn.app.cli import main
 from attn.artifacts import load_model, save_model
@@ -47,15 +48,21 @@ def test_the_rounding_error_is_at_most_half_a_step():
     assert bool(((q.float() * scale - w).abs() <= scale / 2 + 1e-7).all())
 
 
-@pytest.mark.parametrize("shape", [(3, 1, 48), (3, 5, 48)])  # a few rows: the int8 kernel; more: dequantized
-@pytest.mark.parametrize("bias", [False, True])
-def test_int8_linear_is_x_times_the_dequantized_weight(bias, shape):
+def _int8_layer(kind: type[Int8Linear], bias: bool) -> tuple[Linear, Int8Linear, Tensor, Tensor | None]:
+    """A float layer, its int8 twin of class `kind`, and the dequantized weight and the bias."""
     torch.manual_seed(0)
     layer = Linear(48, 40, bias=bias)
     q, scale = quantize_rows(layer.weight.detach())
-    int8 = Int8Linear(q, scale.squeeze(1), layer.bias.detach() if bias else None)
+    b = layer.bias.detach() if bias else None
+    return layer, kind(q, scale.squeeze(1), b), q.double() * scale.double(), b
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 48), (3, 5, 48)])  # a few rows: the int8 kernel; more: dequantized
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_is_x_times_the_dequantized_weight(bias, shape):
+    _, int8, weight, b = _int8_layer(Int8Linear, bias)
     x = torch.randn(*shape)
-    expected = F.linear(x, q.float() * scale, layer.bias.detach() if bias else None)
+    expected = F.linear(x, weight.float(), b)
     torch.testing.assert_close(int8(x), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(int8(x[:, -1:]), expected[:, -1:], atol=1e-5, rtol=1e-5)  # a strided view
 
@@ -63,14 +70,10 @@ def test_int8_linear_is_x_times_the_dequantized_weight(bias, shape):
 @pytest.mark.parametrize("shape", [(1, 48), (3, 5, 48)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_dynamic_int8_linear_multiplies_the_quantized_rows_of_input_and_weight(bias, shape):
-    torch.manual_seed(0)
-    layer = Linear(48, 40, bias=bias)
-    q, scale = quantize_rows(layer.weight.detach())
-    int8 = DynamicInt8Linear(q, scale.squeeze(1), layer.bias.detach() if bias else None)
+    layer, int8, weight, b = _int8_layer(DynamicInt8Linear, bias)
     x = torch.randn(*shape)
     xq, x_scale = quantize_rows(x)
-    expected = F.linear(xq.double() * x_scale.double(), q.double() * scale.double(),
-                        layer.bias.detach().double() if bias else None)
+    expected = F.linear(xq.double() * x_scale.double(), weight, None if b is None else b.double())
     torch.testing.assert_close(int8(x).double(), expected, atol=1e-5, rtol=1e-5)
     assert (int8(x) - layer(x)).abs().max() < 0.03 * layer(x).abs().max()  # within int8's few per cent
 
