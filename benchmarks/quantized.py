@@ -57,11 +57,11 @@ def _metric(bundle: Bundle, task: str) -> float:
     return evaluate_classifier(bundle, TESTS[task])["accuracy"]
 
 
-def quickstart_rows(root: Path) -> list[dict]:
+def quickstart_rows(root: Path, schemes: Sequence[str | None] = SCHEMES) -> list[dict]:
     rows = []
     for task, folder in QUICKSTART_MODELS.items():
         base = None
-        for scheme in SCHEMES:
+        for scheme in schemes:
             bundle = load_model(root / folder, "cpu", quantize=scheme)
             value = _metric(bundle, task)
             base = value if scheme is None else base
@@ -74,9 +74,9 @@ def quickstart_rows(root: Path) -> list[dict]:
 
 
 @torch.no_grad()
-def chat_rows() -> list[dict]:
+def chat_rows(schemes: Sequence[str | None] = SCHEMES) -> list[dict]:
     rows, answers, distributions = [], [], []
-    for scheme in SCHEMES:
+    for scheme in schemes:
         bundle = load_model(CHAT_MODEL, "cpu", quantize=scheme)
         prompts = [bundle.tokenizer.encode(bundle.render_chat([{"role": "user", "content": q}])) for q in QUESTIONS]
         config = GenerationConfig(max_new_tokens=NEW_TOKENS)
@@ -115,10 +115,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quantized", description=__doc__.split("\n")[0])
     parser.add_argument("--quickstart", type=Path, required=True, help="the run directory of `attn quickstart`")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--schemes", default=",".join(s for s in SCHEMES if s),
+                        help="comma-separated schemes to measure beside float32 (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "quantized-quality")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    quick, chat = quickstart_rows(args.quickstart), chat_rows()
+    schemes = [None, *(s for s in args.schemes.split(",") if s)]
+    quick, chat = quickstart_rows(args.quickstart, schemes), chat_rows(schemes)
     info = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": git_commit(), "device": device_name(torch.device("cpu")), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "command": "python -m benchmarks.quantized " + " ".join(sys.argv[1:])}
