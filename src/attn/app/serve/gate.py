@@ -53,11 +53,17 @@ class RequestGate:
                 status[0] = message["status"]
             await send(message)
 
+        # The gauge leaves out the scrapes and probes, so that a server at rest reads 0 from its own /metrics.
+        gauge = None if path in _ALWAYS_OPEN else self.metrics.in_flight.labels(route=route)
         self.traffic.in_flight += 1
+        if gauge is not None:
+            gauge.inc()
         try:
             await self._answer(scope, receive, sending, path)
         finally:
             self.traffic.in_flight -= 1
+            if gauge is not None:
+                gauge.dec()
             model = scope.get("state", {}).get("model", "")
             self.metrics.requests.labels(route=route, model=model, status=str(status[0])).inc()
             self.metrics.latency.labels(route=route, model=model).observe(time.monotonic() - started)

@@ -1,0 +1,75 @@
+"""`attn serve` over real connections (uvicorn on 127.0.0.1, in a thread): a client that closes its connection
+halfway through a streamed answer frees its place, which /metrics shows as attn_requests_in_flight and
+attn_queue_length back at 0."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from serve_models import tiny_bundles, uvicorn_serving
+
+from attn.app.serve import ServedModel, create_app
+from attn.decoding import RunningBatch
+
+STREAM = {"model": "lm", "prompt": "In the", "max_tokens": 50, "temperature": 0, "stream": True}
+
+
+def gauges(base: str) -> dict[str, float]:
+    """Each sample of attn_requests_in_flight and attn_queue_length in /metrics, by its labels' values."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    return {f"{sample.name}{sorted(sample.labels.values())}": sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name in ("attn_requests_in_flight", "attn_queue_length") for sample in family.samples}
+
+
+def settle(base: str, seconds: float = 10) -> dict[str, float]:
+    """The gauges once every one reads 0, or as they are after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while any((found := gauges(base)).values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[str]:
+    with uvicorn_serving(create_app([ServedModel("lm", tiny_bundles()["lm"])])) as url:
+        yield url
+
+
+@pytest.fixture
+def slow_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps of 20 ms, so that a stream is still running when its client leaves."""
+    step = RunningBatch.step
+
+    def slow_step(self: RunningBatch) -> list:
+        time.sleep(0.02)
+        return step(self)
+
+    monkeypatch.setattr(RunningBatch, "step", slow_step)
+
+
+def test_a_stream_counts_in_flight_until_its_last_byte(base: str, slow_steps: None) -> None:
+    with httpx.stream("POST", f"{base}/v1/completions", json=STREAM, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        during = gauges(base)
+        assert "data: [DONE]" in list(lines)
+    assert during == {"attn_requests_in_flight['/v1/completions']": 1.0, "attn_queue_length['lm']": 1.0}
+    assert set(settle(base).values()) == {0.0}
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_place(base: str, slow_steps: None) -> None:
+    for _ in range(3):
+        with httpx.stream("POST", f"{base}/v1/completions", json=STREAM, timeout=60) as response:
+            events = (json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
+            assert [next(events)["choices"][0]["finish_reason"] for _ in range(3)] == [None] * 3
+        # leaving the block closes the connection with the answer unfinished
+    assert settle(base) == {"attn_requests_in_flight['/v1/completions']": 0.0, "attn_queue_length['lm']": 0.0}
+    whole = httpx.post(f"{base}/v1/completions", json={**STREAM, "stream": False, "max_tokens": 5}, timeout=60)
+    assert whole.status_code == 200 and whole.json()["choices"][0]["finish_reason"] == "length"
+
