@@ -66,11 +66,12 @@ def app_routes(routes: list) -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def uvicorn_serving(app: FastAPI) -> Iterator[str]:
-    """uvicorn serving `app` on a free port of 127.0.0.1, in a thread of this process, while the block runs (real
-    connections, which a client may close halfway); yields the base URL."""
+def uvicorn_serving(app: FastAPI, served: uvicorn.Server | None = None) -> Iterator[str]:
+    """uvicorn serving `app` (through `served` when given, a server built on `uvicorn_config(app)`) on a free port
+    of 127.0.0.1, in a thread of this process, while the block runs (real connections, which a client may close
+    halfway); yields the base URL."""
     bound = listen(ServeOptions(port=0))
-    served = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    served = served or uvicorn.Server(uvicorn_config(app))
     thread = threading.Thread(target=served.run, kwargs={"sockets": [bound]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -83,3 +84,6 @@ def uvicorn_serving(app: FastAPI) -> Iterator[str]:
         served.should_exit = True
         thread.join(30)
 
+
+def uvicorn_config(app: FastAPI) -> uvicorn.Config:
+    return uvicorn.Config(app, log_level="warning")

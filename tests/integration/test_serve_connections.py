@@ -1,19 +1,24 @@
 """`attn serve` over real connections (uvicorn on 127.0.0.1, in a thread): a client that closes its connection
 halfway through a streamed answer frees its place, which /metrics shows as attn_requests_in_flight and
-attn_queue_length back at 0."""
+attn_queue_length back at 0; while the server drains every answer closes its connection, and a request that
+reaches it as it exits is answered, not dropped."""
 
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_models import tiny_bundles, uvicorn_serving
+from serve_models import tiny_bundles, uvicorn_config, uvicorn_serving
 
 from attn.app.serve import ServedModel, create_app
+from attn.app.serve import app as serve_app
+from attn.app.serve.app import DrainingServer
 from attn.decoding import RunningBatch
 
 STREAM = {"model": "lm", "prompt": "In the", "max_tokens": 50, "temperature": 0, "stream": True}
@@ -73,3 +78,35 @@ def test_a_client_that_leaves_mid_stream_frees_its_place(base: str, slow_steps: 
     whole = httpx.post(f"{base}/v1/completions", json={**STREAM, "stream": False, "max_tokens": 5}, timeout=60)
     assert whole.status_code == 200 and whole.json()["choices"][0]["finish_reason"] == "length"
 
+
+def refused(port: int) -> bool:
+    """Whether a new connection to the port is refused (a connection that is made is closed at once)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_draining_closes_connections_and_answers_a_request_that_arrives_as_it_exits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve_app, "LAST_REQUESTS_S", 3.0)  # room for a busy machine between the steps below
+    app = create_app([ServedModel("lm", tiny_bundles()["lm"])])
+    server = DrainingServer(uvicorn_config(app), app.state.serve.traffic)
+    body = json.dumps({"prompt": "In", "max_tokens": 2}).encode()
+    with uvicorn_serving(app, server) as base, httpx.Client(base_url=base, timeout=30) as client:
+        port = int(base.rsplit(":", 1)[1])
+        idle = socket.create_connection(("127.0.0.1", port), timeout=30)  # accepted; its request comes later
+        assert "close" not in client.post("/v1/completions", content=body).headers.get("connection", "")
+        server.handle_exit(signal.SIGTERM, None)
+        late = client.post("/v1/completions", content=body)
+        assert late.status_code == 503 and late.headers["connection"] == "close"
+        deadline = time.monotonic() + 10
+        while not refused(port):  # the server stopped listening: it is about to exit
+            assert time.monotonic() < deadline, "the drained server did not stop listening"
+            time.sleep(0.01)
+        idle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        answer = idle.recv(65536)
+        idle.close()
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer.lower(), answer

@@ -32,7 +32,8 @@ class Traffic:
 
 class RequestGate:
     """ASGI middleware: 413 for a body over `max_body_bytes` (from Content-Length when given, else
-    while reading), 503 once `traffic.draining` is set, and one count and latency per request."""
+    while reading), 503 once `traffic.draining` is set (every answer that starts from then on closes its
+    connection), and one count and latency per request."""
 
     def __init__(self, app: ASGIApp, traffic: Traffic, metrics: ServeMetrics, max_body_bytes: int) -> None:
         self.app = app
@@ -51,6 +52,8 @@ class RequestGate:
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                if self.traffic.draining:
+                    message = _closing(message)
             await send(message)
 
         # The gauge leaves out the scrapes and probes, so that a server at rest reads 0 from its own /metrics.
@@ -92,6 +95,13 @@ class RequestGate:
     def _too_large(self, size: int) -> str:
         return (f"the request body has {size}+ bytes, more than the server's limit of {self.max_body_bytes} "
                 "(--max-body-bytes); send fewer or shorter inputs per request")
+
+
+def _closing(start: Message) -> Message:
+    """A response's start with `Connection: close`: while the server drains, no client sends another request on a
+    connection that the server closes when it exits (such a request would be lost unanswered)."""
+    headers = [(name, value) for name, value in start.get("headers", []) if name.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
