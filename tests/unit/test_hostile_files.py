@@ -28,6 +28,7 @@ from hostile_files import (
     TEXT,
     Drawn,
     _hf_folder,
+    _sentencepiece_model,
     _tiny_checkpoint_model,
 )
 from hypothesis import HealthCheck, Phase, given, settings
@@ -214,3 +215,14 @@ def test_the_fuzzing_keeps_no_drawn_file_once_it_is_read(tmp_path: Path) -> None
     gc.collect()
     assert len(drawn) == 200 and [ref for ref in drawn if ref() is not None] == []
 
+
+def test_a_sentencepiece_piece_that_is_not_utf8_is_named_with_its_file(tmp_path: Path) -> None:
+    """Drawn by the fuzzing: the piece `<s>` with its first byte 0xAE. SentencePiece loaded the model, and finding its
+    special tokens (`id_to_piece`) raised a UnicodeDecodeError."""
+    model = _sentencepiece_model()
+    assert model.count(b"\n\x03<s>") == 1  # the piece's field: its length, 3, then its bytes
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(model.replace(b"\n\x03<s>", b"\n\x03\xaes>"))
+    with pytest.raises(CheckpointError, match=f"^{path}: piece 1 is not UTF-8 text \\(byte 0 of the piece: invalid start "
+                                              "byte\\); the model file is damaged"):
+        Tokenizer.from_sentencepiece(path)
