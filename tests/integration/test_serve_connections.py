@@ -1,10 +1,13 @@
 """`attn serve` over real connections (uvicorn on 127.0.0.1, in a thread): a client that closes its connection
 halfway through a streamed answer frees its place, which /metrics shows as attn_requests_in_flight and
-attn_queue_length back at 0; while the server drains every answer closes its connection, and a request that
-reaches it as it exits is answered, not dropped."""
+attn_queue_length back at 0; the running batch's KV caches are freed as soon as their rows are done; while the
+server drains every answer closes its connection, and a request that reaches it as it exits is answered, not
+dropped."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import gc
 import json
 import signal
 import socket
@@ -20,6 +23,7 @@ from attn.app.serve import ServedModel, create_app
 from attn.app.serve import app as serve_app
 from attn.app.serve.app import DrainingServer
 from attn.decoding import RunningBatch
+from attn.kv_cache import KVCache
 
 STREAM = {"model": "lm", "prompt": "In the", "max_tokens": 50, "temperature": 0, "stream": True}
 
@@ -77,6 +81,23 @@ def test_a_client_that_leaves_mid_stream_frees_its_place(base: str, slow_steps: 
     assert settle(base) == {"attn_requests_in_flight['/v1/completions']": 0.0, "attn_queue_length['lm']": 0.0}
     whole = httpx.post(f"{base}/v1/completions", json={**STREAM, "stream": False, "max_tokens": 5}, timeout=60)
     assert whole.status_code == 200 and whole.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_caches_of_finished_rows_are_freed_without_the_garbage_collector(base: str, slow_steps: None) -> None:
+    """Rows joining the running batch at different steps make a new KV cache each time. Caches held in a reference
+    cycle waited for Python's garbage collector, and a server under the mixed soak grew by 9 GB in 6 minutes."""
+    bodies = [{**STREAM, "stream": False, "prompt": prompt, "max_tokens": 8 + 4 * i}
+              for i, prompt in enumerate(["In the", "And God", "Let there", "the earth", "Y dijo", "light"])]
+    gc.collect()
+    gc.disable()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(lambda body: httpx.post(f"{base}/v1/completions", json=body, timeout=60), bodies))
+        assert [a.status_code for a in answers] == [200] * len(bodies)
+        assert set(settle(base).values()) == {0.0}
+        assert [o for o in gc.get_objects() if type(o) is KVCache] == []
+    finally:
+        gc.enable()
 
 
 def refused(port: int) -> bool:
