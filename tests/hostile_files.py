@@ -52,6 +52,22 @@ JSON_ODDS = st.sampled_from([None, True, -1, 0, 2**31, 2**63, 2**64, -(2**63) - 
                              [1, 2], {"a": 1}, "NaN"])
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void.\n" * 4
 
+
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """A drawn file: its bytes, and for a config.json the model family whose folder it goes into.
+
+    The strategies give files in this holder, never as `bytes`: hypothesis keeps the `bytes` (and other small
+    immutable values) that a strategy drew for each of its last 10,000 test cases, but only a weak reference to
+    any other object. Kept as bytes, the drawn SentencePiece models (240 KB each, most of it their normalization
+    map) filled the address-space limit after some 9,000 files, and whatever allocated next failed with a
+    MemoryError: a reader, or hypothesis drawing the next file.
+    """
+
+    data: bytes
+    family: str | None = None
+
+
 # -- safetensors --------------------------------------------------------------------------------
 
 DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -60,7 +76,7 @@ BAD_DTYPES = ["Q4_0", "", "f32", "F32 ", "U128", "COMPLEX64"]
 
 
 @st.composite
-def safetensors_files(draw: st.DrawFn, names: list[str]) -> bytes:
+def safetensors_files(draw: st.DrawFn, names: list[str]) -> Drawn:
     """A safetensors file: 8 bytes of header length, the JSON header, the tensors' bytes; broken."""
     header: dict[str, Any] = {}
     end = 0
@@ -87,7 +103,7 @@ def safetensors_files(draw: st.DrawFn, names: list[str]) -> bytes:
     text = draw(st.just(text) | st.binary(max_size=40) | st.builds(lambda cut: text[:cut], st.integers(0, len(text))))
     length = draw(st.just(len(text)) | st.sampled_from(EDGES) | st.integers(0, len(text) + 16))
     data = bytes(min(end, 2048)) + draw(st.binary(max_size=8))
-    return struct.pack("<Q", length % 2**64) + text + data
+    return Drawn(struct.pack("<Q", length % 2**64) + text + data)
 
 
 # -- GGUF ---------------------------------------------------------------------------------------
@@ -120,7 +136,7 @@ def gguf_layout(path: Path) -> tuple[list[list[Slot]], list[int]]:
 
 
 @st.composite
-def gguf_files(draw: st.DrawFn, base: bytes, items: list[list[Slot]], starts: list[int]) -> bytes:
+def gguf_files(draw: st.DrawFn, base: bytes, items: list[list[Slot]], starts: list[int]) -> Drawn:
     """The tiny GGUF model with one to three numbers of its header replaced, then perhaps cut."""
     data = bytearray(base)
     for _ in range(draw(st.integers(1, 3))):
@@ -130,7 +146,7 @@ def gguf_files(draw: st.DrawFn, base: bytes, items: list[list[Slot]], starts: li
             value = draw(EDGE_INTS | st.integers(0, 40) | st.sampled_from([old + 1, old - 1, old * 2, old + 2**32]))
             data[slot.at:slot.at + slot.width] = (value % 2 ** (8 * slot.width)).to_bytes(slot.width, "little")
     cut = draw(st.none() | st.sampled_from(starts) | st.integers(0, len(data)))
-    return bytes(data[:cut])
+    return Drawn(bytes(data[:cut]))
 
 
 # -- JSON files: tokenizer.json and config.json --------------------------------------------------
@@ -157,15 +173,17 @@ _DELETE = object()
 
 
 @st.composite
-def json_files(draw: st.DrawFn, bases: list[Any], values: st.SearchStrategy[Any] = JSON_ODDS) -> bytes:
+def json_files(draw: st.DrawFn, bases: list[Any], values: st.SearchStrategy[Any] = JSON_ODDS,
+               family: str | None = None) -> Drawn:
     """One of `bases` with one to three values replaced by values of the wrong type or out of range (or
-    deleted), written as JSON, perhaps cut short."""
+    deleted), written as JSON, perhaps cut short (for the folder of `family`)."""
     value = draw(st.sampled_from(bases))
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(_paths(value)))
         value = _replace(value, path, draw(values | st.just(_DELETE) if path else values))
     text = json.dumps(value).encode()
-    return draw(st.just(text) | st.builds(lambda cut: text[:cut], st.integers(0, len(text))))
+    return draw(st.just(Drawn(text, family)) | st.builds(lambda cut: Drawn(text[:cut], family),
+                                                         st.integers(0, len(text))))
 
 
 CONFIG_VALUES = JSON_ODDS | EDGE_INTS | st.integers(-3, 130) | st.sampled_from([float("nan"), float("inf"), 1e-30])
@@ -216,7 +234,7 @@ def proto_fields(data: bytes, start: int = 0, end: int | None = None, depth: int
 
 
 @st.composite
-def sentencepiece_files(draw: st.DrawFn, base: bytes, fields: list[tuple[int, int, int]]) -> bytes:
+def sentencepiece_files(draw: st.DrawFn, base: bytes, fields: list[tuple[int, int, int]]) -> Drawn:
     """The tiny SentencePiece model with one to three fields given a hostile number or length (a varint
     replaced), deleted, doubled or overwritten by random bytes, then perhaps cut at a field's start."""
     data = base
@@ -235,7 +253,7 @@ def sentencepiece_files(draw: st.DrawFn, base: bytes, fields: list[tuple[int, in
         else:
             data = data[:value_at] + draw(st.binary(min_size=1, max_size=6)) + data[value_at + 6:]
     cut = draw(st.none() | st.sampled_from([start for start, _, _ in fields]) | st.integers(0, len(data)))
-    return data[:cut]
+    return Drawn(data[:cut])
 
 
 # -- the readers --------------------------------------------------------------------------------
@@ -246,14 +264,14 @@ class Reader:
     """One reader under fuzzing: the strategy of its files, and how one is written and read.
 
     Attributes:
-        files: draws the bytes of one file.
+        files: draws one file.
         name: the file's name in the scratch folder.
         read: reads the folder or file (given the file's path); returns anything, raises an AttnError.
         beside: the bytes of the files read with the drawn one (config.json's weights), which justify memory too.
         factor: the resident memory reading may take, in multiples of those bytes (plus `MEMORY_ALLOWANCE`).
     """
 
-    files: st.SearchStrategy[bytes]
+    files: st.SearchStrategy[Drawn]
     name: str
     read: Callable[[Path], object]
     beside: int = 0
@@ -321,8 +339,7 @@ def _config_json(root: Path) -> Reader:
     folders = {family: _hf_folder(root, family, name) for family, name in
                [("gpt2", "gpt2-tiny"), ("bert", "minilm-l6-tiny"), ("llama", "llama-3.2-1b-tiny")]}
     configs = [json.loads((folder / "config.json").read_text(encoding="utf-8")) for folder in folders.values()]
-    files = st.sampled_from(list(folders)).flatmap(lambda family: st.tuples(st.just(family),
-                                                                            json_files(configs, CONFIG_VALUES)))
+    files = st.sampled_from(list(folders)).flatmap(lambda family: json_files(configs, CONFIG_VALUES, family))
     weights = max((folder / "model.safetensors").stat().st_size for folder in folders.values())
     return Reader(files, "config.json", lambda p: load_pretrained(p.parent), weights)
 
@@ -334,16 +351,13 @@ READERS: dict[str, Callable[[Path], Reader]] = {
 }
 
 
-def read_one(reader: Reader, folder: Path, drawn: bytes | tuple[str, bytes], hf_root: Path) -> None:
+def read_one(reader: Reader, folder: Path, drawn: Drawn, hf_root: Path) -> None:
     """Writes one drawn file and reads it; fails unless it is read or refused with one AttnError naming it."""
-    if isinstance(drawn, tuple):  # config.json: into a copy of the family's folder
-        family, data = drawn
-        folder = hf_root / family
-    else:
-        data = drawn
+    if drawn.family is not None:  # config.json: into a copy of the family's folder
+        folder = hf_root / drawn.family
     path = folder / reader.name
     original = path.read_bytes() if path.exists() else None
-    path.write_bytes(data)
+    path.write_bytes(drawn.data)
     signal.alarm(SECONDS_PER_FILE)  # a reader that loops on a number from the file fails here, not at the CI's limit
     try:
         reader.read(path)
@@ -399,9 +413,9 @@ def fuzz(name: str, examples: int, root: Path) -> dict[str, int]:
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
     @given(drawn=reader.files)
-    def run(drawn: bytes | tuple[str, bytes]) -> None:
+    def run(drawn: Drawn) -> None:
         seen["files"] += 1
-        size = len(drawn[1] if isinstance(drawn, tuple) else drawn) + reader.beside
+        size = len(drawn.data) + reader.beside
         grown = _measured(lambda: read_one(reader, scratch, drawn, root))
         if grown - reader.factor * size > seen["grown"] - reader.factor * seen["size"]:
             seen.update(grown=grown, size=size)

@@ -59,12 +59,18 @@ class KVCache:
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.positions = torch.zeros(batch, max_length, dtype=torch.long, device=device)
         self.mask = torch.zeros(batch, max_length, dtype=torch.bool, device=device)
-        self.slots = [_Slot(self, i) for i in range(layers)]
         self._spare: tuple[Tensor, Tensor] | None = None
         self.memory: list[tuple[Tensor, Tensor]] = []
         self.memory_mask: Tensor | None = None
         self.start = 0
         self.length = 0
+
+    @property
+    def slots(self) -> list[_Slot]:
+        """Each layer's view, made on each call: slots kept by the cache would form a reference cycle with it, which
+        frees the cache's tensors only when Python's garbage collector runs (continuous batching makes a new cache
+        whenever rows join, and a server under load grew by gigabytes of caches waiting for it)."""
+        return [_Slot(self, i) for i in range(self.keys.size(0))]
 
     @property
     def max_length(self) -> int:

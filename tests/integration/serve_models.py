@@ -3,11 +3,18 @@ sentence-pair classifier."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import uvicorn
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from attn.app.serve import ServeOptions, listen
 from attn.artifacts import Bundle
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
@@ -56,3 +63,27 @@ def app_routes(routes: list) -> list[tuple[str, str]]:
         elif isinstance(route, APIRoute):
             found += [(method, route.path) for method in sorted(route.methods)]
     return found
+
+
+@contextlib.contextmanager
+def uvicorn_serving(app: FastAPI, served: uvicorn.Server | None = None) -> Iterator[str]:
+    """uvicorn serving `app` (through `served` when given, a server built on `uvicorn_config(app)`) on a free port
+    of 127.0.0.1, in a thread of this process, while the block runs (real connections, which a client may close
+    halfway); yields the base URL."""
+    bound = listen(ServeOptions(port=0))
+    served = served or uvicorn.Server(uvicorn_config(app))
+    thread = threading.Thread(target=served.run, kwargs={"sockets": [bound]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not served.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{bound.getsockname()[1]}"
+    finally:
+        served.should_exit = True
+        thread.join(30)
+
+
+def uvicorn_config(app: FastAPI) -> uvicorn.Config:
+    return uvicorn.Config(app, log_level="warning")

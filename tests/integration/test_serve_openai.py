@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 
 import pytest
 import torch
-import uvicorn
 from chat_models import tiny_chat_bundle
 from reference_imports import require
-from serve_models import tiny_bundles
+from serve_models import tiny_bundles, uvicorn_serving
 
 from attn.app.chat import chat_config, conversation
 from attn.app.classification import embed
 from attn.app.continuation import continue_texts, prompt_ids
-from attn.app.serve import ServedModel, ServeOptions, create_app, listen
+from attn.app.serve import ServedModel, create_app
 from attn.artifacts import Bundle
 from attn.decoding import GenerationConfig, generate
 
@@ -38,18 +36,9 @@ def bundles() -> dict[str, Bundle]:
 def server(bundles: dict[str, Bundle]):
     """uvicorn serving the models on a free port of 127.0.0.1, in a thread of this process; yields the app."""
     app = create_app([ServedModel(name, bundle) for name, bundle in bundles.items()])
-    bound = listen(ServeOptions(port=0))
-    served = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=served.run, kwargs={"sockets": [bound]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not served.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    app.state.base_url = f"http://127.0.0.1:{bound.getsockname()[1]}/v1"
-    yield app
-    served.should_exit = True
-    thread.join(30)
+    with uvicorn_serving(app) as base:
+        app.state.base_url = f"{base}/v1"
+        yield app
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,24 @@ def read_sentencepiece(path: Path) -> Any:  # a sentencepiece.SentencePieceProce
     except Exception as err:  # sentencepiece raises OSError or RuntimeError, depending on the defect
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(f"{path}: not a SentencePiece model ({reason}); restore the model's own file") from err
+    _check_pieces(processor, path)
     return processor
+
+
+def _check_pieces(processor: Any, path: Path) -> None:
+    """Refuses a SentencePiece model with a piece that is not UTF-8 text. SentencePiece loads such a model, and
+    then every call that returns the piece as a `str` (`id_to_piece`, which finds the special tokens) fails
+    with a UnicodeDecodeError.
+
+    Raises:
+        CheckpointError: naming the file and the first such piece.
+    """
+    for piece_id in range(processor.get_piece_size()):
+        try:
+            processor.id_to_piece(piece_id)
+        except UnicodeDecodeError as err:
+            raise CheckpointError(f"{path}: piece {piece_id} is not UTF-8 text (byte {err.start} of the piece: "
+                                  f"{err.reason}); the model file is damaged: restore the model's own file") from None
 
 
 def input_files(patterns: Sequence[str], key: str = "inputs") -> list[Path]:

@@ -3,12 +3,14 @@
 `create_app` puts the routes, the error handlers and the request gate together around the
 served models; `listen` takes the address first (before any model loads, so a port in use is
 said at once), and `run_server` runs the app with uvicorn on it. On SIGTERM (or Ctrl-C) the
-server stops taking requests (new ones get 503, /health says "draining"), finishes the ones in
-flight, and returns; a second signal stops it at once.
+server stops taking requests (new ones get 503 and their connection closed, /health says "draining"),
+finishes the ones in flight, stops listening, answers what its open connections still send, and
+returns; a second signal stops it at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -31,6 +33,10 @@ from attn.app.serve.routes import ServeState, router
 from attn.decoding import RunningBatch
 from attn.errors import ConfigError
 from attn.models import Decoder
+
+# How long connections accepted before the server stopped listening may still send a request (on loopback or a
+# LAN, a request sent before the listening socket closed arrives well within it).
+LAST_REQUESTS_S = 0.5
 
 
 def create_app(models: Sequence[ServedModel], options: ServeOptions = ServeOptions()) -> FastAPI:
@@ -99,7 +105,7 @@ def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -
     return Engine(served.name, running, options.batching, options.max_queue, options.max_batch_tokens, metrics)
 
 
-class _DrainingServer(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn, except that the first SIGTERM or SIGINT drains: the server keeps listening, answers
     new requests with 503, and exits once no request is in flight."""
 
@@ -125,6 +131,18 @@ class _DrainingServer(uvicorn.Server):
         if self.traffic.draining and self.traffic.in_flight == 0:
             self.should_exit = True
         return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, once the listening sockets are closed (a new connection is refused) and the
+        connections accepted before have had `LAST_REQUESTS_S` to send their requests, which are answered
+        (503 while draining): uvicorn closes an idle connection at once, dropping a request on its way."""
+        for server in self.servers:
+            server.close()
+        for bound in sockets or []:
+            bound.close()
+        if not self.force_exit:
+            await asyncio.sleep(LAST_REQUESTS_S)
+        await super().shutdown(sockets)
 
 
 def listen(options: ServeOptions) -> socket.socket:
@@ -164,4 +182,4 @@ def run_server(models: Sequence[ServedModel], options: ServeOptions, bound: sock
     app = create_app(models, options)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info", access_log=False)
     with bound:
-        _DrainingServer(config, app.state.serve.traffic).run(sockets=[bound])
+        DrainingServer(config, app.state.serve.traffic).run(sockets=[bound])

@@ -32,7 +32,8 @@ class Traffic:
 
 class RequestGate:
     """ASGI middleware: 413 for a body over `max_body_bytes` (from Content-Length when given, else
-    while reading), 503 once `traffic.draining` is set, and one count and latency per request."""
+    while reading), 503 once `traffic.draining` is set (every answer that starts from then on closes its
+    connection), and one count and latency per request."""
 
     def __init__(self, app: ASGIApp, traffic: Traffic, metrics: ServeMetrics, max_body_bytes: int) -> None:
         self.app = app
@@ -51,13 +52,21 @@ class RequestGate:
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                if self.traffic.draining:
+                    message = _closing(message)
             await send(message)
 
+        # The gauge leaves out the scrapes and probes, so that a server at rest reads 0 from its own /metrics.
+        gauge = None if path in _ALWAYS_OPEN else self.metrics.in_flight.labels(route=route)
         self.traffic.in_flight += 1
+        if gauge is not None:
+            gauge.inc()
         try:
             await self._answer(scope, receive, sending, path)
         finally:
             self.traffic.in_flight -= 1
+            if gauge is not None:
+                gauge.dec()
             model = scope.get("state", {}).get("model", "")
             self.metrics.requests.labels(route=route, model=model, status=str(status[0])).inc()
             self.metrics.latency.labels(route=route, model=model).observe(time.monotonic() - started)
@@ -86,6 +95,13 @@ class RequestGate:
     def _too_large(self, size: int) -> str:
         return (f"the request body has {size}+ bytes, more than the server's limit of {self.max_body_bytes} "
                 "(--max-body-bytes); send fewer or shorter inputs per request")
+
+
+def _closing(start: Message) -> Message:
+    """A response's start with `Connection: close`: while the server drains, no client sends another request on a
+    connection that the server closes when it exits (such a request would be lost unanswered)."""
+    headers = [(name, value) for name, value in start.get("headers", []) if name.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:

@@ -15,13 +15,15 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class ServeMetrics:
-    """attn_requests_total, attn_queue_length, attn_batch_size, attn_request_latency_seconds and
-    attn_time_to_first_token_seconds (docs/serve-api.md)."""
+    """attn_requests_total, attn_requests_in_flight, attn_queue_length, attn_batch_size,
+    attn_request_latency_seconds and attn_time_to_first_token_seconds (docs/serve-api.md)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("attn_requests", "Requests answered, by route, model and HTTP status",
                                 ["route", "model", "status"], registry=self.registry)
+        self.in_flight = Gauge("attn_requests_in_flight", "Requests being answered (a stream until its last byte; "
+                               "/health and /metrics not counted), by route", ["route"], registry=self.registry)
         self.queue_length = Gauge("attn_queue_length", "Jobs waiting or running, by model", ["model"],
                                   registry=self.registry)
         self.batch_size = Histogram("attn_batch_size", "Requests decoded together, by model and route",
