@@ -15,10 +15,12 @@ output.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attn import GenerationConfig, generate, load_model
 from attn.artifacts.loading import packaged_model_dir
@@ -66,32 +68,47 @@ def gguf_path() -> Path:
     return packaged_model_dir(CHAT_MODEL)
 
 
-def _contenders(ours: nn.Module, hf: nn.Module, prompts: list[list[int]], new: int, pad: int) -> list[Contender]:
-    config = GenerationConfig(max_new_tokens=new)
-    longest = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
-
-    def theirs() -> list[list[int]]:
-        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False, num_beams=1,
-                          pad_token_id=pad)
-        return out[:, longest:].tolist()
-
-    work = len(prompts) * new
-    return [Contender("attn", lambda: generate(ours, prompts, config), work), Contender(HF, theirs, work)]
-
-
-def run(settings: Settings) -> CaseResult:
-    """Case 9."""
+def hf_from_gguf(dtype: torch.dtype) -> nn.Module:
+    """transformers' model of the SmolLM2 file (`from_pretrained(gguf_file=...)`), dequantized to `dtype`, in eval
+    mode on the CPU, that never stops at its end-of-sequence token (every row makes all its tokens)."""
     import transformers
 
     quiet_transformers()
     path = gguf_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    hf.generation_config.eos_token_id = None
+    return hf
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[Tensor, Tensor]:
+    """The prompts as one (rows, longest) tensor of ids, left-padded with `pad`, and its attention mask."""
+    longest = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (longest - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def hf_generate(hf: nn.Module, ids: Tensor, mask: Tensor, new: int, pad: int, **options: Any) -> list[list[int]]:
+    """transformers' greedy `generate` of `new` tokens after left-padded prompts (`left_padded`): the new tokens."""
+    out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False, num_beams=1,
+                      pad_token_id=pad, **options)
+    return out[:, ids.size(1):].tolist()
+
+
+def _contenders(ours: nn.Module, hf: nn.Module, prompts: list[list[int]], new: int, pad: int) -> list[Contender]:
+    config = GenerationConfig(max_new_tokens=new)
+    ids, mask = (t.to(hf.device) for t in left_padded(prompts, pad))
+    work = len(prompts) * new
+    return [Contender("attn", lambda: generate(ours, prompts, config), work),
+            Contender(HF, lambda: hf_generate(hf, ids, mask, new, pad), work)]
+
+
+def run(settings: Settings) -> CaseResult:
+    """Case 9."""
+    path = gguf_path()
     bundle = load_model(path, settings.device)
     ours = bundle.model.to(settings.dtype)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=settings.dtype)
-    hf = hf.to(settings.device).eval()
-    hf.generation_config.eos_token_id = None  # every row makes all its tokens, as attn's without an eos_id
+    hf = hf_from_gguf(settings.dtype).to(settings.device)
     tokenizer = bundle.tokenizer
     prompts = [tokenizer.encode(bundle.render_chat([{"role": "user", "content": q}])) for q in QUESTIONS]
     new = QUICK_NEW_TOKENS if settings.quick else NEW_TOKENS

