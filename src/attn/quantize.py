@@ -12,8 +12,9 @@ instead (`attn.linear.linear`).
 
 `quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per token at run time (as
 CTranslate2's int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8 and one scale r_t
-per row, y = (P Q^T) r s + b, the product summed in int32 by `torch._int_mm` (oneDNN; VNNI where the
-CPU has it, a slower correct path where it does not): about 3x faster than float32 at 4-128 rows.
+per row, y = (P Q^T) r s + b, the product summed in int32 by `torch._int_mm` (oneDNN with VNNI; on
+CPUs without VNNI, where its sums are not exact, in float32: correct, not faster): about 3x faster
+than float32 at 4-128 rows.
 Its error grows with the spread of a row's magnitudes, so models whose activations have outlier channels
 lose more: SmolLM2-135M answered "What is the capital of France?" with "L'Étoile, la Marseilla, la
 France, la France, ...", which weight-only int8 answers as float32 does; `benchmarks/quantized.py`
@@ -33,6 +34,7 @@ in float32.
 
 from __future__ import annotations
 
+import functools
 from enum import StrEnum
 
 import torch
@@ -107,12 +109,32 @@ class Int8Linear(QuantizedLinear):
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
 
 
+@functools.cache
+def int8_products_are_exact() -> bool:
+    """Whether `torch._int_mm` sums int8 products exactly on this CPU.
+
+    Without VNNI (AVX2 and older, or oneDNN capped there), oneDNN adds pairs of products in saturating
+    int16 (after shifting the signed input to unsigned), so large inputs come out wrong: 16 products of
+    100 x 100 summed to 57,336 instead of 160,000 (`ONEDNN_MAX_CPU_ISA=AVX2` on an AVX-512 CPU).
+    """
+    ones = torch.full((1, 64), 127, dtype=torch.int8)
+    return int(torch._int_mm(ones, torch.full((64, 8), 127, dtype=torch.int8))[0, 0]) == 127 * 127 * 64
+
+
 class DynamicInt8Linear(Int8Linear):
-    """y = x W^T + b with W in int8 rows and x quantized per row at run time (see the module's docstring)."""
+    """y = x W^T + b with W in int8 rows and x quantized per row at run time (see the module's docstring).
+
+    Where `torch._int_mm` is not exact (`int8_products_are_exact`), the same integer products are summed
+    in float32 instead: the same numbers, without the speed.
+    """
 
     def forward(self, x: Tensor) -> Tensor:
         q, scale = quantize_rows(x.reshape(-1, self.in_features))
-        y = torch._int_mm(q, self.weight.t()).float() * scale * self.scale
+        if int8_products_are_exact():
+            products = torch._int_mm(q, self.weight.t()).float()
+        else:
+            products = linear(q.float(), self.weight.float(), None)
+        y = products * scale * self.scale
         y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 

@@ -2,6 +2,10 @@
 transform (tied matrices stored once, soft-capped projections left in float), and checkpoints that stay
 quantized."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import safetensors
 import safetensors.torch
@@ -18,6 +22,7 @@ from attn.layers import SoftCappedProjection
 from attn.linear import Linear
 from attn.models import build_model
 from attn.presets import preset
+from attn import quantize as quantize_module
 from attn.quantize import (
     DynamicInt8Linear,
     Int4Linear,
@@ -67,15 +72,27 @@ def test_int8_linear_is_x_times_the_dequantized_weight(bias, shape):
     torch.testing.assert_close(int8(x[:, -1:]), expected[:, -1:], atol=1e-5, rtol=1e-5)  # a strided view
 
 
+@pytest.mark.parametrize("exact_int8_sums", [True, False])  # False: the float32 path of CPUs without VNNI
 @pytest.mark.parametrize("shape", [(1, 48), (3, 5, 48)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_dynamic_int8_linear_multiplies_the_quantized_rows_of_input_and_weight(bias, shape):
+def test_dynamic_int8_linear_multiplies_the_quantized_rows_of_input_and_weight(bias, shape, exact_int8_sums,
+                                                                                monkeypatch):
+    if exact_int8_sums and not quantize_module.int8_products_are_exact():
+        pytest.skip("torch._int_mm does not sum int8 products exactly on this CPU (no VNNI)")
+    monkeypatch.setattr(quantize_module, "int8_products_are_exact", lambda: exact_int8_sums)
     layer, int8, weight, b = _int8_layer(DynamicInt8Linear, bias)
     x = torch.randn(*shape)
     xq, x_scale = quantize_rows(x)
     expected = F.linear(xq.double() * x_scale.double(), weight, None if b is None else b.double())
     torch.testing.assert_close(int8(x).double(), expected, atol=1e-5, rtol=1e-5)
     assert (int8(x) - layer(x)).abs().max() < 0.03 * layer(x).abs().max()  # within int8's few per cent
+
+
+def test_the_int8_product_check_sees_the_saturated_sums_of_onednn_without_vnni():
+    code = "from attn.quantize import int8_products_are_exact as e; print(e())"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_int8_embedding_rows_are_the_dequantized_rows():
