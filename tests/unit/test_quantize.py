@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attn import quantize as quantize_module
 from attn.app.cli import main
 from attn.artifacts import load_model, save_model
 from attn.artifacts.checkpoint import MODEL_FILE, QUANTIZATION_KEY, write_checkpoint
@@ -22,7 +23,6 @@ from attn.layers import SoftCappedProjection
 from attn.linear import Linear
 from attn.models import build_model
 from attn.presets import preset
-from attn import quantize as quantize_module
 from attn.quantize import (
     DynamicInt8Linear,
     Int4Linear,
