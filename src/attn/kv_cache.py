@@ -5,8 +5,8 @@ computes every layer's cross-attention keys and values once per source); each `d
 appends the new tokens' keys and values; `reorder` follows beam search; `reset` empties it for
 reuse with the same shapes. The rows read the cross-attention memory in equal runs: with B rows and
 M memory rows, row i reads memory row i // (B / M), so the beams of one sentence share their
-source's keys and values instead of holding copies. Continuous batching changes the rows of a running cache: `stack_rows`
-joins two caches (their tokens end-aligned, the shorter rows left-padded), `reorder` drops rows,
+source's keys and values instead of holding copies. Continuous batching changes the rows of a
+running cache: `stack_rows` joins two caches (their tokens end-aligned, the shorter rows left-padded), `reorder` drops rows,
 and `trim_padding` then frees the leading columns that only padding holds.
 """
 
@@ -67,9 +67,9 @@ class KVCache:
 
     @property
     def slots(self) -> list[_Slot]:
-        """Each layer's view, made on each call: slots kept by the cache would form a reference cycle with it, which
-        frees the cache's tensors only when Python's garbage collector runs (continuous batching makes a new cache
-        whenever rows join, and a server under load grew by gigabytes of caches waiting for it)."""
+        """Each layer's view, made on each call: slots kept by the cache would form a reference cycle with it,
+        and its tensors would then be freed only when Python's garbage collector runs, while continuous
+        batching makes a new cache whenever rows join."""
         return [_Slot(self, i) for i in range(self.keys.size(0))]
 
     @property
