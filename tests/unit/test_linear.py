@@ -1,6 +1,8 @@
 """The model's linear layer: F.linear's numbers whichever kernel runs, oneDNN for float32 CPU inference only,
 and the parameters and state-dict keys of `nn.Linear`."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,3 +59,44 @@ def test_a_tied_projection_shares_the_embedding_and_keeps_linear_state_dict_keys
     assert isinstance(model.lm_head, Linear)
     assert model.lm_head.weight is model.embeddings.tokens.weight
     assert {k for k in model.state_dict() if k.startswith("lm_head")} <= {"lm_head.weight", "lm_head.bias"}
+
+
+@pytest.mark.skipif(not linear.ONEDNN, reason="this PyTorch was built without oneDNN")
+def test_inside_packed_weights_the_weight_is_packed_from_its_second_use_and_dropped_at_the_end():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Linear(32, 40), Linear(40, 8))
+    x = torch.randn(8, 32)
+    expected = model(x).detach()
+    with torch.no_grad(), linear.packed_weights(model):
+        torch.testing.assert_close(model(x[:1]), expected[:1], atol=1e-5, rtol=1e-5)  # one row: the plain weight
+        assert model[0]._packed is None
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)  # first use with rows: still plain
+        assert model[0]._packed is None
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+        packed = model[0]._packed
+        assert packed is not None and packed.is_mkldnn
+        with linear.packed_weights(model):  # a nested scope shares the outer one's packed weights
+            model(x)
+            assert model[0]._packed is packed
+        assert model[0]._packed is packed
+        copied = copy.deepcopy(model)  # the packed weights stay behind
+        assert copied[0]._packed is None and not copied[0].packing
+    assert model[0]._packed is None and not model[0].packing
+
+
+@pytest.mark.skipif(not linear.ONEDNN, reason="this PyTorch was built without oneDNN")
+def test_outside_the_scope_a_weight_changed_without_a_trace_is_used_as_it_is():
+    torch.manual_seed(0)
+    layer = Linear(32, 40)
+    x = torch.randn(8, 32)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.5, fused=True)  # leaves the version counters alone
+    for _ in range(2):
+        with torch.no_grad(), linear.packed_weights(layer):
+            layer(x)
+            layer(x)
+        layer(x).square().sum().backward()
+        version = layer.weight._version
+        optimizer.step()
+        assert layer.weight._version == version  # why the packed weights are a scope, not a cache
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)

@@ -61,6 +61,7 @@ from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
+from attn.linear import packed_weights
 from attn.models import build_model, count_parameters
 from attn.presets import preset, preset_names
 from attn.training import (
@@ -154,10 +155,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     config = _chat_config(args)  # checked before a model is loaded
     session = ChatSession(load_model(args.model, args.device, quantize=args.quantize), config, args.system)
+    with packed_weights(session.loaded.model):  # packed once for every answer, not once for each
+        return _chat_loop(session, args.model)
+
+
+def _chat_loop(session: ChatSession, model: str) -> int:
     interactive = sys.stdin.isatty()
     with contextlib.suppress(AttributeError):  # a line that is not UTF-8 is refused, and the chat goes on
         sys.stdin.reconfigure(errors="surrogateescape")  # (unless standard input is not a text file: tests)
-    print(f"attn chat: {args.model}; /reset starts a new conversation, Ctrl-C stops an answer, Ctrl-D or Ctrl-C at "
+    print(f"attn chat: {model}; /reset starts a new conversation, Ctrl-C stops an answer, Ctrl-D or Ctrl-C at "
           "the prompt ends", file=sys.stderr)
     while True:
         try:

@@ -52,6 +52,7 @@ from attn.decoding.session import (
     start_seq2seq,
 )
 from attn.errors import GenerationError
+from attn.linear import with_packed_weights
 from attn.models import Decoder, EncoderDecoder
 
 NEG_INF = float("-inf")
@@ -276,6 +277,7 @@ def _check(config: GenerationConfig, eos_id: int | None) -> None:
 
 
 @torch.inference_mode()
+@with_packed_weights
 def beam_search(
     model: Decoder, prompts: Sequence[Sequence[int]], config: GenerationConfig, eos_id: int | None = None
 ) -> list[list[Hypothesis]]:
@@ -289,6 +291,7 @@ def beam_search(
 
 
 @torch.inference_mode()
+@with_packed_weights
 def beam_search_seq2seq(
     model: EncoderDecoder,
     sources: Sequence[Sequence[int]],

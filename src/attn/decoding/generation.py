@@ -39,6 +39,7 @@ from attn.decoding.session import (
     start_seq2seq,
 )
 from attn.errors import GenerationError
+from attn.linear import packed_weights, with_packed_weights
 from attn.models import Decoder, EncoderDecoder
 
 
@@ -147,6 +148,7 @@ def _collect(steps: Iterator[tuple[Tensor, Tensor]], batch: int, ends: tuple[int
 
 
 @torch.inference_mode()
+@with_packed_weights
 def generate(
     model: Decoder,
     prompts: Sequence[Sequence[int]],
@@ -186,6 +188,7 @@ def generate(
 
 
 @torch.inference_mode()
+@with_packed_weights
 def generate_seq2seq(
     model: EncoderDecoder,
     sources: Sequence[Sequence[int]],
@@ -245,7 +248,8 @@ def _stream_tokens(
     session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None
 ) -> Iterator[int]:
     ends = config.end_ids(eos_id)
-    for _, tokens in decode_rows(session, config, eos_id, decode):
-        token = int(tokens[0])
-        if token not in ends:
-            yield token
+    with packed_weights(session.model):
+        for _, tokens in decode_rows(session, config, eos_id, decode):
+            token = int(tokens[0])
+            if token not in ends:
+                yield token

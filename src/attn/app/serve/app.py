@@ -102,7 +102,8 @@ def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -
     running = None
     if isinstance(bundle.model, Decoder):
         running = RunningBatch(bundle.model, bundle.eos_id, bundle.tokenizer.decode)
-    return Engine(served.name, running, options.batching, options.max_queue, options.max_batch_tokens, metrics)
+    return Engine(served.name, running, options.batching, options.max_queue, options.max_batch_tokens, metrics,
+                  bundle.model)
 
 
 class DrainingServer(uvicorn.Server):

@@ -28,14 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from typing import Any, Protocol
 
+from torch import nn
+
 from attn.decoding import GenerationConfig, RowToken, RunningBatch
 from attn.errors import AttnError
+from attn.linear import packed_weights
 
 _END = object()  # closes a stream
 _LATENCY_MEMORY = 0.9  # weight of the past in the mean job latency behind Retry-After
@@ -132,11 +136,14 @@ class Engine:
         max_batch_tokens: the budget of one batch: padded input tokens of a `BatchJob` group, prompt plus
             new-token room of the rows in the running batch. A job larger than the budget runs alone.
         metrics: where the queue length and batch sizes go (None: nowhere).
+        model: the model the jobs run, whose linear weights stay packed while the engine runs
+            (`attn.linear.packed_weights`: served weights never change).
     """
 
     def __init__(self, name: str, running: RunningBatch | None, batching: bool, max_queue: int,
-                 max_batch_tokens: int, metrics: EngineMetrics | None = None) -> None:
+                 max_batch_tokens: int, metrics: EngineMetrics | None = None, model: nn.Module | None = None) -> None:
         self.name = name
+        self.model = model
         self.running = running
         self.batching = batching
         self.max_queue = max_queue
@@ -238,6 +245,10 @@ class Engine:
     # -- the worker thread ------------------------------------------------------------------------
 
     def _serve(self) -> None:
+        with packed_weights(self.model) if self.model is not None else contextlib.nullcontext():
+            self._loop()
+
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._waiting or self._decoding or self._closing)
