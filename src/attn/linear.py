@@ -75,10 +75,9 @@ class Linear(nn.Linear):
     _packed: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if uses_onednn(x, self.weight):
-            weight = self._packed_weight() if self.packing and x.numel() > x.size(-1) else self.weight
-            return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if self.packing and x.numel() > x.size(-1) and uses_onednn(x, self.weight):
+            return linear(x, self._packed_weight(), self.bias)
+        return linear(x, self.weight, self.bias)
 
     def _packed_weight(self) -> Tensor:
         """The weight in oneDNN's layout from the second call with several rows on: the first uses the plain

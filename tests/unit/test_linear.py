@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attn import linear
+from attn.decoding import GenerationConfig, generate
 from attn.linear import Linear
 from attn.models import build_model
 from attn.presets import preset
@@ -100,3 +101,17 @@ def test_outside_the_scope_a_weight_changed_without_a_trace_is_used_as_it_is():
         assert layer.weight._version == version  # why the packed weights are a scope, not a cache
         with torch.no_grad():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_decoding_runs_inside_packed_weights_and_leaves_no_layer_packed(beams):
+    torch.manual_seed(0)
+    model = build_model(preset("gpt2-tiny")).eval()
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    seen = []
+    hooks = [layer.register_forward_pre_hook(lambda m, _: seen.append(m.packing)) for layer in layers]
+    generate(model, [[5, 6, 7], [8, 9]], GenerationConfig(max_new_tokens=3, beam_size=beams))
+    for hook in hooks:
+        hook.remove()
+    assert seen and all(seen)
+    assert not any(layer.packing or layer._packed is not None for layer in layers)  # the copies are freed

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import threading
 import time
@@ -245,7 +244,7 @@ class Engine:
     # -- the worker thread ------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        with packed_weights(self.model) if self.model is not None else contextlib.nullcontext():
+        with packed_weights(self.model):
             self._loop()
 
     def _loop(self) -> None:
