@@ -112,26 +112,27 @@ destroy = dist.destroy_process_group
 def checked_destroy(*args, **kwargs):
     # The group must not outlive itself in a DDP wrapper: its destructor would then run later with the GIL held.
     alive = sum(isinstance(item, DistributedDataParallel) for item in gc.get_objects())
-    print("DDP-AT-DESTROY", alive)
+    print(f"DDP-AT-DESTROY {{alive}}", flush=True)  # one string: the ranks share stdout and may interleave
     destroy(*args, **kwargs)
 dist.destroy_process_group = checked_destroy
 result = run_training(run_config({run_dir!r}, "train.max_steps=2"), task_builder=reversal_task)
-if result.checkpoint is not None:
-    print("LOSSES", json.dumps(result.losses))
+if result.checkpoint is not None:  # rank 0 only
+    with open({losses!r}, "w") as handle:
+        json.dump(result.losses, handle)
 """
 
 
 def test_torchrun_launch_rendezvous_from_the_environment(tmp_path):
     """The way users run it: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT; run_training() joins and leaves."""
     script = tmp_path / "launched.py"
-    script.write_text(LAUNCHED.format(here=str(Path(__file__).parent), run_dir=str(tmp_path / "run")))
+    losses = tmp_path / "losses.json"
+    script.write_text(LAUNCHED.format(here=str(Path(__file__).parent), run_dir=str(tmp_path / "run"), losses=str(losses)))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("DDP-AT-DESTROY 0") == 2, done.stdout
-    (losses,) = [line for line in done.stdout.splitlines() if line.startswith("LOSSES ")]  # the ranks' lines interleave
-    launched = json.loads(losses.removeprefix("LOSSES "))
+    launched = json.loads(losses.read_text())
     single = run_training(run_config(tmp_path / "single", "train.max_steps=2"), task_builder=reversal_task).losses
     assert launched == pytest.approx(single, rel=1e-5, abs=1e-5)
 
