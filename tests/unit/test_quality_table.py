@@ -5,8 +5,8 @@ import pytest
 from benchmarks.quality import END, START, figure, rewrite_readme, table
 
 
-def result(recipe, transcribed=False, **metrics):
-    run = {"recipe": recipe, "machine": {"device": "AMD EPYC, 2 logical CPUs", "cpu_capability": "AVX2"},
+def result(recipe, transcribed=False, recorded="2026-11-27T12:00:00+00:00", **metrics):
+    run = {"recipe": recipe, "recorded": recorded, "machine": {"device": "AMD EPYC, 2 logical CPUs", "cpu_capability": "AVX2"},
            "metrics": metrics}
     return {**run, "transcribed_from": "a log"} if transcribed else run
 
@@ -23,6 +23,14 @@ def test_the_table_has_a_row_per_recipe_with_results_and_marks_transcribed_figur
     assert len(rows) == 2
     assert "| 2.5 min |" in rows[0] and "**2.15 (2.1-2.2, 2 runs)** |" in rows[0] and "AMD EPYC, 2 logical CPUs, AVX2" in rows[0]
     assert "**80.5 / 76.2**†" in rows[1] and "after 10 min" in rows[1]
+
+
+def test_runs_recorded_before_a_recipe_changed_leave_the_table():
+    runs = [result("shakespeare-char-12min", recorded="2026-11-27T00:33:48+00:00", nats_per_char=1.4827),
+            result("shakespeare-char-12min", recorded="2026-11-27T12:10:00+00:00", nats_per_char=1.47)]
+    text = table({"shakespeare-char-12min": runs})
+    assert "**1.47** |" in text and "1.4827" not in text
+    assert "(2 runs)" not in text
 
 
 def test_the_readme_is_rewritten_between_its_markers_only():
