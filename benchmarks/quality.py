@@ -125,7 +125,7 @@ def table(by_recipe: dict[str, list[dict[str, Any]]]) -> str:
     lines = ["| task | training budget | metric | attn: median (range, runs) | target | anchor, with its budget | "
              "measured on |", "|---|---|---|---|---|---|---|"]
     for name, recipe in RECIPES.items():
-        runs = [run for run in by_recipe.get(name, []) if run.get("recorded", "") >= recipe.since]
+        runs = [run for run in by_recipe.get(name, []) if _digits(run.get("recorded", "")) >= _digits(recipe.since)]
         if not runs:
             continue
         shown = " / ".join(figure([run["metrics"][key] for run in runs]) for key in recipe.keys)
@@ -137,6 +137,11 @@ def table(by_recipe: dict[str, list[dict[str, Any]]]) -> str:
     lines.append("† copied from a training log, where no metrics file was kept; the file gives the command "
                  "that re-derives it.")
     return "\n".join(lines)
+
+
+def _digits(time: str) -> str:
+    """A recorded time as YYYYMMDDhhmmss, whether written 2026-11-27T12:00:00+00:00 or 20261127T120000 (UTC both)."""
+    return "".join(ch for ch in time if ch.isdigit())[:14]
 
 
 def rewrite_readme(text: str, by_recipe: dict[str, list[dict[str, Any]]]) -> str:
