@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.harness import git_commit  # noqa: E402
+from benchmarks.harness import git_commit
 
 B256 = ["model.max_positions=256", "batch.block_size=256", "batch.batch_size=8"]
 VARIANTS: dict[str, list[str]] = {

@@ -92,11 +92,45 @@ def test_stream_nll_predicts_every_token_after_the_first_once(lm):
     assert stream_nll(lm, stream, context, batch_size=16).nll == pytest.approx(total, rel=1e-5)
 
 
+@pytest.mark.parametrize(("context", "stride", "batch_size"), [(10, 1, 4), (10, 3, 2), (10, 10, 16), (64, 5, 3)])
+def test_a_sliding_window_gives_every_token_at_least_context_minus_stride_tokens_before_it(lm, context, stride,
+                                                                                         batch_size):
+    stream = torch.randint(0, 97, (47,))
+    total, count = stream_nll(lm, stream.tolist(), context, batch_size=batch_size, stride=stride)
+    # By hand, token by token: target i (token i + 1) is read after the window ending at the first end >= i + 1
+    # among min(C, n), then S further each; that window starts C tokens before its end (at 0 while it cannot).
+    n, ends = 46, [min(context, 46)]
+    while ends[-1] < n:
+        ends.append(min(ends[-1] + stride, n))
+    by_hand = 0.0
+    with torch.no_grad():
+        for i in range(n):
+            end = next(e for e in ends if e >= i + 1)
+            start = max(end - context, 0)
+            logits = lm(stream[None, start : i + 1])[0, -1]
+            assert i + 1 - start >= min(i + 1, context - stride + 1)  # the context the docstring promises
+            by_hand += float(F.cross_entropy(logits, stream[i + 1]))
+    assert count == n
+    assert total == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_a_sliding_window_of_stride_one_reads_the_longest_context_for_every_token(lm):
+    stream = torch.randint(0, 97, (30,))
+    total, _ = stream_nll(lm, stream, 8, stride=1)
+    with torch.no_grad():
+        by_hand = sum(float(F.cross_entropy(lm(stream[None, max(i + 1 - 8, 0) : i + 1])[0, -1], stream[i + 1]))
+                      for i in range(29))
+    assert total == pytest.approx(by_hand, rel=1e-5)
+
+
 def test_stream_nll_checks_its_arguments(lm):
     with pytest.raises(AttnError, match="at least 2"):
         stream_nll(lm, [5], 8)
     with pytest.raises(AttnError, match=r"context must be in \[1, max_positions=64\]"):
         stream_nll(lm, [5, 6, 7], 65)
+    for stride in (0, 9):
+        with pytest.raises(AttnError, match=r"stride must be in \[1, context=8\]"):
+            stream_nll(lm, [5, 6, 7], 8, stride=stride)
 
 
 PRED = [0, 1, 1, 1, 2, 0]

@@ -261,7 +261,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
     loaded = load_model(args.model, args.device, quantize=args.quantize)
-    result = evaluate(loaded, args.data, EvalOptions(config, args.limit, args.context))
+    result = evaluate(loaded, args.data, EvalOptions(config, args.limit, args.context, args.stride))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0

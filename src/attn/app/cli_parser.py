@@ -134,6 +134,9 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--limit", type=int, help="translation: only the first N sentences")
     p.add_argument("--context", type=int, help="LM: window length in tokens (default: the model's positions)")
+    p.add_argument("--stride", type=int, help="LM: slide the window by this many tokens and score only its "
+                   "newest ones, so each has at least context - stride tokens before it (default: non-overlapping "
+                   "windows)")
     _decoding(p)
 
     p = _subcommand(sub, handlers, "translate", "translate sentences with an encoder-decoder",

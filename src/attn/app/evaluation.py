@@ -4,7 +4,7 @@
 - translation: sacreBLEU and chrF of the decoded test set (beam 4, alpha 0.6 by default), with
   sacrebleu's signature strings;
 - language model: nats per token and per character, perplexity and bits per character over the
-  whole file in non-overlapping windows;
+  whole file in non-overlapping windows (or a sliding one);
 - classification: accuracy, macro-F1 and the confusion matrix.
 
 A test file is read with the fields the model was trained on (`Bundle.fields`, from its task.json
@@ -59,19 +59,24 @@ def evaluate_translation(
     }
 
 
-def evaluate_lm(loaded: Bundle, path: str | Path, context: int | None = None) -> dict[str, Any]:
-    """Nats per token/character over a whole text file, in non-overlapping windows of `context` tokens."""
+def evaluate_lm(
+    loaded: Bundle, path: str | Path, context: int | None = None, stride: int | None = None
+) -> dict[str, Any]:
+    """Nats per token/character over a whole text file, in non-overlapping windows of `context` tokens, or
+    in a window sliding by `stride` tokens (`stream_nll`)."""
     _check_positive("context", context)
+    _check_positive("stride", stride)
     text = read_text(path)
     ids = loaded.tokenizer.encode(text)
     context = context or loaded.model.max_positions
     with torch.inference_mode():
-        total = stream_nll(loaded.model, ids, context)
+        total = stream_nll(loaded.model, ids, context, stride=stride)
     # Characters scored: all but the first, whose own prediction has no context.
     chars = len(text) - 1 if loaded.tokenizer.kind == "chars" else len(text)
     m = lm_metrics(total.nll, total.tokens, n_chars=chars)
     return {
         "task": "lm", "file": str(path), "tokens": total.tokens, "characters": len(text), "context": context,
+        "stride": stride or context,
         "nats_per_token": round(m.nll, 4), "perplexity": round(m.perplexity, 3),
         "bits_per_token": round(m.bits_per_token, 4), "bits_per_char": round(m.bits_per_char, 4),
         "nats_per_char": round(total.nll / chars, 4),

@@ -109,18 +109,25 @@ def _window_nll(model: Decoder, inputs: Tensor, targets: Tensor) -> float:
 
 
 @torch.inference_mode()
-def stream_nll(model: Decoder, tokens: Sequence[int] | Tensor, context: int, batch_size: int = 16) -> NLLSum:
-    """The summed NLL of a token stream under a causal LM, in non-overlapping windows (`LMStream.eval_blocks`).
+def stream_nll(
+    model: Decoder, tokens: Sequence[int] | Tensor, context: int, batch_size: int = 16, stride: int | None = None
+) -> NLLSum:
+    """The summed NLL of a token stream under a causal LM, in windows of `context` tokens.
 
-    Window j reads tokens [j C, j C + C) and predicts tokens [j C + 1, j C + C + 1), C = `context`;
-    so every token after the first is predicted exactly once, with 0 to C - 1 tokens of context.
-    The last window may be shorter. (A sliding window gives more context, and lower perplexity.)
+    Without `stride`, non-overlapping windows (`LMStream.eval_blocks`): window j reads tokens
+    [j C, j C + C) and predicts tokens [j C + 1, j C + C + 1), C = `context`; so every token after the
+    first is predicted exactly once, with 0 to C - 1 tokens of context. The last window may be shorter.
+
+    With `stride` S (1 <= S <= C), a sliding window: the first window predicts its C tokens, each next
+    one ends S tokens further and predicts only its last S (fewer at the stream's end), so every token
+    after the first C is predicted once, with at least C - S tokens of context; C / S times the work.
 
     Args:
         model: the language model, in eval mode.
         tokens: the whole stream, N >= 2 token ids.
         context: the window length C, at most the model's max_positions.
         batch_size: windows per forward pass.
+        stride: the sliding window's step S; None for non-overlapping windows.
 
     Returns:
         The NLL summed over the N - 1 predicted tokens, and N - 1.
@@ -130,8 +137,34 @@ def stream_nll(model: Decoder, tokens: Sequence[int] | Tensor, context: int, bat
         raise AttnError(f"the stream has {stream.numel()} tokens; at least 2 are needed to predict one")
     if not 1 <= context <= model.max_positions:
         raise AttnError(f"context must be in [1, max_positions={model.max_positions}], got {context}")
-    total = sum(_window_nll(model, x, y) for x, y in LMStream(stream, context).eval_blocks(batch_size))
-    return NLLSum(float(total), stream.numel() - 1)
+    if stride is None:
+        total = sum(_window_nll(model, x, y) for x, y in LMStream(stream, context).eval_blocks(batch_size))
+        return NLLSum(float(total), stream.numel() - 1)
+    if not 1 <= stride <= context:
+        raise AttnError(f"stride must be in [1, context={context}], got {stride}")
+    return NLLSum(_sliding_nll(model, stream, context, stride, batch_size), stream.numel() - 1)
+
+
+def _sliding_nll(model: Decoder, stream: Tensor, context: int, stride: int, batch_size: int) -> float:
+    """`stream_nll` with a sliding window: windows end at min(C, n), then S further each; each scores the
+    targets after the previous window's end (n = N - 1 targets; target i is token i + 1)."""
+    n = stream.numel() - 1
+    ends = [min(context, n)]
+    while ends[-1] < n:
+        ends.append(min(ends[-1] + stride, n))
+    windows = list(zip([0, *ends[:-1]], ends))  # (first target scored, end), all of length min(C, n)
+    device = next(model.parameters()).device
+    total = 0.0
+    for first in range(0, len(windows), batch_size):
+        batch = windows[first : first + batch_size]
+        starts = [end - min(context, n) for _, end in batch]
+        x = torch.stack([stream[s : e] for s, (_, e) in zip(starts, batch)]).to(device)
+        y = torch.stack([stream[s + 1 : e + 1] for s, (_, e) in zip(starts, batch)]).to(device)
+        losses = F.cross_entropy(model(x).transpose(1, 2).float(), y, reduction="none")  # (b, T)
+        position = torch.arange(x.size(1), device=device)
+        scored = position >= torch.tensor([done - s for s, (done, _) in zip(starts, batch)], device=device)[:, None]
+        total += float(losses[scored].sum())
+    return total
 
 
 def _labels(predictions: Sequence[int], targets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

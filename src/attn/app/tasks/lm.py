@@ -25,7 +25,7 @@ from attn.training.tasks import TOKEN_CACHE_FOLDER, lm_task
 
 
 def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
-    return evaluate_lm(loaded, path, options.context)
+    return evaluate_lm(loaded, path, options.context, options.stride)
 
 
 def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck | None:

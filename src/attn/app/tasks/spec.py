@@ -30,11 +30,13 @@ class EvalOptions:
         generation: how translations are decoded (default: the paper's beam 4, alpha 0.6).
         limit: translation: only the first N sentences.
         context: language model: the window length in tokens (default: the model's positions).
+        stride: language model: a sliding window's step in tokens (default: non-overlapping windows).
     """
 
     generation: GenerationConfig | None = None
     limit: int | None = None
     context: int | None = None
+    stride: int | None = None
 
 
 Evaluator = Callable[[Bundle, str | Path, EvalOptions], dict[str, Any]]
