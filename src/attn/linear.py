@@ -17,11 +17,11 @@ keeps the reordered copy (`torch.ops.mkldnn._reorder_linear_weight`, the weight 
 CPU passes) from its second call with several rows on, and drops it at the end; one row (a decode step at
 batch 1) multiplies the plain matrix, as fast. The decoding functions (`attn.decoding`), `attn chat` and
 the server's engines run inside it: greedy decoding of SmolLM2-135M at batch 8 (64 new tokens, 2 cores
-of an AMD EPYC, the packing in the call) went from 101.9 to 118.9 tokens/s with the same tokens; batch 1
-(17.8 -> 17.9) and beam search (9.26 -> 9.41 sentences/s, `marian-base` at 128 rows) hardly change. It is
-a scope, not a cache that follows the weights, because a weight can change without a trace: torch's fused
-AdamW updates parameters in place without moving their version counters. While it lasts the weights must
-not change, and each packed layer holds its weight twice.
+of an AMD EPYC, the packing in the call) makes 118.9 tokens/s packed against 101.9 plain, the same tokens;
+at batch 1 (17.9 against 17.8) and in beam search (10.41 against 10.20 sentences/s, `marian-base` at 128
+rows) the two are close. It is a scope, not a cache that follows the weights, because a weight can change
+without a trace: torch's fused AdamW updates parameters in place without moving their version counters.
+While it lasts the weights must not change, and each packed layer holds its weight twice.
 
 Parameters and state-dict keys are `nn.Linear`'s, so a weight can be tied to an embedding and
 `isinstance(m, nn.Linear)` holds.
