@@ -26,7 +26,7 @@ arrangement Marian has) for translation, HF `GPT2LMHeadModel` for the char LM, H
 `BertForSequenceClassification` holding the packaged MiniLM weights for the fine-tune. attn runs
 `Trainer.train_step` itself (its loss, clipping and optimizer); a peer's step is its forward,
 torch's `cross_entropy` with the recipe's label smoothing, backward, the recipe's clipping and the
-same optimizer (`make_optimizer` over the peer's parameters: fused Adam/AdamW, decay on matrices).
+same optimizers (`make_optimizers` over the peer's parameters: fused Adam/AdamW, decay on matrices).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from attn.training.run import seed_everything
 from attn.training.runconfig import RunConfig
 from attn.training.tasks import TaskContext, TaskData
 from attn.training.trainer import Trainer
-from attn.training.update import make_optimizer
+from attn.training.update import make_optimizers
 from benchmarks.harness import CaseResult, Contender, Settings, compare, rows_for
 from benchmarks.peak import run as peak_run
 from benchmarks.peers import TorchTransformer
@@ -271,7 +271,7 @@ def peer_step(name: str, trainer: Trainer) -> Callable[[], None]:
     module, forward = _peer(name, trainer)
     module.train()
     config, batch = trainer.config, trainer.task.train.next_batch()
-    optimizer = make_optimizer(module, config.optim, torch.device("cpu"))
+    optimizers = make_optimizers(module, config.optim, torch.device("cpu"))
     ignore = -100 if trainer.task.ignore_id is None else trainer.task.ignore_id
     clip = config.optim.clip if config.optim.clip > 0 else math.inf
     smoothing = config.train.label_smoothing
@@ -282,8 +282,9 @@ def peer_step(name: str, trainer: Trainer) -> Callable[[], None]:
                                label_smoothing=smoothing, reduction="sum") / batch.n_targets
         loss.backward()
         nn.utils.clip_grad_norm_(module.parameters(), clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+        module.zero_grad(set_to_none=True)
 
     return step
 

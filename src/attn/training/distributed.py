@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,14 +192,14 @@ def reshard(model: nn.Module) -> None:
             module.reshard()
 
 
-def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's complete state keyed by parameter name (call on every rank; see `full_model_state`)."""
-    return get_optimizer_state_dict(model, optimizer, options=_FULL)
+def optimizer_state(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The optimizers' complete state keyed by parameter name (call on every rank; see `full_model_state`)."""
+    return get_optimizer_state_dict(model, optimizers, options=_FULL)
 
 
-def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Loads a state from `optimizer_state` into an optimizer over the same (possibly sharded) model.
+def load_optimizer_state(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], state: dict[str, Any]) -> None:
+    """Loads a state from `optimizer_state` into optimizers over the same (possibly sharded) model.
 
     Parameters that never received a gradient (a head the task does not use) have no state.
     """
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    set_optimizer_state_dict(model, optimizers, state, options=StateDictOptions(full_state_dict=True, strict=False))

@@ -43,6 +43,9 @@ from attn.training.precision import Precision
 class Optimizer(str, enum.Enum):
     ADAM = "adam"  # the paper (section 5.3); weight_decay is added to the gradient (L2)
     ADAMW = "adamw"  # decoupled weight decay, for GPT/BERT-style runs
+    # Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz iterations) on the matrices of the
+    # blocks, AdamW on everything else (embeddings, heads, norms, biases); whole matrices, so not with FSDP
+    MUON = "muon"
 
 
 class Schedule(str, enum.Enum):
@@ -170,6 +173,9 @@ class OptimConfig:
 
     `lr` multiplies the schedule: for "noam" 1.0 is the paper's rate, for "cosine" and
     "constant" it is the peak. `clip` is the largest global gradient norm (0 = no clipping).
+    With the "muon" optimizer the blocks' matrices follow `muon_lr_ratio` x that rate, and their
+    updates are scaled to the size of AdamW's (root mean square 0.2 x sqrt of the larger side), so
+    a ratio of 1 moves them about as far as AdamW would; weight decay shrinks them by rate x decay.
 
     Under a time budget (`train.max_minutes`) the warmup of "cosine" and "constant" ends after
     `warmup_steps` updates or `warmup_fraction` of the budget, whichever comes first, so that a
@@ -187,10 +193,12 @@ class OptimConfig:
     warmup_fraction: float = 0.1
     min_lr_ratio: float = 0.0
     clip: float = 0.0
+    muon_lr_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         coerce_fields(self)
-        _check_at_least(self, {"lr": 0.0, "eps": 0.0, "weight_decay": 0.0, "warmup_steps": 0, "clip": 0.0})
+        _check_at_least(self, {"lr": 0.0, "eps": 0.0, "weight_decay": 0.0, "warmup_steps": 0, "clip": 0.0,
+                               "muon_lr_ratio": 0.0})
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
@@ -310,6 +318,9 @@ class RunConfig:
         for name, kind in SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(name, f"expected a {kind.__name__}, got {type(getattr(self, name)).__name__}")
+        if self.optim.optimizer == Optimizer.MUON and self.train.strategy == Strategy.FSDP:
+            raise ConfigError("optim.optimizer", "muon orthogonalises whole matrices, which FSDP shards; use "
+                              "train.strategy=ddp with muon, or optim.optimizer=adamw with FSDP")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON- and TOML-ready nested dict (enums as their values)."""

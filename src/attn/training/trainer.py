@@ -68,7 +68,8 @@ from attn.training.update import (
     accumulate_gradients,
     autocast_factory,
     batch_loss,
-    make_optimizer,
+    lr_ratio,
+    make_optimizers,
 )
 
 HIGHER_IS_BETTER = {"val_accuracy"}
@@ -154,7 +155,7 @@ class Trainer:
     """Runs the updates, evaluations and checkpoints of one run (one instance per rank)."""
 
     def __init__(self, config: RunConfig, task: TaskData, model: Model, ctx: DistContext = DistContext()) -> None:
-        """Wraps the model and builds the optimizer, schedule and logs.
+        """Wraps the model and builds the optimizers, schedule and logs.
 
         Args:
             config: the run configuration.
@@ -168,7 +169,7 @@ class Trainer:
             raise ConfigError("train.metric", f"unknown metric {train.metric!r}; choose one of {', '.join(METRICS)}")
         # The module training calls: DDP's wrapper, or the task's head (sharded in place by FSDP2).
         self.wrapped = wrap_model(TaskHead(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
-        self.optimizer = make_optimizer(self.wrapped, config.optim, ctx.device)
+        self.optimizers = make_optimizers(self.wrapped, config.optim, ctx.device)
         # The rate depends on the step alone, so the step is the whole schedule state: a resumed
         # run follows the schedule of its current config.
         self.schedule = make_schedule(
@@ -199,7 +200,7 @@ class Trainer:
         return {
             "step": self.step,
             "world_size": self.ctx.world_size,
-            "optimizer": optimizer_state(self.wrapped, self.optimizer),
+            "optimizer": optimizer_state(self.wrapped, self.optimizers),
             "scaler": self.scaler.state_dict(),
             "rng": all_gather_objects(capture_rng(), self.ctx),
             "data": self.task.train.state_dict(),
@@ -219,7 +220,7 @@ class Trainer:
                 f"the checkpoint was written by {state['world_size']} processes, this run has {self.ctx.world_size}; "
                 f"resume with torchrun --nproc_per_node={state['world_size']}"
             )
-        load_optimizer_state(self.wrapped, self.optimizer, state["optimizer"])
+        load_optimizer_state(self.wrapped, self.optimizers, state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.task.train.load_state_dict(state["data"])
         self.tracker = _Tracker(**state["tracker"])
@@ -306,7 +307,7 @@ class Trainer:
                                candidate_counts(torch.get_num_threads()))
         restore_rng(rng)
         self.task.train.load_state_dict(position)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.wrapped.zero_grad(set_to_none=True)
         self.metrics_log.write({"step": self.step, **choice.record()})
         return choice.threads
 
@@ -334,14 +335,16 @@ class Trainer:
             TrainingError: the loss or gradient is not finite and `on_nonfinite` is "stop".
         """
         lr = self.config.optim.lr * self.schedule(self.step, budget_used)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr * lr_ratio(optimizer, self.config.optim)
         batches = [self.task.train.next_batch() for _ in range(self.config.batch.grad_accum)]
         sums, tokens = accumulate_gradients(self.objective, batches, self.ctx, self.scaler.scale)
         fault_point("step")
         self._flops.add(sum(b.inputs[0].size(-1) for b in batches) / len(batches), tokens)
         loss = sums.loss.item() / sums.count.item()
-        self.scaler.unscale_(self.optimizer)
+        for optimizer in self.optimizers:
+            self.scaler.unscale_(optimizer)
         grad_norm = self._clip()
         problem = "loss" if not math.isfinite(loss) else "gradient norm" if not math.isfinite(grad_norm) else ""
         # A float16 gradient overflow is the scaler's business: it skips that update itself.
@@ -349,9 +352,10 @@ class Trainer:
             self._non_finite(problem, loss if problem == "loss" else grad_norm)
             loss = math.nan
         else:
-            self.scaler.step(self.optimizer)
+            for optimizer in self.optimizers:
+                self.scaler.step(optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.wrapped.zero_grad(set_to_none=True)
         self.step += 1
         return StepStats(loss, tokens, grad_norm, lr)
 
@@ -368,7 +372,7 @@ class Trainer:
                 f"step {step}: the training {what} is {value}; lower optim.lr, set optim.clip (e.g. 1.0), "
                 "or set train.on_nonfinite=skip to drop such updates"
             )
-        self.optimizer.zero_grad(set_to_none=True)
+        self.wrapped.zero_grad(set_to_none=True)
         self.metrics_log.write({"step": step, "skipped": what})
 
     # -- evaluation, checkpoints, logs ------------------------------------------------------

@@ -4,7 +4,7 @@ An update's loss is the sum of the label-smoothed losses of all its micro-batche
 divided by their total number of scored targets, so every target weighs the same however the
 update was cut into micro-batches and ranks. `Objective` computes a micro-batch's loss the same way
 for training and evaluation; `accumulate_gradients` runs the backward passes of one update;
-`make_optimizer` builds the optimizer that applies them.
+`make_optimizers` builds the optimizers that apply them.
 """
 
 from __future__ import annotations
@@ -138,19 +138,42 @@ def autocast_factory(device: torch.device, precision: Precision) -> Callable[[],
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
-def make_optimizer(model: nn.Module, config: OptimConfig, device: torch.device | None = None) -> torch.optim.Optimizer:
-    """Adam or AdamW over the model's parameters.
+def make_optimizers(
+    model: nn.Module, config: OptimConfig, device: torch.device | None = None
+) -> tuple[torch.optim.Optimizer, ...]:
+    """The optimizers over the model's parameters: Adam or AdamW alone, or Muon and AdamW.
 
     Weight decay applies to matrices only; biases, LayerNorm gains and other vectors are not decayed.
-    The update is torch's fused kernel, on a GPU and on the CPU: one pass over each parameter
+    Adam and AdamW use torch's fused kernel, on a GPU and on the CPU: one pass over each parameter
     instead of about ten elementwise kernels per tensor (on 2 CPU cores the char LM's optimizer step
     is 2.3x faster; the same update to float32 rounding). Other devices keep the loop.
+    "muon" gives the matrices of the Transformer blocks (a parameter named `...blocks.<i>...`) to
+    torch.optim.Muon and the rest, embeddings and heads included, to AdamW (`lr_ratio` says which
+    multiple of the scheduled rate each follows).
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    muon = config.optimizer == Optimizer.MUON
+    in_blocks = {name for name, p in params if muon and p.dim() == 2 and "blocks" in name.split(".")}
+    hidden = [p for name, p in params if name in in_blocks]
+    rest = [p for name, p in params if name not in in_blocks]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
-    kind = torch.optim.AdamW if config.optimizer == Optimizer.ADAMW else torch.optim.Adam
+    kind = torch.optim.Adam if config.optimizer == Optimizer.ADAM else torch.optim.AdamW
     fused = device is not None and device.type in ("cuda", "cpu")
-    return kind(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=fused or None)
+    optimizers = [kind(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=fused or None)]
+    if hidden:
+        optimizers.append(torch.optim.Muon(
+            hidden, lr=config.lr * config.muon_lr_ratio,
+            weight_decay=config.weight_decay, adjust_lr_fn="match_rms_adamw",
+        ))
+    return tuple(optimizers)
+
+
+def lr_ratio(optimizer: torch.optim.Optimizer, config: OptimConfig) -> float:
+    """The multiple of the scheduled learning rate that `optimizer` (one of `make_optimizers`') follows.
+
+    Taken from the config, not stored in the parameter groups, so a resumed run follows its current config.
+    """
+    return config.muon_lr_ratio if isinstance(optimizer, torch.optim.Muon) else 1.0

@@ -76,3 +76,17 @@ def test_shipped_data_paths(tmp_path, task):
         "train.eval_interval=2", "train.eval_batches=2", "train.checkpoint_interval=0", *overrides,
     )
     assert_resume_is_exact(tmp_path, config, steps=3)
+
+
+def test_muon_and_adamw_resume_exactly(tmp_path):
+    """Both optimizers' states (Muon's momentum, AdamW's moments) travel in the checkpoint."""
+    file, name, overrides = TASKS["lm"]
+    train_file = subset(DATA / file, tmp_path / "train.txt", 41)
+    config = RunConfig().override(
+        "task=lm", f"model.preset={name}", f"data.train={train_file}", f"data.valid={train_file}",
+        "optim.optimizer=muon", "optim.muon_lr_ratio=3", "optim.weight_decay=0.1", "optim.schedule=constant",
+        "optim.lr=1e-3", "optim.warmup_steps=0", "train.quiet=true", "train.eval_interval=2", "train.eval_batches=2",
+        "train.checkpoint_interval=0", *overrides,
+    )
+    straight = assert_resume_is_exact(tmp_path, config, steps=3)
+    assert straight.losses[-1] < straight.losses[0]

@@ -92,10 +92,71 @@ def test_compiled_training_compiles_the_loss_with_the_model_and_matches_eager(tm
 
 def test_the_optimizer_is_fused_on_cpu_and_gpu_only():
     model, optim = torch.nn.Linear(3, 3), quick_config("run").optim
-    assert update_module.make_optimizer(model, optim, torch.device("cuda")).defaults["fused"] is True
-    assert update_module.make_optimizer(model, optim, torch.device("cpu")).defaults["fused"] is True
-    assert not update_module.make_optimizer(model, optim, torch.device("meta")).defaults["fused"]
-    assert not update_module.make_optimizer(model, optim).defaults["fused"]
+    assert update_module.make_optimizers(model, optim, torch.device("cuda"))[0].defaults["fused"] is True
+    assert update_module.make_optimizers(model, optim, torch.device("cpu"))[0].defaults["fused"] is True
+    assert not update_module.make_optimizers(model, optim, torch.device("meta"))[0].defaults["fused"]
+    assert not update_module.make_optimizers(model, optim)[0].defaults["fused"]
+
+
+class _Blocks(torch.nn.Module):
+    """Named as attn's models are: matrices inside `blocks`, an embedding and a head outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 4)
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 6), torch.nn.Linear(6, 4)])
+        self.head = torch.nn.Linear(4, 5)
+
+
+def newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Muon's quintic iteration towards the orthogonal factor of g (Jordan et al., 2024), in float64."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.T if g.size(0) > g.size(1) else g
+    x = x / x.norm()
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if g.size(0) > g.size(1) else x
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    model = _Blocks()
+    optim = quick_config("run", "optim.optimizer=muon", "optim.weight_decay=0.1").optim
+    adamw, muon = update_module.make_optimizers(model, optim, torch.device("cpu"))
+    names = {id(p): name for name, p in model.named_parameters()}
+    assert [names[id(p)] for p in muon.param_groups[0]["params"]] == ["blocks.0.weight", "blocks.1.weight"]
+    decayed, plain = ([names[id(p)] for p in group["params"]] for group in adamw.param_groups)
+    assert (decayed, plain) == (["embed.weight", "head.weight"], ["blocks.0.bias", "blocks.1.bias", "head.bias"])
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    with pytest.raises(ConfigError, match="FSDP"):
+        quick_config("run", "optim.optimizer=muon", "train.strategy=fsdp")
+
+
+def test_a_trainer_step_moves_the_blocks_matrices_by_muon_at_its_ratio(tmp_path):
+    """Two updates against Muon written out: Nesterov momentum 0.95, Newton-Schulz, the update scaled
+    to AdamW's RMS (0.2 sqrt(max side)) at muon_lr_ratio x the scheduled rate, decoupled decay.
+    torch's iteration runs in bfloat16, hence the tolerance."""
+    torch.manual_seed(0)
+    model = _Blocks()
+    optim = quick_config(tmp_path, "optim.optimizer=muon", "optim.weight_decay=0.1", "optim.lr=0.01",
+                         "optim.muon_lr_ratio=4").optim
+    optimizers = update_module.make_optimizers(model, optim, torch.device("cpu"))
+    p = model.blocks[0].weight
+    start = p.detach().double().clone()
+    w, buf = start, torch.zeros(p.shape, dtype=torch.float64)
+    for _ in range(2):
+        g = torch.randn(p.shape, dtype=torch.float64)
+        model.zero_grad(set_to_none=True)
+        p.grad = g.float()
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = optim.lr * update_module.lr_ratio(optimizer, optim)
+            optimizer.step()
+        lr = optim.lr * 4
+        buf = 0.95 * buf + 0.05 * g
+        w = w * (1 - lr * 0.1) - lr * 0.2 * math.sqrt(6) * newton_schulz(0.05 * g + 0.95 * buf)
+    torch.testing.assert_close(p.detach().double(), w, atol=lr * 0.05, rtol=0.0)
+    assert (w - start).abs().max() > lr * 0.5  # the tolerance is small against what the updates moved
 
 
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
@@ -104,7 +165,7 @@ def test_the_fused_cpu_update_is_adam_by_hand(kind):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     optim = quick_config("run", f"optim.optimizer={kind}", "optim.weight_decay=0.1", "optim.lr=0.01").optim
-    optimizer = update_module.make_optimizer(model, optim, torch.device("cpu"))
+    (optimizer,) = update_module.make_optimizers(model, optim, torch.device("cpu"))
     start = {name: p.detach().double().clone() for name, p in model.named_parameters()}
     grads = [{name: torch.randn(p.shape, dtype=torch.float64) for name, p in model.named_parameters()}
              for _ in range(2)]
