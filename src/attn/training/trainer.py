@@ -70,6 +70,7 @@ from attn.training.update import (
     batch_loss,
     lr_ratio,
     make_optimizers,
+    match_precision,
 )
 
 HIGHER_IS_BETTER = {"val_accuracy"}
@@ -177,6 +178,7 @@ class Trainer:
             config.optim.min_lr_ratio, config.optim.warmup_fraction,
         )
         self.precision = agreed_precision(train.precision, task.model_config, ctx)
+        match_precision(self.optimizers, self.precision.used)
         fp16 = self.precision.used == Precision.FP16 and ctx.device.type == "cuda"
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
         # `train.compile` compiles the forward pass and the loss as one function (calling DDP's or FSDP2's wrapper).
@@ -238,6 +240,7 @@ class Trainer:
             return
         self.precision = PrecisionChoice(Precision.AUTO, started, "chosen when the run started; a resumed run keeps it")
         self.objective = dataclasses.replace(self.objective, autocast=autocast_factory(self.ctx.device, started))
+        match_precision(self.optimizers, started)
 
     # -- the loop ---------------------------------------------------------------------------
 

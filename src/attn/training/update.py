@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -138,6 +139,50 @@ def autocast_factory(device: torch.device, precision: Precision) -> Callable[[],
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
+class Muon(torch.optim.Optimizer):
+    """Muon (Jordan et al., 2024) for matrices, computed as torch.optim.Muon computes it: Nesterov momentum,
+    the update orthogonalised by five quintic Newton-Schulz steps, scaled to AdamW's size (0.2 x the square
+    root of the larger side: `adjust_lr_fn="match_rms_adamw"`), and decoupled weight decay of lr x decay.
+
+    The one difference is `ns_dtype`, the dtype of the iteration: torch's always runs it in bfloat16,
+    which a CPU without bf16 units emulates; for the char LM's 16 matrices on 2 AVX2 cores that is
+    1.76 s a step against 65 ms in float32 (43 ms in bfloat16 on AVX-512 with bf16 units). The trainer
+    sets it to the precision the run computes in.
+    """
+
+    COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+    def __init__(self, params: Sequence[nn.Parameter], lr: float, weight_decay: float, momentum: float = 0.95,
+                 steps: int = 5, ns_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "steps": steps})
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buffer = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buffer.lerp_(p.grad, 1 - momentum)
+                update = self.orthogonalise(p.grad.lerp(buffer, momentum), group["steps"])
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
+
+    def orthogonalise(self, g: Tensor, steps: int) -> Tensor:
+        """Newton-Schulz steps towards U V^T of g = U S V^T, in `ns_dtype` (singular values end near 1, not at 1)."""
+        a, b, c = self.COEFFICIENTS
+        x = g.to(self.ns_dtype)
+        wide = x.size(0) <= x.size(1)
+        x = x if wide else x.T
+        x = x / x.norm().clamp(min=1e-7)
+        for _ in range(steps):
+            gram = x @ x.T
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        return x if wide else x.T
+
+
 def make_optimizers(
     model: nn.Module, config: OptimConfig, device: torch.device | None = None
 ) -> tuple[torch.optim.Optimizer, ...]:
@@ -148,8 +193,8 @@ def make_optimizers(
     instead of about ten elementwise kernels per tensor (on 2 CPU cores the char LM's optimizer step
     is 2.3x faster; the same update to float32 rounding). Other devices keep the loop.
     "muon" gives the matrices of the Transformer blocks (a parameter named `...blocks.<i>...`) to
-    torch.optim.Muon and the rest, embeddings and heads included, to AdamW (`lr_ratio` says which
-    multiple of the scheduled rate each follows).
+    `Muon` and the rest, embeddings and heads included, to AdamW (`lr_ratio` says which multiple of
+    the scheduled rate each follows).
     """
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     muon = config.optimizer == Optimizer.MUON
@@ -164,10 +209,7 @@ def make_optimizers(
     fused = device is not None and device.type in ("cuda", "cpu")
     optimizers = [kind(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=fused or None)]
     if hidden:
-        optimizers.append(torch.optim.Muon(
-            hidden, lr=config.lr * config.muon_lr_ratio,
-            weight_decay=config.weight_decay, adjust_lr_fn="match_rms_adamw",
-        ))
+        optimizers.append(Muon(hidden, lr=config.lr * config.muon_lr_ratio, weight_decay=config.weight_decay))
     return tuple(optimizers)
 
 
@@ -176,4 +218,11 @@ def lr_ratio(optimizer: torch.optim.Optimizer, config: OptimConfig) -> float:
 
     Taken from the config, not stored in the parameter groups, so a resumed run follows its current config.
     """
-    return config.muon_lr_ratio if isinstance(optimizer, torch.optim.Muon) else 1.0
+    return config.muon_lr_ratio if isinstance(optimizer, Muon) else 1.0
+
+
+def match_precision(optimizers: Sequence[torch.optim.Optimizer], precision: Precision) -> None:
+    """Runs `Muon`'s iteration in bfloat16 where the run computes in bfloat16 (chosen where it is fast), else in float32."""
+    for optimizer in optimizers:
+        if isinstance(optimizer, Muon):
+            optimizer.ns_dtype = torch.bfloat16 if precision == Precision.BF16 else torch.float32

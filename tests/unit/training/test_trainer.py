@@ -25,6 +25,7 @@ from attn.training import trainer as trainer_module
 from attn.training import update as update_module
 from attn.training.distributed import init_distributed
 from attn.training.logs import FlopCounter, model_flops, read_metrics
+from attn.training.precision import Precision
 from attn.training.tasks import TaskData
 
 
@@ -127,20 +128,22 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     assert [names[id(p)] for p in muon.param_groups[0]["params"]] == ["blocks.0.weight", "blocks.1.weight"]
     decayed, plain = ([names[id(p)] for p in group["params"]] for group in adamw.param_groups)
     assert (decayed, plain) == (["embed.weight", "head.weight"], ["blocks.0.bias", "blocks.1.bias", "head.bias"])
-    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, update_module.Muon)
     with pytest.raises(ConfigError, match="FSDP"):
         quick_config("run", "optim.optimizer=muon", "train.strategy=fsdp")
 
 
-def test_a_trainer_step_moves_the_blocks_matrices_by_muon_at_its_ratio(tmp_path):
-    """Two updates against Muon written out: Nesterov momentum 0.95, Newton-Schulz, the update scaled
-    to AdamW's RMS (0.2 sqrt(max side)) at muon_lr_ratio x the scheduled rate, decoupled decay.
-    torch's iteration runs in bfloat16, hence the tolerance."""
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 0.05)])
+def test_muon_by_hand_at_its_rate_ratio(dtype, tolerance):
+    """Two updates against Muon written out in float64: Nesterov momentum 0.95, Newton-Schulz, the update
+    scaled to AdamW's RMS (0.2 sqrt(max side)) at muon_lr_ratio x the rate, decoupled decay; the
+    iteration in float32 within 1e-5 of a step, in bfloat16 within 5 %."""
     torch.manual_seed(0)
     model = _Blocks()
-    optim = quick_config(tmp_path, "optim.optimizer=muon", "optim.weight_decay=0.1", "optim.lr=0.01",
+    optim = quick_config("run", "optim.optimizer=muon", "optim.weight_decay=0.1", "optim.lr=0.01",
                          "optim.muon_lr_ratio=4").optim
     optimizers = update_module.make_optimizers(model, optim, torch.device("cpu"))
+    update_module.match_precision(optimizers, Precision.BF16 if dtype == torch.bfloat16 else Precision.FP32)
     p = model.blocks[0].weight
     start = p.detach().double().clone()
     w, buf = start, torch.zeros(p.shape, dtype=torch.float64)
@@ -155,8 +158,34 @@ def test_a_trainer_step_moves_the_blocks_matrices_by_muon_at_its_ratio(tmp_path)
         lr = optim.lr * 4
         buf = 0.95 * buf + 0.05 * g
         w = w * (1 - lr * 0.1) - lr * 0.2 * math.sqrt(6) * newton_schulz(0.05 * g + 0.95 * buf)
-    torch.testing.assert_close(p.detach().double(), w, atol=lr * 0.05, rtol=0.0)
+    torch.testing.assert_close(p.detach().double(), w, atol=lr * tolerance, rtol=0.0)
     assert (w - start).abs().max() > lr * 0.5  # the tolerance is small against what the updates moved
+
+
+def test_muon_in_bfloat16_is_torchs_muon():
+    """With the iteration in bfloat16, attn's Muon makes torch.optim.Muon's updates bit for bit."""
+    torch.manual_seed(0)
+    ours, theirs = torch.nn.Linear(12, 7, bias=False), torch.nn.Linear(12, 7, bias=False)
+    theirs.load_state_dict(ours.state_dict())
+    mine = update_module.Muon(list(ours.parameters()), lr=0.02, weight_decay=0.1, ns_dtype=torch.bfloat16)
+    reference = torch.optim.Muon(theirs.parameters(), lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):
+        g = torch.randn(7, 12)
+        ours.weight.grad, theirs.weight.grad = g.clone(), g.clone()
+        mine.step()
+        reference.step()
+    assert torch.equal(ours.weight, theirs.weight)
+
+
+def test_muon_iterates_in_the_precision_the_run_computes_in(tmp_path, monkeypatch):
+    seen = {}
+    for precision in ("fp32", "bf16"):
+        monkeypatch.setattr(update_module.Muon, "orthogonalise",
+                            lambda self, g, steps, p=precision: seen.setdefault(p, self.ns_dtype) and g)
+        config = quick_config(tmp_path / precision, "train.max_steps=1", "optim.optimizer=muon",
+                              f"train.precision={precision}", "optim.warmup_steps=0", "optim.schedule=constant")
+        run_training(config, task_builder=reversal_builder())
+    assert seen == {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
