@@ -43,7 +43,7 @@ from attn.training.precision import Precision
 class Optimizer(str, enum.Enum):
     ADAM = "adam"  # the paper (section 5.3); weight_decay is added to the gradient (L2)
     ADAMW = "adamw"  # decoupled weight decay, for GPT/BERT-style runs
-    # Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz iterations) on the matrices of the
+    # Muon (`attn.training.update.Muon`: momentum orthogonalised by Newton-Schulz iterations) on the matrices of the
     # blocks, AdamW on everything else (embeddings, heads, norms, biases); whole matrices, so not with FSDP
     MUON = "muon"
 

@@ -203,6 +203,7 @@ class Trainer:
             "step": self.step,
             "world_size": self.ctx.world_size,
             "optimizer": optimizer_state(self.wrapped, self.optimizers),
+            "optimizers": [type(o).__name__ for o in self.optimizers],
             "scaler": self.scaler.state_dict(),
             "rng": all_gather_objects(capture_rng(), self.ctx),
             "data": self.task.train.state_dict(),
@@ -215,12 +216,18 @@ class Trainer:
         """Continues from a state written by `state_dict` (the model's weights are loaded separately).
 
         Raises:
-            CheckpointError: the state was saved with another number of ranks.
+            CheckpointError: the state was saved with another number of ranks, or by other optimizers.
         """
         if state["world_size"] != self.ctx.world_size:
             raise CheckpointError(
                 f"the checkpoint was written by {state['world_size']} processes, this run has {self.ctx.world_size}; "
                 f"resume with torchrun --nproc_per_node={state['world_size']}"
+            )
+        kinds = [type(o).__name__ for o in self.optimizers]
+        if state.get("optimizers", kinds) != kinds:
+            raise CheckpointError(
+                f"the checkpoint's optimizer state is {' + '.join(state['optimizers'])}, this config builds "
+                f"{' + '.join(kinds)}; resume with the run's optim.optimizer, or start a new run (--init the checkpoint)"
             )
         load_optimizer_state(self.wrapped, self.optimizers, state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])

@@ -287,6 +287,8 @@ def test_resuming_needs_the_same_model_and_refuses_to_overwrite(tmp_path):
         run_training(quick_config(tmp_path, "train.max_steps=2", "model.d_ff=48"), task_builder=reversal_builder())
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         run_training(quick_config(tmp_path, "train.max_steps=2", "train.resume=false"), task_builder=reversal_builder())
+    with pytest.raises(CheckpointError, match="optimizer state is Adam, this config builds AdamW \\+ Muon"):
+        run_training(quick_config(tmp_path, "train.max_steps=2", "optim.optimizer=muon"), task_builder=reversal_builder())
 
 
 def test_an_unknown_metric_is_a_config_error(tmp_path):
