@@ -132,7 +132,18 @@ def fast_attention(
 
     A query row whose keys are all masked gives exactly 0, as in the reference, whatever the kernel.
     Soft-capped scores have no fused kernel: they take the reference's written-out path.
+
+    Under bf16 autocast on a CPU the kernel runs in fp32 (and returns the autocast dtype): PyTorch's
+    CPU flash-attention backward in bf16 is several times slower than in fp32 (7.5 against 1.2 ms a
+    call in the quickstart translator on an AVX-512 BF16 CPU), while the matmuls around it gain from
+    bf16. Whole training steps in bf16 on that CPU, fp32 attention against bf16 attention: translator
+    110 against 144 ms, char LM 95 against 113 ms, MiniLM fine-tune 213 against 268 ms.
     """
+    if q.is_cpu and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            out = fast_attention(q.float(), k.float(), v.float(), mask, None if bias is None else bias.float(),
+                                 dropout, scores)
+        return out.to(q.dtype)
     if scores.softcap:
         return scaled_dot_product_attention(q, k, v, mask, bias, dropout, scores)
     if q.size(2) == 1 and k.size(1) != q.size(1) and bias is None:

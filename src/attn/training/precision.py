@@ -9,7 +9,14 @@ nothing. So `precision = "auto"` decides by measurement:
 - on a GPU: bf16 when the device supports it (`torch.cuda.is_bf16_supported()`), else fp32;
 - on a CPU: a probe times one matmul of the model's shape (tokens x d_model @ d_model x d_ff,
   capped) in fp32 and under bf16 autocast, once per process and shape, in tens of
-  milliseconds, and picks bf16 only when it is measurably faster (`BF16_MIN_SPEEDUP`).
+  milliseconds. Where bf16 is emulated it is far slower and the run trains in fp32. Where the
+  matmul is measurably faster (`BF16_MIN_SPEEDUP`), that is not yet a faster training step:
+  autocast casts every weight at every pass and leaves the softmaxes, norms and the optimizer in
+  fp32, so a small model can step slower in bf16 (the quickstart translator on an AVX-512 BF16 CPU:
+  9,293 tokens/s in bf16 against 14,747 in fp32, while its matmul probe said 3.6x, before its
+  attention ran in fp32 under autocast). So before the first update of a time-budgeted run the
+  trainer times forward and backward passes of the run's first batch in both precisions
+  (`passes_decide`), and bf16 stays only if its pass is measurably faster too.
 
 An explicit "bf16" is obeyed, with a warning when the probe finds it slower than fp32; "fp16"
 needs a GPU's gradient scaler, and on a CPU training runs in fp32 and says so.
@@ -56,6 +63,8 @@ class PrecisionChoice:
         reason: a short phrase for people ("bf16 probe: 0.01x fp32 on this CPU").
         fp32_ms, bf16_ms: the probe's best time of one matmul in each precision, or None.
         warning: a line to show the user when their explicit choice is a poor one, or "".
+        fp32_pass_ms, bf16_pass_ms: the median time of a training pass in each precision, or None
+            where no pass was timed.
     """
 
     requested: Precision
@@ -64,6 +73,8 @@ class PrecisionChoice:
     fp32_ms: float | None = None
     bf16_ms: float | None = None
     warning: str = ""
+    fp32_pass_ms: float | None = None
+    bf16_pass_ms: float | None = None
 
     @property
     def bf16_speedup(self) -> float | None:
@@ -71,6 +82,13 @@ class PrecisionChoice:
         if self.fp32_ms is None or self.bf16_ms is None:
             return None
         return self.fp32_ms / self.bf16_ms
+
+    @property
+    def wants_passes(self) -> bool:
+        """Whether the trainer should time training passes before keeping this choice: "auto" chose bf16
+        on the matmul probe's word alone."""
+        return (self.requested == Precision.AUTO and self.used == Precision.BF16 and self.bf16_speedup is not None
+                and self.fp32_pass_ms is None)
 
     def describe(self) -> str:
         """One line for the run's log."""
@@ -82,7 +100,24 @@ class PrecisionChoice:
                                "precision_reason": self.reason}
         if self.bf16_speedup is not None:
             out.update(probe_fp32_ms=self.fp32_ms, probe_bf16_ms=self.bf16_ms, bf16_speedup=self.bf16_speedup)
+        if self.fp32_pass_ms is not None:
+            out.update(pass_fp32_ms=self.fp32_pass_ms, pass_bf16_ms=self.bf16_pass_ms)
         return out
+
+
+def passes_decide(choice: PrecisionChoice, fp32_s: float, bf16_s: float) -> PrecisionChoice:
+    """`choice` (see `PrecisionChoice.wants_passes`) after timing the run's training passes: bf16 stays
+    only where its median pass is `BF16_MIN_SPEEDUP` times faster than fp32's.
+
+    >>> matmul = PrecisionChoice(Precision.AUTO, Precision.BF16, "", fp32_ms=0.44, bf16_ms=0.12)
+    >>> passes_decide(matmul, 0.270, 0.400).describe()
+    'precision fp32 (requested auto: a bf16 training pass runs at 0.68x the speed of fp32 on this CPU, a matmul at 3.7x)'
+    """
+    speedup = fp32_s / bf16_s
+    used = Precision.BF16 if speedup >= BF16_MIN_SPEEDUP else Precision.FP32
+    reason = (f"a bf16 training pass runs at {speedup:.2g}x the speed of fp32 on this CPU, "
+              f"a matmul at {choice.bf16_speedup:.2g}x")
+    return dataclasses.replace(choice, used=used, reason=reason, fp32_pass_ms=1e3 * fp32_s, bf16_pass_ms=1e3 * bf16_s)
 
 
 # seconds of one probe matmul: (device, (M, K, N), autocast dtype or None for plain fp32) -> seconds

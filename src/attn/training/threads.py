@@ -14,6 +14,7 @@ turn so that a machine whose load changes meanwhile slows them alike, and trains
 the shortest median pass. A run without a time budget keeps torch's count, because another count
 changes the last bits of the sums and so the weights: such a run gives the same numbers every time
 (a time-budgeted run does not anyway: the clock decides its learning rate and its last step).
+`time_in_turn` times the passes; the trainer's precision probe (`attn.training.precision`) uses it too.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
 import torch
 
 PROBE_PASSES = 3  # passes timed at each candidate count; their median decides
+K = TypeVar("K")
 
 
 def candidate_counts(threads: int) -> tuple[int, ...]:
@@ -54,25 +57,39 @@ class ThreadChoice:
                 "threads_probe_ms": {str(count): round(1e3 * s, 1) for count, s in self.seconds.items()}}
 
 
-def probe_threads(run_pass: Callable[[], object], counts: tuple[int, ...], passes: int = PROBE_PASSES) -> ThreadChoice:
-    """Times `run_pass` `passes` times at each count, the counts in rotation (A B A B ...), and picks
-    the count of the shortest median; torch's thread count is restored afterwards.
+def time_in_turn(runs: Mapping[K, Callable[[], object]], passes: int = PROBE_PASSES) -> dict[K, float]:
+    """The median seconds of each of `runs` over `passes` timed calls, the runs taken in rotation (A B A B ...)
+    so that a machine whose load changes meanwhile slows them alike.
 
-    One untimed pass first: the first pass of a run pays for lazy initialisation and fresh memory.
+    One untimed call of each run first: the first pass of a run pays for lazy initialisation and fresh memory.
     """
+    for run in runs.values():
+        run()
+    samples: dict[K, list[float]] = {key: [] for key in runs}
+    for _ in range(passes):
+        for key, run in runs.items():
+            started = time.perf_counter()
+            run()
+            samples[key].append(time.perf_counter() - started)
+    return {key: statistics.median(times) for key, times in samples.items()}
+
+
+def probe_threads(run_pass: Callable[[], object], counts: tuple[int, ...], passes: int = PROBE_PASSES) -> ThreadChoice:
+    """Times `run_pass` at each count (`time_in_turn`) and picks the count of the shortest median; torch's
+    thread count is restored afterwards."""
+
+    def at(count: int) -> Callable[[], object]:
+        def run() -> object:
+            torch.set_num_threads(count)
+            return run_pass()
+
+        return run
+
     before = torch.get_num_threads()
-    samples: dict[int, list[float]] = {count: [] for count in counts}
     try:
-        run_pass()
-        for _ in range(passes):
-            for count in counts:
-                torch.set_num_threads(count)
-                started = time.perf_counter()
-                run_pass()
-                samples[count].append(time.perf_counter() - started)
+        seconds = time_in_turn({count: at(count) for count in counts}, passes)
     finally:
         torch.set_num_threads(before)
-    seconds = {count: statistics.median(times) for count, times in samples.items()}
     return ThreadChoice(min(seconds, key=seconds.__getitem__), seconds)
 
 

@@ -17,10 +17,13 @@ step (`attn.training.signals`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from tqdm import tqdm
 
 from attn.artifacts.checkpoint import Checkpoint, latest_checkpoint
 from attn.config import ModelConfig
+from attn.data.batches import Batch
 from attn.errors import CheckpointError, ConfigError, TrainingError
 from attn.faults import fault_point
 from attn.models import Model, build_model, count_parameters
@@ -49,6 +53,7 @@ from attn.training.precision import (
     Precision,
     PrecisionChoice,
     choose_precision,
+    passes_decide,
     probe_shape,
 )
 from attn.training.retention import save_checkpoint
@@ -61,7 +66,12 @@ from attn.training.signals import (
     recording_stop_signals,
 )
 from attn.training.tasks import TaskData
-from attn.training.threads import candidate_counts, probe_threads, torch_threads
+from attn.training.threads import (
+    candidate_counts,
+    probe_threads,
+    time_in_turn,
+    torch_threads,
+)
 from attn.training.update import (
     Objective,
     TaskHead,
@@ -243,11 +253,43 @@ class Trainer:
         """A resumed run whose config leaves precision to "auto" keeps the precision it started in, so that
         a probe that decides otherwise in this process (another machine, a busier one) cannot change it
         mid-run; an explicit precision in the config is obeyed."""
-        if self.precision.requested != Precision.AUTO or self.precision.used == started:
+        if self.precision.requested == Precision.AUTO:
+            self._use_precision(PrecisionChoice(Precision.AUTO, started, "chosen when the run started; a resumed run keeps it"))
+
+    def _use_precision(self, choice: PrecisionChoice) -> None:
+        self.precision = choice
+        self.objective = dataclasses.replace(self.objective, autocast=autocast_factory(self.ctx.device, choice.used))
+        match_precision(self.optimizers, choice.used)
+
+    def _settle_precision(self) -> None:
+        """Where "auto" chose bf16 on the matmul probe's word in a time-budgeted run, times forward and
+        backward passes of the run's next batch in fp32 and bf16 (every rank runs them; rank 0's timings
+        decide) and keeps the faster (`attn.training.precision.passes_decide`). A run without a time
+        budget keeps the matmul probe's choice, as it keeps torch's thread count: timings near the bar
+        could choose differently from one run to the next, and such a run gives the same numbers every time."""
+        if not (self.precision.wants_passes and self.config.train.max_minutes):
             return
-        self.precision = PrecisionChoice(Precision.AUTO, started, "chosen when the run started; a resumed run keeps it")
-        self.objective = dataclasses.replace(self.objective, autocast=autocast_factory(self.ctx.device, started))
-        match_precision(self.optimizers, started)
+        with self._trial_batch() as batch:
+            seconds = time_in_turn({
+                precision: functools.partial(
+                    accumulate_gradients,
+                    dataclasses.replace(self.objective, autocast=autocast_factory(self.ctx.device, precision)),
+                    batch, self.ctx)
+                for precision in (Precision.FP32, Precision.BF16)})
+        choice = passes_decide(self.precision, seconds[Precision.FP32], seconds[Precision.BF16])
+        self._use_precision(all_gather_objects(choice, self.ctx)[0])
+
+    @contextlib.contextmanager
+    def _trial_batch(self) -> Iterator[list[Batch]]:
+        """The run's next batch for timed trial passes, after which the data position, the generators and
+        the gradients are as they were."""
+        rng, position = capture_rng(), self.task.train.state_dict()
+        try:
+            yield [self.task.train.next_batch()]
+        finally:
+            restore_rng(rng)
+            self.task.train.load_state_dict(position)
+            self.wrapped.zero_grad(set_to_none=True)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -265,6 +307,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         stopped = False
         window, run = LogWindow(), LogWindow()
+        self._settle_precision()
         self._announce_precision()
         with recording_stop_signals() as received, torch_threads(self._thread_count()):
             with self._progress() as bar:
@@ -311,13 +354,9 @@ class Trainer:
         auto = not train.threads and train.max_minutes and ctx.device.type == "cpu" and not ctx.distributed
         if not auto or torch.get_num_threads() == 1:
             return train.threads
-        rng, position = capture_rng(), self.task.train.state_dict()
-        batch = [self.task.train.next_batch()]
-        choice = probe_threads(lambda: accumulate_gradients(self.objective, batch, ctx),
-                               candidate_counts(torch.get_num_threads()))
-        restore_rng(rng)
-        self.task.train.load_state_dict(position)
-        self.wrapped.zero_grad(set_to_none=True)
+        with self._trial_batch() as batch:
+            choice = probe_threads(lambda: accumulate_gradients(self.objective, batch, ctx),
+                                   candidate_counts(torch.get_num_threads()))
         self.metrics_log.write({"step": self.step, **choice.record()})
         return choice.threads
 

@@ -35,9 +35,9 @@ def fake_pass(seconds_at, now, ran):
 def test_the_probe_takes_the_counts_in_turn_and_keeps_the_shortest_median(monkeypatch, two_threads):
     now, ran = [0.0], []
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
-    seconds = {2: [8.0, 0.75, 0.75, 0.75], 1: [0.5, 0.5, 4.0]}  # a slow first pass at 2; one descheduled pass at 1
+    seconds = {2: [8.0, 0.75, 0.75, 0.75], 1: [6.0, 0.5, 0.5, 4.0]}  # slow first passes; one descheduled pass at 1
     choice = probe_threads(fake_pass(seconds, now, ran), (2, 1), passes=3)
-    assert ran == [2, 2, 1, 2, 1, 2, 1]  # one untimed pass, then the counts in rotation
+    assert ran == [2, 1, 2, 1, 2, 1, 2, 1]  # one untimed pass at each count, then the counts in rotation
     assert choice == ThreadChoice(1, {2: 0.75, 1: 0.5})
     assert choice.record() == {"threads": 1, "threads_probe_ms": {"2": 750.0, "1": 500.0}}
     assert torch.get_num_threads() == 2  # restored after the probe
@@ -46,7 +46,7 @@ def test_the_probe_takes_the_counts_in_turn_and_keeps_the_shortest_median(monkey
 def test_on_an_idle_machine_the_probe_keeps_all_threads(monkeypatch, two_threads):
     now, ran = [0.0], []
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
-    seconds = {2: [0.3] * 4, 1: [0.4] * 3}
+    seconds = {2: [0.3] * 4, 1: [0.4] * 4}
     assert probe_threads(fake_pass(seconds, now, ran), (2, 1)).threads == 2
 
 

@@ -397,6 +397,66 @@ def test_the_precision_choice_and_the_probe_figures_go_to_the_log_and_metrics(tm
     assert "warning: train.precision = bf16, but a bf16 matmul runs at 0.01x the speed" in capsys.readouterr().err
 
 
+BUDGET = ("train.max_minutes=60", "train.threads=1")  # the passes are timed in time-budgeted runs; threads pinned
+
+
+def timed_by_precision(monkeypatch, seconds):
+    """Every forward and backward pass takes `seconds["fp32" or "bf16"]` on a fake clock, by the precision of
+    the objective it runs; returns the precisions of the passes run, in order."""
+    ran, now, accumulate = [], [0.0], trainer_module.accumulate_gradients
+
+    def timed(objective, *args, **kwargs):
+        with objective.autocast():
+            ran.append("bf16" if torch.is_autocast_enabled("cpu") else "fp32")
+        now[0] += seconds[ran[-1]]
+        return accumulate(objective, *args, **kwargs)
+
+    monkeypatch.delenv(precision_module.AUTO_ENV, raising=False)
+    monkeypatch.setattr(precision_module, "_probe", lambda device, shape: (1e-3, 2.5e-4))  # a bf16 matmul 4x faster
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(trainer_module, "accumulate_gradients", timed)
+    return ran
+
+
+@pytest.mark.parametrize(("seconds", "expected"), [({"fp32": 0.27, "bf16": 0.40}, "fp32"),
+                                                   ({"fp32": 0.40, "bf16": 0.27}, "bf16")])
+def test_auto_keeps_bf16_only_where_a_training_pass_is_faster_too(tmp_path, monkeypatch, seconds, expected):
+    """A bf16 matmul 4x faster than fp32 is not yet a faster update (autocast casts every weight at every
+    pass): before its first update an auto run times passes of its first batch in both precisions."""
+    ran = timed_by_precision(monkeypatch, seconds)
+    result = run_training(quick_config(tmp_path, "train.precision=auto", *BUDGET), task_builder=reversal_builder())
+    assert result.precision == expected
+    assert ran == ["fp32", "bf16"] * 4 + [expected] * 4  # an untimed pass each, 3 in rotation, then the updates
+    record = read_metrics(tmp_path / "metrics.jsonl")[0]
+    ratio = seconds["fp32"] / seconds["bf16"]
+    assert record["precision"] == expected and record["bf16_speedup"] == 4.0
+    assert (record["pass_fp32_ms"], record["pass_bf16_ms"]) == (1e3 * seconds["fp32"], 1e3 * seconds["bf16"])
+    assert record["precision_reason"] == f"a bf16 training pass runs at {ratio:.2g}x the speed of fp32 on this CPU, a matmul at 4x"
+
+
+def test_the_precision_passes_leave_the_run_as_it_was(tmp_path, monkeypatch):
+    """The passes draw dropout masks, take a batch and leave gradients: a run that times them and chooses
+    fp32 makes the updates of a run configured fp32."""
+    timed_by_precision(monkeypatch, {"fp32": 0.27, "bf16": 0.40})
+    builder = reversal_builder(dropout=0.1)
+    probed = run_training(quick_config(tmp_path / "auto", "train.precision=auto", *BUDGET), task_builder=builder)
+    assert probed.precision == "fp32"
+    assert run_training(quick_config(tmp_path / "fp32", *BUDGET), task_builder=builder).losses == probed.losses
+
+
+def test_no_passes_where_bf16_is_emulated_explicit_or_the_run_has_no_budget(tmp_path, monkeypatch):
+    """A run without a time budget keeps the matmul probe's choice: the same numbers every time."""
+    ran = timed_by_precision(monkeypatch, {"fp32": 0.27, "bf16": 0.40})
+    explicit = quick_config(tmp_path / "bf16", "train.precision=bf16", *BUDGET)
+    assert run_training(explicit, task_builder=reversal_builder()).step == 4
+    assert run_training(quick_config(tmp_path / "steps", "train.precision=auto"), task_builder=reversal_builder()).step == 4
+    assert ran == ["bf16"] * 8
+    monkeypatch.setattr(precision_module, "_probe", lambda device, shape: (1e-3, 0.1))
+    emulated = quick_config(tmp_path / "auto", "train.precision=auto", *BUDGET)
+    assert run_training(emulated, task_builder=reversal_builder()).step == 4
+    assert ran == ["bf16"] * 8 + ["fp32"] * 4
+
+
 def test_a_resumed_auto_run_keeps_the_precision_it_started_in(tmp_path, monkeypatch):
     """A probe that decides otherwise when the run resumes (a busier or another machine) does not switch
     precision mid-run: 2 + 2 updates give the losses of 4 in bf16, and an explicit precision is obeyed."""
