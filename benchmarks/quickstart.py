@@ -142,16 +142,18 @@ def recipe_task(recipe: Recipe, run_dir: Path) -> tuple[RunConfig, TaskData, Che
     return config, get_task(config.task).build(config, model_config, ctx), initial
 
 
-def build_trainer(recipe: Recipe, run_dir: Path) -> Trainer:
-    """The recipe's trainer, built by the calls `attn.training.run_training` makes, dealing one fixed batch."""
+def build_trainer(recipe: Recipe, run_dir: Path, repeat: bool = True) -> Trainer:
+    """The recipe's trainer, built by the calls `attn.training.run_training` makes, dealing one fixed batch
+    (`repeat`), or else the recipe's own batches, whose shapes vary as they do in training."""
     config, task, initial = recipe_task(recipe, run_dir)
     model = build_model(task.model_config, config.train.attention)
     if initial is not None:
         copy_pretrained(initial, model)
-    shape = recipe.shape
-    batch = task.train.next_batch() if shape is None else full_batch(config.task, shape, task.model_config)
-    task = dataclasses.replace(task, train=RepeatedBatch(batch), valid=None)
-    return Trainer(config, task, model.train())
+    if repeat:
+        shape = recipe.shape
+        batch = task.train.next_batch() if shape is None else full_batch(config.task, shape, task.model_config)
+        task = dataclasses.replace(task, train=RepeatedBatch(batch))
+    return Trainer(config, dataclasses.replace(task, valid=None), model.train())
 
 
 def recipe_pad_share(recipe: Recipe, run_dir: Path, batches: int) -> float:
