@@ -1,0 +1,110 @@
+"""Case 10's beam search with int8 weights: how much of attn's time is PyTorch's int8 matrix products alone.
+
+The translation workload of case 10 (`benchmarks.engines`: marian-base shape with an 8,000-word vocabulary,
+seeded random weights, beam 4, 32 sources of 30 tokens, exactly 40 new tokens) in one process, 2 threads:
+attn `int8-dynamic` (every linear layer's product is `torch._int_mm`, oneDNN with VNNI) timed whole, then
+once under the profiler, which sums the time inside `aten::_int_mm` and inside the layers' other work; and
+CTranslate2 int8 on the same weights, timed whole. If the int8 products alone take about as long as
+CTranslate2's whole search, no decoding loop around them can reach it: the kernels are the bound.
+
+    python benchmarks/probes/int8-beam-floor.py benchmarks/results/engines-cpu/int8-beam-floor.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attn.artifacts import load_model
+from attn.decoding import beam_search_seq2seq
+from attn.presets import preset
+from attn.quantize import quantize
+from benchmarks.engines import (
+    BEAMS,
+    CT2_TYPES,
+    EOS,
+    SEED,
+    TRANSLATION,
+    VOCAB,
+    _ct2_convert,
+    _ct2_vocabulary,
+    _export_marian,
+    _search,
+)
+from benchmarks.harness import device_name, git_commit
+
+ROUNDS = 5
+THREADS = 2
+
+
+def median_s(run) -> float:
+    run()
+    times = []
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main(out: Path) -> None:
+    import ctranslate2
+
+    torch.set_num_threads(THREADS)
+    config = dataclasses.replace(preset("marian-base"), vocab_size=VOCAB)
+    pad, new = VOCAB - 1, TRANSLATION["new"]
+    generator = torch.Generator().manual_seed(SEED)
+    sources = [row + [EOS] for row in torch.randint(
+        EOS + 2, pad, (TRANSLATION["sources"], TRANSLATION["length"] - 1), generator=generator).tolist()]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        _export_marian(config, folder / "hf")
+        _ct2_convert(folder / "hf", "int8")
+        model = quantize(load_model(folder / "hf", "cpu").model, "int8-dynamic")
+
+        def attn_run() -> None:
+            beam_search_seq2seq(model, sources, pad, EOS, pad, _search(new))
+
+        words = _ct2_vocabulary(folder / "ct2-int8")
+        translator = ctranslate2.Translator(str(folder / "ct2-int8"), device="cpu", inter_threads=1,
+                                            intra_threads=THREADS, compute_type=CT2_TYPES["int8"])
+        batch = [[words[i] for i in source] for source in sources]
+
+        def ct2_run() -> None:
+            translator.translate_batch(batch, beam_size=BEAMS, length_penalty=1.0, min_decoding_length=new,
+                                       max_decoding_length=new)
+
+        seconds = {}
+        for _ in range(2):  # alternated: attn, CTranslate2, attn, CTranslate2
+            for name, run in (("attn int8-dynamic", attn_run), ("CTranslate2 int8", ct2_run)):
+                seconds.setdefault(name, []).append(median_s(run))
+        with torch.profiler.profile() as profile:
+            attn_run()
+    events = {event.key: event.self_cpu_time_total / 1e6 for event in profile.key_averages()}
+    profiled = sum(events.values())
+    record = {
+        "command": f"python benchmarks/probes/int8-beam-floor.py {out}",
+        "commit": git_commit(),
+        "machine": {"device": device_name(torch.device("cpu")), "threads": THREADS, "torch": torch.__version__,
+                    "cpu_capability": torch.backends.cpu.get_cpu_capability(), "ctranslate2": ctranslate2.__version__},
+        "workload": {**TRANSLATION, "beam": BEAMS, "vocab": VOCAB, "model": "marian-base"},
+        "seconds": {name: [round(s, 3) for s in values] for name, values in seconds.items()},
+        "sentences_per_s": {name: round(len(sources) / min(values), 2) for name, values in seconds.items()},
+        "profile_s": {"total": round(profiled, 3),
+                      **{key: round(value, 3) for key, value in sorted(events.items(), key=lambda kv: -kv[1])[:12]}},
+        "int8_products_share": round(events.get("aten::_int_mm", 0.0) / profiled, 3),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
