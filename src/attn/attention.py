@@ -136,8 +136,9 @@ def fast_attention(
     Under bf16 autocast on a CPU the kernel runs in fp32 (and returns the autocast dtype): PyTorch's
     CPU flash-attention backward in bf16 is several times slower than in fp32 (7.5 against 1.2 ms a
     call in the quickstart translator on an AVX-512 BF16 CPU), while the matmuls around it gain from
-    bf16. Whole training steps in bf16 on that CPU, fp32 attention against bf16 attention: translator
-    110 against 144 ms, char LM 95 against 113 ms, MiniLM fine-tune 213 against 268 ms.
+    bf16. Median training steps in bf16 on that CPU, fp32 attention against bf16 attention: quickstart
+    translator 131 against 186 ms, quickstart char LM 87 against 113 ms, 12-minute char LM 200 against
+    248 ms (fp32 throughout: 155, 112-116, 271-309; `benchmarks/results/precision/`).
     """
     if q.is_cpu and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
