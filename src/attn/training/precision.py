@@ -12,9 +12,9 @@ nothing. So `precision = "auto"` decides by measurement:
   milliseconds. Where bf16 is emulated it is far slower and the run trains in fp32. Where the
   matmul is measurably faster (`BF16_MIN_SPEEDUP`), that is not yet a faster training step:
   autocast casts every weight at every pass and leaves the softmaxes, norms and the optimizer in
-  fp32, so a small model can step slower in bf16 (the quickstart translator on an AVX-512 BF16 CPU,
-  before its attention ran in fp32 under autocast: 0.83x fp32's step while its matmul probe said
-  1.5x, `benchmarks/results/precision/`). So before the first update of a time-budgeted run the
+  fp32, so a small model can step slower in bf16 (the quickstart translator on an AVX-512 BF16 CPU
+  with its attention in bf16 too: 0.83x fp32's step while its matmul probe said 1.5x,
+  `benchmarks/results/precision/`). So before the first update of a time-budgeted run the
   trainer times forward and backward passes of the run's first batch in both precisions
   (`passes_decide`), and bf16 stays only if its pass is measurably faster too.
 
