@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 
 import pytest
 import torch
@@ -117,10 +118,15 @@ def test_completions_and_embeddings_through_the_client_are_the_librarys(client, 
 
 def test_a_chat_and_a_completion_sent_together_share_the_running_batch(server, client,
                                                                       bundles: dict[str, Bundle]) -> None:
-    running = server.state.serve.engines["chat"].running
+    engine = server.state.serve.engines["chat"]
+    running = engine.running
     step, routes = running.step, []
 
     def recorded_step():  # the routes of the rows decoded together in each step
+        if not routes:  # the first step waits for the other request, however late its thread sends it
+            deadline = time.monotonic() + 60
+            while engine._admitted < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
         found = step()
         routes.append({token.key[0].work.route for token in found})
         return found
