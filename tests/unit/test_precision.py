@@ -7,6 +7,7 @@ from attn.errors import ConfigError
 from attn.training.precision import (
     AUTO_ENV,
     BF16_MIN_SPEEDUP,
+    PASSES_MIN_SPEEDUP,
     Precision,
     choose_precision,
     probe_shape,
@@ -55,6 +56,16 @@ def test_auto_needs_bf16_to_be_measurably_faster():
     assert choose_precision("auto", CPU, SHAPE, timer).used is Precision.FP32
     timer, _ = fake_timer(BF16_MIN_SPEEDUP * 1e-3, 1e-3)
     assert choose_precision("auto", CPU, SHAPE, timer).used is Precision.BF16
+
+
+def test_training_passes_check_every_auto_choice_but_an_emulated_bf16():
+    """A sub-millisecond product is timed roughly, so the trainer's passes check the probe both ways;
+    an emulated bf16 (tens of times slower) is not worth a pass."""
+    for bf16_s, wanted in ((4e-4, True), (0.95e-3, True), (1e-3 / PASSES_MIN_SPEEDUP, True), (2.1e-3, False)):
+        timer, _ = fake_timer(1e-3, bf16_s)
+        assert choose_precision("auto", CPU, SHAPE, timer).wants_passes is wanted, bf16_s
+    timer, _ = fake_timer(1e-3, 4e-4)
+    assert not choose_precision("bf16", CPU, SHAPE, timer).wants_passes  # obeyed as configured
 
 
 def test_an_explicit_bf16_is_obeyed_and_warns_with_the_ratio_only_where_it_is_slower():

@@ -14,9 +14,11 @@ nothing. So `precision = "auto"` decides by measurement:
   autocast casts every weight at every pass and leaves the softmaxes, norms and the optimizer in
   fp32, so a small model can step slower in bf16 (the quickstart translator on an AVX-512 BF16 CPU
   with its attention in bf16 too: 0.83x fp32's step while its matmul probe said 1.5x,
-  `benchmarks/results/precision/`). So before the first update of a time-budgeted run the
-  trainer times forward and backward passes of the run's first batch in both precisions
-  (`passes_decide`), and bf16 stays only if its pass is measurably faster too.
+  `benchmarks/results/precision/`). And a product of a fraction of a millisecond is timed
+  roughly: on the same CPU the probe has measured bf16 anywhere from 1.06x to 3.6x. So before the
+  first update of a time-budgeted run the trainer times forward and backward passes of the run's
+  first batch in both precisions (`passes_decide`) wherever the probe did not find bf16 emulated
+  (`PASSES_MIN_SPEEDUP`), and those passes decide, in either direction.
 
 An explicit "bf16" is obeyed, with a warning when the probe finds it slower than fp32; "fp16"
 needs a GPU's gradient scaler, and on a CPU training runs in fp32 and says so.
@@ -42,8 +44,9 @@ from attn.errors import ConfigError
 
 AUTO_ENV = "ATTN_AUTO_PRECISION"  # "bf16" or "fp32": what "auto" chooses on a CPU instead of probing
 BF16_MIN_SPEEDUP = 1.1  # "measurably faster": bf16 must beat fp32 by this factor to be chosen
+PASSES_MIN_SPEEDUP = 0.5  # a matmul probe below this found bf16 emulated: its training passes are not worth timing
 _PROBE_BUDGET_S = 0.05  # the timed repetitions of one dtype stop once they have taken this long
-_PROBE_REPS = 5
+_PROBE_REPS = 20
 
 
 class Precision(str, enum.Enum):
@@ -85,10 +88,10 @@ class PrecisionChoice:
 
     @property
     def wants_passes(self) -> bool:
-        """Whether the trainer should time training passes before keeping this choice: "auto" chose bf16
-        on the matmul probe's word alone."""
-        return (self.requested == Precision.AUTO and self.used == Precision.BF16 and self.bf16_speedup is not None
-                and self.fp32_pass_ms is None)
+        """Whether the trainer should time training passes before keeping this choice: "auto" chose on the
+        matmul probe's word alone, and that probe did not find bf16 emulated."""
+        return (self.requested == Precision.AUTO and self.bf16_speedup is not None
+                and self.bf16_speedup >= PASSES_MIN_SPEEDUP and self.fp32_pass_ms is None)
 
     def describe(self) -> str:
         """One line for the run's log."""
@@ -106,12 +109,15 @@ class PrecisionChoice:
 
 
 def passes_decide(choice: PrecisionChoice, fp32_s: float, bf16_s: float) -> PrecisionChoice:
-    """`choice` (see `PrecisionChoice.wants_passes`) after timing the run's training passes: bf16 stays
-    only where its median pass is `BF16_MIN_SPEEDUP` times faster than fp32's.
+    """`choice` (see `PrecisionChoice.wants_passes`) after timing the run's training passes: bf16 where its
+    median pass is `BF16_MIN_SPEEDUP` times faster than fp32's, whatever the matmul probe chose, else fp32.
 
     >>> matmul = PrecisionChoice(Precision.AUTO, Precision.BF16, "", fp32_ms=0.44, bf16_ms=0.12)
     >>> passes_decide(matmul, 0.270, 0.400).describe()
     'precision fp32 (requested auto: a bf16 training pass runs at 0.68x the speed of fp32 on this CPU, a matmul at 3.7x)'
+    >>> misjudged = PrecisionChoice(Precision.AUTO, Precision.FP32, "", fp32_ms=0.25, bf16_ms=0.26)
+    >>> passes_decide(misjudged, 0.270, 0.180).used.value
+    'bf16'
     """
     speedup = fp32_s / bf16_s
     used = Precision.BF16 if speedup >= BF16_MIN_SPEEDUP else Precision.FP32
@@ -134,7 +140,8 @@ def probe_shape(d_model: int, d_ff: int, tokens: int = 128) -> tuple[int, int, i
 def time_matmul(device: torch.device, shape: tuple[int, int, int], autocast: torch.dtype | None) -> float:
     """The best time in seconds of one (M, K) @ (K, N) float32 matmul, under autocast to `autocast` if given.
 
-    One untimed call first; then up to `_PROBE_REPS` timed calls, stopping early once they have taken
+    One untimed call first; then up to `_PROBE_REPS` timed calls (the best of many, because one call
+    takes a fraction of a millisecond where bf16 units do it), stopping early once they have taken
     `_PROBE_BUDGET_S` (an emulated bf16 matmul is slow enough that one call says enough). On a CPU
     it runs on one thread: the ratio of the two precisions is a property of a core, and a single
     thread is not thrown off by other processes competing for the cores.

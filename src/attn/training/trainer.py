@@ -262,9 +262,9 @@ class Trainer:
         match_precision(self.optimizers, choice.used)
 
     def _settle_precision(self) -> None:
-        """Where "auto" chose bf16 on the matmul probe's word in a time-budgeted run, times forward and
-        backward passes of the run's next batch in fp32 and bf16 (every rank runs them; rank 0's timings
-        decide) and keeps the faster (`attn.training.precision.passes_decide`). A run without a time
+        """Where "auto" chose on the matmul probe's word in a time-budgeted run and bf16 is not emulated, times
+        forward and backward passes of the run's next batch in fp32 and bf16 (every rank runs them; rank 0's
+        timings decide) and keeps the faster (`attn.training.precision.passes_decide`). A run without a time
         budget keeps the matmul probe's choice, as it keeps torch's thread count: timings near the bar
         could choose differently from one run to the next, and such a run gives the same numbers every time."""
         if not (self.precision.wants_passes and self.config.train.max_minutes):
