@@ -1,11 +1,12 @@
-"""Case 10's beam search with int8 weights: how much of attn's time is PyTorch's int8 matrix products alone.
+"""Case 10's beam search with int8 weights: where attn's time goes, and why no engine may share its process.
 
 The translation workload of case 10 (`benchmarks.engines`: marian-base shape with an 8,000-word vocabulary,
-seeded random weights, beam 4, 32 sources of 30 tokens, exactly 40 new tokens) in one process, 2 threads:
-attn `int8-dynamic` (every linear layer's product is `torch._int_mm`, oneDNN with VNNI) timed whole, then
-once under the profiler, which sums the time inside `aten::_int_mm` and inside the layers' other work; and
-CTranslate2 int8 on the same weights, timed whole. If the int8 products alone take about as long as
-CTranslate2's whole search, no decoding loop around them can reach it: the kernels are the bound.
+seeded random weights, beam 4, 32 sources of 30 tokens, exactly 40 new tokens), 2 threads: attn `int8-dynamic`
+(every linear layer's product is `torch._int_mm`, oneDNN with VNNI) timed whole and once under the profiler
+(the time inside `aten::_int_mm` and in the rest), all before anything of CTranslate2 exists in the process.
+Then a CTranslate2 int8 `Translator` on the same weights is loaded and timed, attn is timed again while the
+translator lives (idle), and once more after it is deleted. Case 10 compares the engines each in its own
+process; this shows what sharing one does.
 
     python benchmarks/probes/int8-beam-floor.py benchmarks/results/engines-cpu/int8-beam-floor.json
 """
@@ -13,6 +14,7 @@ CTranslate2's whole search, no decoding loop around them can reach it: the kerne
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import statistics
 import sys
@@ -63,6 +65,7 @@ def main(out: Path) -> None:
     generator = torch.Generator().manual_seed(SEED)
     sources = [row + [EOS] for row in torch.randint(
         EOS + 2, pad, (TRANSLATION["sources"], TRANSLATION["length"] - 1), generator=generator).tolist()]
+    seconds = {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         _export_marian(config, folder / "hf")
@@ -72,21 +75,19 @@ def main(out: Path) -> None:
         def attn_run() -> None:
             beam_search_seq2seq(model, sources, pad, EOS, pad, _search(new))
 
+        seconds["attn int8-dynamic, alone"] = median_s(attn_run)
+        with torch.profiler.profile() as profile:
+            attn_run()
         words = _ct2_vocabulary(folder / "ct2-int8")
         translator = ctranslate2.Translator(str(folder / "ct2-int8"), device="cpu", inter_threads=1,
                                             intra_threads=THREADS, compute_type=CT2_TYPES["int8"])
         batch = [[words[i] for i in source] for source in sources]
-
-        def ct2_run() -> None:
-            translator.translate_batch(batch, beam_size=BEAMS, length_penalty=1.0, min_decoding_length=new,
-                                       max_decoding_length=new)
-
-        seconds = {}
-        for _ in range(2):  # alternated: attn, CTranslate2, attn, CTranslate2
-            for name, run in (("attn int8-dynamic", attn_run), ("CTranslate2 int8", ct2_run)):
-                seconds.setdefault(name, []).append(median_s(run))
-        with torch.profiler.profile() as profile:
-            attn_run()
+        seconds["CTranslate2 int8, after attn"] = median_s(lambda: translator.translate_batch(
+            batch, beam_size=BEAMS, length_penalty=1.0, min_decoding_length=new, max_decoding_length=new))
+        seconds["attn int8-dynamic, a CTranslate2 translator alive"] = median_s(attn_run)
+        del translator
+        gc.collect()
+        seconds["attn int8-dynamic, the translator deleted"] = median_s(attn_run)
     events = {event.key: event.self_cpu_time_total / 1e6 for event in profile.key_averages()}
     profiled = sum(events.values())
     record = {
@@ -95,8 +96,8 @@ def main(out: Path) -> None:
         "machine": {"device": device_name(torch.device("cpu")), "threads": THREADS, "torch": torch.__version__,
                     "cpu_capability": torch.backends.cpu.get_cpu_capability(), "ctranslate2": ctranslate2.__version__},
         "workload": {**TRANSLATION, "beam": BEAMS, "vocab": VOCAB, "model": "marian-base"},
-        "seconds": {name: [round(s, 3) for s in values] for name, values in seconds.items()},
-        "sentences_per_s": {name: round(len(sources) / min(values), 2) for name, values in seconds.items()},
+        "median_s": {name: round(value, 3) for name, value in seconds.items()},
+        "sentences_per_s": {name: round(len(sources) / value, 2) for name, value in seconds.items()},
         "profile_s": {"total": round(profiled, 3),
                       **{key: round(value, 3) for key, value in sorted(events.items(), key=lambda kv: -kv[1])[:12]}},
         "int8_products_share": round(events.get("aten::_int_mm", 0.0) / profiled, 3),
