@@ -61,9 +61,9 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     A row of zeros gets scale 1 (and zeros), so nothing divides by zero.
     """
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True) / 127
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.round(x / scale).to(torch.int8), scale
+    scale = x.abs().amax(dim=-1, keepdim=True).div_(127)
+    scale.masked_fill_(scale == 0, 1.0)
+    return (x / scale).round_().to(torch.int8), scale
 
 
 class QuantizedLinear(nn.Module):
@@ -134,8 +134,9 @@ class DynamicInt8Linear(Int8Linear):
             products = torch._int_mm(q, self.weight.t()).float()
         else:
             products = linear(q.float(), self.weight.float(), None)
-        y = products * scale * self.scale
-        y = y if self.bias is None else y + self.bias
+        y = products.mul_(scale).mul_(self.scale)  # in place: a decode step's layers are small, allocations count
+        if self.bias is not None:
+            y.add_(self.bias)
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
