@@ -2,7 +2,8 @@
 
 Lifecycle: a model's `new_cache(batch, max_length)` allocates it (and, for the encoder-decoder,
 computes every layer's cross-attention keys and values once per source); each `decode_step`
-appends the new tokens' keys and values; `reorder` follows beam search; `reset` empties it for
+appends the new tokens' keys and values; `follow` keeps up with beam search, `reorder` with sentences
+that leave the batch; `reset` empties it for
 reuse with the same shapes. The rows read the cross-attention memory in equal runs: with B rows and
 M memory rows, row i reads memory row i // (B / M), so the beams of one sentence share their
 source's keys and values instead of holding copies. Continuous batching changes the rows of a
@@ -125,6 +126,41 @@ class KVCache:
             self.memory = [(k.index_select(0, sources), v.index_select(0, sources)) for k, v in self.memory]
             if self.memory_mask is not None:
                 self.memory_mask = self.memory_mask.index_select(0, sources)
+
+    def follow(self, parents: Tensor) -> Tensor:
+        """Row j of the batch continues row `parents[j]` (B,), as `reorder(parents)` would make it, moving the least.
+
+        A row that some new row continues stays where it is and holds the first of them; the rows that no
+        new row continues are overwritten, each with a copy of a parent that several new rows continue. So
+        the cache's rows are no longer in the order of `parents`: the returned `rows` (B,) says which row
+        holds new row j. Beam search feeds row `rows[j]` beam j's token and reads beam j's scores there.
+        `reorder` copies every row.
+
+        Raises:
+            GenerationError: `parents` is not B rows, or a copy would leave its run of cross-attention
+                memory (a new row must continue a row of its own sentence).
+        """
+        b = parents.numel()
+        if b != self.batch:
+            raise GenerationError(f"follow keeps the batch's {self.batch} rows, got {b} parents: use reorder")
+        by_parent = parents.argsort(stable=True)
+        ordered = parents[by_parent]
+        repeat = torch.zeros(b, dtype=torch.bool, device=parents.device)
+        repeat[by_parent[1:]] = ordered[1:] == ordered[:-1]  # not the first new row of its parent
+        continued = torch.zeros(b, dtype=torch.bool, device=parents.device)
+        continued[parents] = True
+        copies, free = repeat.nonzero().squeeze(1), (~continued).nonzero().squeeze(1)
+        rows = parents.clone()
+        rows[copies] = free
+        sources = parents[copies]
+        if self.memory and bool((free * len(self.memory[0][0]) // b != sources * len(self.memory[0][0]) // b).any()):
+            raise GenerationError("a new row must continue a row that reads the same cross-attention memory")
+        for target, source in zip(free.tolist(), sources.tolist()):
+            for x in (self.keys, self.values):
+                x[:, target, :, : self.length].copy_(x[:, source, :, : self.length])
+        self.positions[free] = self.positions[sources]
+        self.mask[free] = self.mask[sources]
+        return rows
 
     def _select_filled(self, index: Tensor) -> tuple[Tensor, Tensor]:
         """Rows `index` of the keys and values (slots < length), written into the spare buffers."""

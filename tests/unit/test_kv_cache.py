@@ -282,6 +282,45 @@ def test_rows_that_cannot_share_the_memory_evenly_are_refused():
             cache.reorder(torch.tensor([0, 0, 1]))
 
 
+def test_follow_decodes_as_reorder_and_copies_only_the_rows_no_beam_continues():
+    model = _build("paper-base-tiny", Positional.SINUSOIDAL, NormPlacement.PRE)
+    src = torch.randint(1, 97, (2, 5))
+    src_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    beams = torch.tensor([0, 0, 0, 1, 1, 1])  # three beams per source
+    first, second = torch.randint(1, 97, (6, 1)), torch.randint(1, 97, (6, 1))
+    parents = torch.tensor([2, 0, 2, 5, 4, 3])  # row 1 has no child, row 2 two; the second sentence permutes
+    with torch.no_grad():
+        cache = model.new_cache(model.encode(src, src_mask), src_mask, 4)
+        cache.reorder(beams)
+        model.decode_step(first, cache)
+        keys = cache.keys.clone()
+        rows = cache.follow(parents)
+        placed = torch.empty_like(rows)
+        placed[rows] = second.squeeze(1)
+        followed = model.decode_step(placed[:, None], cache)[rows]
+        fresh = model.new_cache(model.encode(src[beams], src_mask[beams]), src_mask[beams], 4)
+        model.decode_step(first, fresh)
+        fresh.reorder(parents)
+        expected = model.decode_step(second, fresh)
+    assert rows.tolist() == [2, 0, 1, 5, 4, 3]  # beam 2 continues row 2 too: the copy goes to row 1
+    assert_close(keys[:, [0, 2, 3, 4, 5], :, :1], cache.keys[:, [0, 2, 3, 4, 5], :, :1], atol=0, rtol=0)
+    assert_close(cache.keys[:, 1, :, :1], keys[:, 2, :, :1], atol=0, rtol=0)
+    assert_close(followed, expected, atol=1e-5, rtol=0)
+
+
+def test_follow_refuses_a_copy_across_sentences_or_another_batch_size():
+    model = _build("paper-base-tiny", Positional.SINUSOIDAL, NormPlacement.PRE)
+    src = torch.randint(1, 97, (2, 5))
+    with torch.no_grad():
+        cache = model.new_cache(model.encode(src), None, 4)
+        cache.reorder(torch.tensor([0, 0, 1, 1]))
+        model.decode_step(torch.tensor([[3], [4], [5], [6]]), cache)
+        with pytest.raises(GenerationError, match="same cross-attention memory"):
+            cache.follow(torch.tensor([0, 1, 0, 0]))  # row 2 would take a copy of row 0, another sentence's
+        with pytest.raises(GenerationError, match="keeps the batch's 4 rows, got 3"):
+            cache.follow(torch.tensor([0, 1, 2]))
+
+
 def test_reorders_alternate_between_two_buffers():
     cache = _filled(2, 3, 10.0)
     first = cache.keys.data_ptr()

@@ -4,7 +4,8 @@ Every sentence keeps k = `beam_size` alive beams. A step scores all k * V one-to
 by their summed log-probability and takes the 2k best. A continuation that ends (EOS, or the
 sentence's length limit) becomes a finished hypothesis only if it ranks among the k best of the
 step; the k best that do not end are the next alive beams, and the cache follows them with
-`KVCache.reorder`. Each sentence keeps its k best finished hypotheses by score; when a sentence is
+`KVCache.follow`, which leaves a row in place while a beam continues it, so beam j's cache row is
+`placed[j]`, not j. Each sentence keeps its k best finished hypotheses by score; when a sentence is
 done it leaves the batch. This is the candidate rule of Hugging Face's beam search, so with the
 same settings (`huggingface_config`) both return the same hypotheses.
 
@@ -249,6 +250,7 @@ def search(session: Session, config: GenerationConfig, eos_id: int | None) -> li
     k = config.beam_size
     batch = session.logits.size(0)
     session.cache.reorder(torch.arange(batch, device=session.logits.device).repeat_interleave(k))
+    placed = torch.arange(batch * k, device=session.logits.device)  # the cache row of each beam
     state = initial_state(session, k)
     logprobs = session.logits.repeat_interleave(k, 0).log_softmax(-1)  # (B * k, V)
     results: list[list[Hypothesis]] = [[] for _ in range(batch)]
@@ -256,16 +258,20 @@ def search(session: Session, config: GenerationConfig, eos_id: int | None) -> li
         history = state.history.flatten(0, 1)[:, : session.offset + step]
         at_limit = (state.limits == step + 1).repeat_interleave(k)
         logprobs = adjust_logits(logprobs, history, config, eos_id, at_limit)
-        state, rows = advance(state, logprobs, step, session.offset, config, eos_id)
+        state, parents = advance(state, logprobs, step, session.offset, config, eos_id)
+        parents = placed[parents]  # the cache rows the new beams continue
         done = sentences_done(state, step + 1, config)
-        kept = None  # the sentences' memory rows stay as they are
         if bool(done.any()):
-            state, rows, kept = _retire(state, rows, done, results, session.offset, config.n_best)
-            if rows.numel() == 0:
+            state, parents, kept = _retire(state, parents, done, results, session.offset, config.n_best)
+            if parents.numel() == 0:
                 break
-        session.cache.reorder(rows, sources=kept)
-        tokens = state.history[:, :, session.offset + step].flatten()
-        logprobs = decode_one_token(session.model, tokens, session.cache).log_softmax(-1)
+            session.cache.reorder(parents, sources=kept)
+            placed = torch.arange(parents.numel(), device=parents.device)
+        else:
+            placed = session.cache.follow(parents)
+        tokens = torch.empty_like(placed)
+        tokens[placed] = state.history[:, :, session.offset + step].flatten()
+        logprobs = decode_one_token(session.model, tokens, session.cache).index_select(0, placed).log_softmax(-1)
     return results
 
 
