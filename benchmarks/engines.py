@@ -67,8 +67,8 @@ from attn import GenerationConfig, generate, load_model
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
 from attn.config import ModelConfig
 from attn.data.tokenizers import Tokenizer
-from attn.decoding.beam_search import beam_search_seq2seq, huggingface_config
-from attn.models import build_model
+from attn.decoding.beam_search import Hypothesis, beam_search_seq2seq, huggingface_config
+from attn.models import EncoderDecoder, build_model
 from attn.presets import preset
 from attn.quantize import quantize
 from benchmarks import chat_model
@@ -169,6 +169,19 @@ def _search(new: int) -> GenerationConfig:
     return dataclasses.replace(huggingface_config(BEAMS, new, length_penalty=1.0), suppress=(EOS,))
 
 
+def export_translation(folder: Path) -> list[list[int]]:
+    """The full-size translation workload, for a probe in one process: the marian-base model with `VOCAB` words
+    exported to `folder` (as the case does), and the sources; `translate_in_process` searches them."""
+    config = dataclasses.replace(preset("marian-base"), vocab_size=VOCAB)
+    _export_marian(config, folder)
+    return translation_sources(TRANSLATION, VOCAB - 1)
+
+
+def translate_in_process(model: EncoderDecoder, sources: list[list[int]]) -> list[list[Hypothesis]]:
+    """attn's beam search of the full-size workload, as the case's attn worker runs it."""
+    return beam_search_seq2seq(model, sources, VOCAB - 1, EOS, VOCAB - 1, _search(TRANSLATION["new"]))
+
+
 def _attn_translator(scheme: str | None) -> Loader:
     def load(folder: Path, threads: int, eos: int) -> Generate:
         bundle = load_model(folder / "hf", "cpu")
@@ -216,15 +229,21 @@ def _ct2_translator(kind: str) -> Loader:
     return load
 
 
+def translation_sources(shape: dict[str, int], pad: int) -> list[list[int]]:
+    """The seeded random sources of the translation workload: `shape["sources"]` rows of `shape["length"]`
+    tokens, the last `EOS`, none of them a special token or the pad."""
+    generator = torch.Generator().manual_seed(SEED)
+    return [row + [EOS] for row in
+            torch.randint(EOS + 2, pad, (shape["sources"], shape["length"] - 1), generator=generator).tolist()]
+
+
 def translation_rows(settings: Settings) -> list[Row]:
     """Workload 1: beam search of a Marian-shaped model, every contender in its own process on the same sources."""
     config = preset(preset_name("marian-base", settings))
     config = config if settings.quick else dataclasses.replace(config, vocab_size=VOCAB)
     shape = QUICK_TRANSLATION if settings.quick else TRANSLATION
     pad, new = config.vocab_size - 1, shape["new"]
-    generator = torch.Generator().manual_seed(SEED)
-    sources = [row + [EOS] for row in
-               torch.randint(EOS + 2, pad, (shape["sources"], shape["length"] - 1), generator=generator).tolist()]
+    sources = translation_sources(shape, pad)
     setting = (f"{preset_name('marian-base', settings)} vocab={config.vocab_size} beam={BEAMS} "
                f"sources={len(sources)}x{shape['length']} new={new}")
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:

@@ -13,7 +13,6 @@ process; this shows what sharing one does.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import json
@@ -26,20 +25,16 @@ from pathlib import Path
 import torch
 
 from attn.artifacts import load_model
-from attn.decoding import beam_search_seq2seq
-from attn.presets import preset
 from attn.quantize import quantize
 from benchmarks.engines import (
     BEAMS,
     CT2_TYPES,
-    EOS,
-    SEED,
     TRANSLATION,
     VOCAB,
     _ct2_convert,
     _ct2_vocabulary,
-    _export_marian,
-    _search,
+    export_translation,
+    translate_in_process,
 )
 from benchmarks.harness import device_name, git_commit
 
@@ -61,20 +56,14 @@ def main(out: Path) -> None:
     import ctranslate2
 
     torch.set_num_threads(THREADS)
-    config = dataclasses.replace(preset("marian-base"), vocab_size=VOCAB)
-    pad, new = VOCAB - 1, TRANSLATION["new"]
-    generator = torch.Generator().manual_seed(SEED)
-    sources = [row + [EOS] for row in torch.randint(
-        EOS + 2, pad, (TRANSLATION["sources"], TRANSLATION["length"] - 1), generator=generator).tolist()]
+    new = TRANSLATION["new"]
     seconds = {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        _export_marian(config, folder / "hf")
+        sources = export_translation(folder / "hf")
         _ct2_convert(folder / "hf", "int8")
         model = quantize(load_model(folder / "hf", "cpu").model, "int8-dynamic")
-
-        def attn_run() -> None:
-            beam_search_seq2seq(model, sources, pad, EOS, pad, _search(new))
+        attn_run = functools.partial(translate_in_process, model, sources)
 
         seconds["attn int8-dynamic, alone"] = median_s(attn_run)
         with torch.profiler.profile() as profile:
