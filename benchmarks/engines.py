@@ -32,7 +32,7 @@ per row with the end of turn (the file's EOS) banned by every engine (attn `supp
 `QUESTIONS` rendered by the model's chat template. Settings: batch 1, batch 8 (eight questions, left-padded
 where the engine pads), the first token of batch 1 (the prompt's forward pass and the choice of one token, in
 ms), and the peak memory. tokens/s = batch x new tokens / the time of the whole call, prefill included.
-Contenders: attn fp32, int8 and int4 (`load_model(..., quantize=...)`), transformers fp32
+Contenders: attn fp32, int8, int8-dynamic and int4 (`load_model(..., quantize=...)`), transformers fp32
 (`from_pretrained(gguf_file=...)`, dequantized), CTranslate2 fp32 and int8 (`ctranslate2.Generator` on attn's
 export of the loaded model, `export_pretrained(..., "llama")`, converted), and llama.cpp (`llama-cpp-python`) on
 the Q4_1 file itself, batch 1 only (its Python API has no batched generate). Notes: the share of attn fp32's new
@@ -67,7 +67,11 @@ from attn import GenerationConfig, generate, load_model
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
 from attn.config import ModelConfig
 from attn.data.tokenizers import Tokenizer
-from attn.decoding.beam_search import Hypothesis, beam_search_seq2seq, huggingface_config
+from attn.decoding.beam_search import (
+    Hypothesis,
+    beam_search_seq2seq,
+    huggingface_config,
+)
 from attn.models import EncoderDecoder, build_model
 from attn.presets import preset
 from attn.quantize import quantize
@@ -101,7 +105,7 @@ QUICK_TRANSLATION = {"sources": 4, "length": 10, "new": 8}
 CHAT_BATCHES = (1, 8)
 QUICK_CHAT_BATCHES = (1, 2)
 TRANSLATORS = (ATTN, "attn int8", "attn int8-dynamic", HF, f"{CT2} fp32", f"{CT2} int8")
-CHATTERS = (ATTN, "attn int8", "attn int4", HF, f"{CT2} fp32", f"{CT2} int8", LLAMA_CPP)
+CHATTERS = (ATTN, "attn int8", "attn int8-dynamic", "attn int4", HF, f"{CT2} fp32", f"{CT2} int8", LLAMA_CPP)
 TRANSLATION_WORKLOAD, CHAT_WORKLOAD = "translation", "chat"
 CT2_TYPES = {"fp32": "float32", "int8": "int8"}  # our name -> CTranslate2's quantization and compute type
 
@@ -341,7 +345,8 @@ LOADERS: dict[str, dict[str, Loader]] = {
         f"{CT2} fp32": _ct2_translator("fp32"), f"{CT2} int8": _ct2_translator("int8"),
     },
     CHAT_WORKLOAD: {
-        ATTN: _attn_chat(None), "attn int8": _attn_chat("int8"), "attn int4": _attn_chat("int4"),
+        ATTN: _attn_chat(None), "attn int8": _attn_chat("int8"), "attn int8-dynamic": _attn_chat("int8-dynamic"),
+        "attn int4": _attn_chat("int4"),
         HF: _hf_chat, f"{CT2} fp32": _ct2_chat("fp32"), f"{CT2} int8": _ct2_chat("int8"), LLAMA_CPP: _llama_cpp_chat,
     },
 }

@@ -4,8 +4,10 @@ Times (median of 20, 2 threads), for each batch: the products of every weight ma
 with that many rows, through `F.linear` (MKL, what transformers runs) and `attn.linear.linear` (oneDNN,
 what attn runs), attn's `decode_step` of one token per row after a chat prompt, and transformers' forward
 of one token per row with its KV cache, both on the same GGUF file. Also the time to sum every weight
-once (2 threads): the rate at which this machine reads them, the floor of any float32 kernel. Writes
-the JSON to the path given (with the commit and machine).
+once (2 threads): the rate at which this machine reads them, the floor of any float32 kernel. Then, at
+batch 1, for each of attn's weight schemes (`attn.quantize`: int8, int8-dynamic, int4), the products of
+every quantized layer alone (each layer's own kernel) and the quantized model's decode step. Writes the
+JSON to the path given (with the commit and machine).
 
     python benchmarks/probes/decode-floor.py benchmarks/results/chat-model-cpu/decode-floor.json
 """
@@ -24,6 +26,7 @@ import transformers
 
 import attn
 from attn.linear import linear
+from attn.quantize import QuantizedLinear, quantize
 from benchmarks.chat_model import gguf_path
 from benchmarks.harness import device_name, git_commit
 
@@ -56,8 +59,32 @@ def main(out: str) -> None:
         result["read_all_weights_ms"] = median_ms(lambda: [w.sum() for w in weights])
         for batch in (1, 8):
             result[f"batch_{batch}"] = _steps(model, hf, weights, ids, batch)
+        del model, hf, bundle
+        for scheme in ("int8", "int8-dynamic", "int4"):
+            result[f"batch_1_{scheme}"] = _quantized(quantize(attn.load_model(path, "cpu").model, scheme), ids)
     Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
+
+
+def _decode_step(model: torch.nn.Module, ids: list[int], batch: int):
+    """attn's decode step of one token per row after `batch` rows of the prompt `ids`, repeatable."""
+    cache = model.new_cache(batch, len(ids) + 64)
+    model.decode_step(torch.tensor([ids] * batch), cache)
+    one = torch.full((batch, 1), 5)
+
+    def step() -> None:
+        cache.start = cache.length = len(ids)
+        model.decode_step(one, cache)
+
+    return step
+
+
+def _quantized(model: torch.nn.Module, ids: list[int]) -> dict[str, float]:
+    """One row's products with every quantized layer, each through its own kernel, and the model's decode step."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    inputs = {m.in_features: torch.randn(1, m.in_features) for m in layers}
+    return {"layers": len(layers), "products_ms": median_ms(lambda: [m(inputs[m.in_features]) for m in layers]),
+            "attn_decode_step_ms": median_ms(_decode_step(model, ids, 1))}
 
 
 def _steps(model: torch.nn.Module, hf: torch.nn.Module, weights: list[torch.Tensor], ids: list[int],
@@ -65,13 +92,6 @@ def _steps(model: torch.nn.Module, hf: torch.nn.Module, weights: list[torch.Tens
     """The products with every weight and both models' decode steps, `batch` rows of the same prompt."""
     inputs = {w.shape[1]: torch.randn(batch, w.shape[1]) for w in weights}
     prompt, one = torch.tensor([ids] * batch), torch.full((batch, 1), 5)
-    cache = model.new_cache(batch, len(ids) + 64)
-    model.decode_step(prompt, cache)
-
-    def ours() -> None:
-        cache.start = cache.length = len(ids)
-        model.decode_step(one, cache)
-
     past = hf(prompt, use_cache=True).past_key_values
     position = [len(ids)]
 
@@ -82,7 +102,7 @@ def _steps(model: torch.nn.Module, hf: torch.nn.Module, weights: list[torch.Tens
     return {
         "mkl_matmul_floor_ms": median_ms(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights]),
         "onednn_matmul_floor_ms": median_ms(lambda: [linear(inputs[w.shape[1]], w, None) for w in weights]),
-        "attn_decode_step_ms": median_ms(ours), "hf_forward_step_ms": median_ms(theirs),
+        "attn_decode_step_ms": median_ms(_decode_step(model, ids, batch)), "hf_forward_step_ms": median_ms(theirs),
     }
 
 

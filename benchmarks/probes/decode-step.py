@@ -5,7 +5,6 @@
 """
 import json
 import statistics
-import sys
 import time
 
 import torch
