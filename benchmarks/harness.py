@@ -99,12 +99,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def git_commit() -> str:
-    """The checked-out commit (with "+changes" when the work tree differs), or "unknown" outside git."""
+    """The checked-out commit (with "+changes" when the work tree differs outside `benchmarks/results/`, whose
+    files a run writes as it goes), or "unknown" outside git."""
     root = Path(__file__).resolve().parents[1]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                  ":(exclude)benchmarks/results"], cwd=root,
                                  capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
