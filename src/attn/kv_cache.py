@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from attn.errors import GenerationError
+from attn.masks import cheap_to_read
 
 
 class _Slot:
@@ -134,7 +135,8 @@ class KVCache:
         new row continues are overwritten, each with a copy of a parent that several new rows continue. So
         the cache's rows are no longer in the order of `parents`: the returned `rows` (B,) says which row
         holds new row j. Beam search feeds row `rows[j]` beam j's token and reads beam j's scores there.
-        `reorder` copies every row.
+        `reorder` copies every row. On a GPU, where reading which rows to copy would wait for the device at
+        every step, `follow` is `reorder` (rows in beam order).
 
         Raises:
             GenerationError: `parents` is not B rows, or a copy would leave its run of cross-attention
@@ -143,6 +145,9 @@ class KVCache:
         b = parents.numel()
         if b != self.batch:
             raise GenerationError(f"follow keeps the batch's {self.batch} rows, got {b} parents: use reorder")
+        if not cheap_to_read(parents):
+            self.reorder(parents)
+            return torch.arange(b, device=parents.device)
         by_parent = parents.argsort(stable=True)
         ordered = parents[by_parent]
         repeat = torch.zeros(b, dtype=torch.bool, device=parents.device)

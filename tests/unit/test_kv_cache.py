@@ -308,6 +308,22 @@ def test_follow_decodes_as_reorder_and_copies_only_the_rows_no_beam_continues():
     assert_close(followed, expected, atol=1e-5, rtol=0)
 
 
+def test_follow_copies_every_row_where_reading_the_rows_would_wait_for_a_device(monkeypatch):
+    model = _build("gpt2-tiny", Positional.LEARNED, NormPlacement.PRE)
+    tokens, parents, step = torch.randint(0, 97, (3, 4)), torch.tensor([2, 0, 0]), torch.randint(0, 97, (3, 1))
+    monkeypatch.setattr("attn.kv_cache.cheap_to_read", lambda _: False)
+    with torch.no_grad():
+        cache = model.new_cache(3, 6)
+        model.decode_step(tokens, cache)
+        rows = cache.follow(parents)
+        followed = model.decode_step(step, cache)
+        fresh = model.new_cache(3, 6)
+        model.decode_step(tokens[parents], fresh)
+        expected = model.decode_step(step, fresh)
+    assert rows.tolist() == [0, 1, 2]  # beam order, as reorder leaves it
+    assert_close(followed, expected, atol=1e-5, rtol=0)
+
+
 def test_follow_refuses_a_copy_across_sentences_or_another_batch_size():
     model = _build("paper-base-tiny", Positional.SINUSOIDAL, NormPlacement.PRE)
     src = torch.randint(1, 97, (2, 5))
