@@ -139,8 +139,8 @@ class KVCache:
         every step, `follow` is `reorder` (rows in beam order).
 
         Raises:
-            GenerationError: `parents` is not B rows, or a copy would leave its run of cross-attention
-                memory (a new row must continue a row of its own sentence).
+            GenerationError: `parents` is not B rows, or a new row would continue a row of another run of
+                cross-attention memory (another sentence's).
         """
         b = parents.numel()
         if b != self.batch:
@@ -148,6 +148,11 @@ class KVCache:
         if not cheap_to_read(parents):
             self.reorder(parents)
             return torch.arange(b, device=parents.device)
+        if self.memory:
+            runs = self.memory[0][0].size(0)
+            if bool((parents * runs // b != torch.arange(b, device=parents.device) * runs // b).any()):
+                raise GenerationError("each new row must continue a row that reads the same cross-attention "
+                                      "memory (a beam of its own sentence)")
         by_parent = parents.argsort(stable=True)
         ordered = parents[by_parent]
         repeat = torch.zeros(b, dtype=torch.bool, device=parents.device)
@@ -158,8 +163,6 @@ class KVCache:
         rows = parents.clone()
         rows[copies] = free
         sources = parents[copies]
-        if self.memory and bool((free * len(self.memory[0][0]) // b != sources * len(self.memory[0][0]) // b).any()):
-            raise GenerationError("a new row must continue a row that reads the same cross-attention memory")
         for target, source in zip(free.tolist(), sources.tolist()):
             for x in (self.keys, self.values):
                 x[:, target, :, : self.length].copy_(x[:, source, :, : self.length])

@@ -331,8 +331,9 @@ def test_follow_refuses_a_copy_across_sentences_or_another_batch_size():
         cache = model.new_cache(model.encode(src), None, 4)
         cache.reorder(torch.tensor([0, 0, 1, 1]))
         model.decode_step(torch.tensor([[3], [4], [5], [6]]), cache)
-        with pytest.raises(GenerationError, match="same cross-attention memory"):
-            cache.follow(torch.tensor([0, 1, 0, 0]))  # row 2 would take a copy of row 0, another sentence's
+        for parents in ([0, 1, 0, 0], [2, 3, 0, 1]):  # rows 2, 3 would continue rows of another sentence
+            with pytest.raises(GenerationError, match="same cross-attention memory"):
+                cache.follow(torch.tensor(parents))
         with pytest.raises(GenerationError, match="keeps the batch's 4 rows, got 3"):
             cache.follow(torch.tensor([0, 1, 2]))
 
