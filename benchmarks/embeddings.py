@@ -3,7 +3,7 @@
 Every contender starts from the texts and ends with L2-normalised mean-pooled vectors, batch 64,
 256 tokens at most (the model's `sentence_bert_config.json`), tokenisation included; in bf16
 under `torch.autocast`:
-- attn: `attn.app.embeddings.embed_texts` (batches texts of similar length together);
+- attn: `attn.inference.embeddings.embed_texts` (batches texts of similar length together);
 - transformers: the model card's recipe, `AutoTokenizer` + `AutoModel` + mean pooling over the
   attention mask, batches in text order;
 - sentence-transformers: `SentenceTransformer.encode` (also batches by length).
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attn.app.embeddings import embed_texts
+from attn.inference.embeddings import embed_texts
 from attn.artifacts.pretrained import load_pretrained
 from attn.data.readers import load_labelled
 from benchmarks.harness import CaseResult, Contender, Settings, compare, rows_for

@@ -22,7 +22,7 @@ batch, exactly 40 new tokens each: transformers `min_new_tokens = max_new_tokens
 `min_decoding_length = max_decoding_length = 40` (it counts neither the start token nor EOS, and returns no EOS);
 attn bans EOS at every step (`GenerationConfig.suppress`: attn has no minimum length; a minimum of 40 among 40
 bans EOS at every step, on the log-probabilities as transformers does). Contenders: attn fp32, int8 and
-int8-dynamic (`attn.quantize`), transformers `generate` fp32, CTranslate2 fp32 and int8; sentences/s and peak
+int8-dynamic (`attn.core.quantized`), transformers `generate` fp32, CTranslate2 fp32 and int8; sentences/s and peak
 memory. Notes: the sources whose best hypothesis is transformers', and the share of its tokens before the first
 difference.
 
@@ -65,7 +65,7 @@ import torch
 
 from attn import GenerationConfig, generate, load_model
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.tokenizers import Tokenizer
 from attn.decoding.beam_search import (
     Hypothesis,
@@ -73,8 +73,8 @@ from attn.decoding.beam_search import (
     huggingface_config,
 )
 from attn.models import EncoderDecoder, build_model
-from attn.presets import preset
-from attn.quantize import quantize
+from attn.core.presets import preset
+from attn.core.quantized import quantize
 from benchmarks import chat_model
 from benchmarks.generation import BEAMS, preset_name
 from benchmarks.harness import (

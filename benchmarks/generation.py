@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from attn.artifacts.pretrained import SpecialIds
 from attn.decoding import GenerationConfig, generate
 from attn.decoding.beam_search import beam_search_seq2seq, huggingface_config
-from attn.presets import preset
+from attn.core.presets import preset
 from benchmarks.harness import (
     CaseResult,
     Contender,

@@ -12,7 +12,7 @@ big for any cache, as in a real step):
 
 - `F.linear`: what `nn.Linear` does (MKL's sgemm for float32);
 - `(W @ x^T)^T`: the (out, in) weight on the left, the result transposed back into place;
-- `attn Linear`: `attn.linear.Linear`, oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`).
+- `attn Linear`: `attn.core.linear.Linear`, oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`).
 
 Speed-up = time of `F.linear` / time of the contender, from the medians of the rounds and from the best
 round (the least disturbed on a shared machine). Writes `linear.json` and `linear.md`.
@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from attn.linear import Linear
+from attn.core.linear import Linear
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit
 
 ROWS = (1, 4, 8, 32, 256)

@@ -9,11 +9,11 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
-from attn.config import ModelConfig, NormPlacement
+from attn.core.config import ModelConfig, NormPlacement
 from attn.data.tokenizers import Tokenizer
-from attn.layers import ACTIVATIONS
+from attn.core.layers import ACTIVATIONS
 from attn.models import Model, build_model
-from attn.positional import sinusoidal_table
+from attn.core.positional import sinusoidal_table
 
 
 def quiet_transformers() -> None:

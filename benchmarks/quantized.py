@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from attn import GenerationConfig, generate, load_model
-from attn.app.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation
+from attn.inference.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation
 from attn.artifacts import Bundle
 from benchmarks.chat_model import CHAT_MODEL, QUESTIONS
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit

@@ -50,13 +50,13 @@ from attn.app.runs import load_run_config
 from attn.app.tasks import get_task
 from attn.artifacts.checkpoint import Checkpoint
 from attn.artifacts.loading import packaged_model_dir
-from attn.config import ModelConfig, NormPlacement
+from attn.core.config import ModelConfig, NormPlacement
 from attn.data.batches import Batch
 from attn.models import build_model
 from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.run import seed_everything
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskContext, TaskData
+from attn.training.task_data import TaskContext, TaskData
 from attn.training.trainer import Trainer
 from attn.training.update import make_optimizers
 from benchmarks.harness import CaseResult, Contender, Settings, compare, rows_for

@@ -18,7 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from benchmarks.harness import CaseResult, Contender, Row, Settings, compare, rows_for
 from benchmarks.training import Shape, Trainee, TrainingStep, random_batch, train_step
 

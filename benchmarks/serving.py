@@ -39,9 +39,9 @@ from typing import Any
 import httpx
 import torch
 
-from attn.app.classification import classify, embed
-from attn.app.continuation import continue_texts
-from attn.app.translation import translate
+from attn.inference.classification import classify, embed
+from attn.inference.continuation import continue_texts
+from attn.inference.translation import translate
 from attn.artifacts import load_model
 from attn.decoding import GenerationConfig
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit

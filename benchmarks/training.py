@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.artifacts.pretrained import SpecialIds
-from attn.config import ModelConfig, SinusoidalLayout
+from attn.core.config import ModelConfig, SinusoidalLayout
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from benchmarks.harness import CaseResult, Contender, Row, Settings, compare, rows_for
 from benchmarks.peers import TorchTransformer, twins
 

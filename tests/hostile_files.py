@@ -38,12 +38,12 @@ from tiny_gguf import write_gguf
 
 from attn.artifacts.checkpoint import load_weights
 from attn.artifacts.pretrained import export_pretrained
-from attn.artifacts.pretrained.files import load_pretrained, read_weights
+from attn.artifacts.pretrained.families import load_pretrained, read_weights
 from attn.artifacts.pretrained.gguf import read_gguf
 from attn.data.tokenizers import Tokenizer
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 # Numbers where sizes and offsets break: zero, one, the edges of 32 and 64 bits, past them, negative.
 EDGES = [0, 1, 2, 3, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53, 2**62, 2**63 - 1, 2**63, 2**64 - 1]

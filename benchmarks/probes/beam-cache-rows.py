@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from attn.artifacts import load_model
-from attn.kv_cache import KVCache
-from attn.quantize import quantize
+from attn.core.kv_cache import KVCache
+from attn.core.quantized import quantize
 from benchmarks.engines import (
     BEAMS,
     TRANSLATION,

@@ -42,7 +42,7 @@ SPEED_STEPS, SPEED_SKIP = 120, 40
 
 def one(recipe: str, run_dir: str, device: str, steps: int, overrides: list[str]) -> dict[str, object]:
     """Trains one variant for `steps` updates, then scores it on the validation text at its own context."""
-    from attn.app.evaluation import evaluate_lm
+    from attn.inference.evaluation import evaluate_lm
     from attn.app.runs import load_run_config, train
     from attn.artifacts import load_model
 

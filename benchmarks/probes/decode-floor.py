@@ -1,11 +1,11 @@
 """The weight-reading floor of one decode step of SmolLM2-135M-Instruct, beside the whole steps, at batch 1 and 8.
 
 Times (median of 20, 2 threads), for each batch: the products of every weight matrix of the model
-with that many rows, through `F.linear` (MKL, what transformers runs) and `attn.linear.linear` (oneDNN,
+with that many rows, through `F.linear` (MKL, what transformers runs) and `attn.core.linear.linear` (oneDNN,
 what attn runs), attn's `decode_step` of one token per row after a chat prompt, and transformers' forward
 of one token per row with its KV cache, both on the same GGUF file. Also the time to sum every weight
 once (2 threads): the rate at which this machine reads them, the floor of any float32 kernel. Then, at
-batch 1, for each of attn's weight schemes (`attn.quantize`: int8, int8-dynamic, int4), the products of
+batch 1, for each of attn's weight schemes (`attn.core.quantized`: int8, int8-dynamic, int4), the products of
 every quantized layer alone (each layer's own kernel) and the quantized model's decode step. Writes the
 JSON to the path given (with the commit and machine).
 
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 import transformers
 
 import attn
-from attn.linear import linear
-from attn.quantize import QuantizedLinear, quantize
+from attn.core.linear import linear
+from attn.core.quantized import QuantizedLinear, quantize
 from benchmarks.chat_model import gguf_path
 from benchmarks.harness import device_name, git_commit
 

@@ -24,7 +24,7 @@ import transformers
 
 from attn.artifacts.pretrained import SpecialIds
 from attn.decoding import GenerationConfig, generate
-from attn.presets import preset
+from attn.core.presets import preset
 from benchmarks.harness import device_name, git_commit
 from benchmarks.peers import quiet_transformers, twins
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attn.artifacts import load_model
-from attn.quantize import quantize
+from attn.core.quantized import quantize
 from benchmarks.engines import (
     BEAMS,
     CT2_TYPES,

@@ -27,11 +27,11 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 _PUBLIC = {
     "Bundle": "attn.artifacts", "load_model": "attn.artifacts", "save_model": "attn.artifacts",
     "GenerationConfig": "attn.decoding", "generate": "attn.decoding",
-    "ModelConfig": "attn.config", "preset": "attn.presets",
+    "ModelConfig": "attn.core.config", "preset": "attn.core.presets",
     "RunConfig": "attn.training",
     "Tokenizer": "attn.data.tokenizers",
     "build_model": "attn.models",
-    "classify": "attn.app.classification", "embed": "attn.app.classification", "translate": "attn.app.translation",
+    "classify": "attn.inference.classification", "embed": "attn.inference.classification", "translate": "attn.inference.translation",
     "load_run_config": "attn.app.runs", "train": "attn.app.runs",
 }
 

@@ -37,7 +37,7 @@ from attn.artifacts.checkpoint import write_checkpoint
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 CHROMIUM = Path("/usr/bin/chromium")
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

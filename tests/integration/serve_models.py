@@ -19,7 +19,7 @@ from attn.artifacts import Bundle
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "En el principio creó Dios los cielos y la tierra.",
          "And God said, Let there be light: and there was light.", "Y dijo Dios: Sea la luz; y fue la luz."]

@@ -39,9 +39,9 @@ from attn.artifacts.checkpoint import load_checkpoint
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig, generate, generate_seq2seq
-from attn.errors import GenerationError
+from attn.core.errors import GenerationError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 DOCS = ROOT / "docs" / "bad-inputs.md"
 TASKS = ("translation", "lm", "classifier")

@@ -11,8 +11,8 @@ from attn.app.cli import build_parser, main
 from attn.app.cli_parser import command_parser
 from attn.app.runs import configure, recipe_tables
 from attn.app.tasks import get_task
-from attn.errors import ConfigError
-from attn.presets import preset_names
+from attn.core.errors import ConfigError
+from attn.core.presets import preset_names
 from attn.training.logs import read_metrics
 
 

@@ -15,10 +15,10 @@ import pytest
 from chat_models import tiny_chat_bundle
 from cli_helpers import ROOT, run_cli
 
-from attn.app import chat as chat_module
-from attn.app.chat import chat_config, conversation
+from attn.inference import chat as chat_module
+from attn.inference.chat import chat_config, conversation
 from attn.app.cli import main
-from attn.app.continuation import continue_texts
+from attn.inference.continuation import continue_texts
 from attn.artifacts import Bundle, load_model, save_model
 from attn.decoding import GenerationConfig
 

@@ -20,7 +20,7 @@ from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.decoding.beam_search import beam_search
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 TEXT = "ROMEO. But soft, what light through yonder window breaks?\nJULIET. Ay me!\n"
 PROMPTS = ["ROMEO.", "But soft, what light", "J"]

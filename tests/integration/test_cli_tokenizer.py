@@ -17,7 +17,7 @@ from attn.app.cli import main
 from attn.artifacts import load_model
 from attn.data.readers import load_parallel
 from attn.data.tokenizers import Tokenizer
-from attn.faults import FAULT_ENV
+from attn.core.faults import FAULT_ENV
 
 VALID = ROOT / "data" / "bible-en-es" / "valid.tsv"
 RUN = """task = "translation"

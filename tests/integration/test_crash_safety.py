@@ -3,7 +3,7 @@ SIGTERM, resumes to the very weights and losses of a run that was never interrup
 
 Each run is a subprocess training a tiny character-level LM on the CPU with one thread. Kills
 land where timing puts them (after the first checkpoint appears) and, deterministically, at the
-fault points of `attn.faults`: mid-update, mid-checkpoint-write and mid-evaluation.
+fault points of `attn.core.faults`: mid-update, mid-checkpoint-write and mid-evaluation.
 """
 
 import os
@@ -25,7 +25,7 @@ from attn.artifacts.checkpoint import (
     list_checkpoints,
     load_checkpoint,
 )
-from attn.faults import FAULT_ENV
+from attn.core.faults import FAULT_ENV
 from attn.training import signals
 from attn.training.distributed import DistContext
 from attn.training.logs import METRICS_FILE, read_metrics

@@ -26,7 +26,7 @@ from attn.data.collate import collate_translation
 from attn.data.samplers import TokenBudgetSampler
 from attn.training import run_training
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskData, translation_batch
+from attn.training.task_data import TaskData, translation_batch
 
 STEPS = 4
 RUNS = [  # (name, strategy, first stop) in the two-process job
@@ -162,7 +162,7 @@ def micro_batches(rank_pairs):
 def gradients_of_one_update(ctx, strategy):
     """The full gradients after one update's forward and backward passes on this rank's micro-batches."""
     from attn.models import build_model
-    from attn.presets import preset
+    from attn.core.presets import preset
     from attn.training.distributed import wrap_model
     from attn.training.runconfig import Strategy
     from attn.training.update import Objective, TaskHead, accumulate_gradients

@@ -9,7 +9,7 @@ from PIL import Image
 from reference_imports import in_ci
 
 from attn.artifacts import load_model
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 
 def test_quickstart_writes_every_artefact_and_each_loads(quickstart_runs):

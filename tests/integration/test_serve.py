@@ -13,13 +13,13 @@ import torch
 from fastapi.testclient import TestClient
 from serve_models import PAIR_LABELS, TEXTS, tiny_bundles
 
-from attn.app.attention_views import attention_of
-from attn.app.classification import classify, embed
-from attn.app.continuation import continue_texts, prompt_ids
+from attn.inference.attention_views import attention_of
+from attn.inference.classification import classify, embed
+from attn.inference.continuation import continue_texts, prompt_ids
 from attn.app.serve import ServedModel, create_app
 from attn.app.serve.routes import PAGE
 from attn.app.serve.work import classify_job
-from attn.app.translation import translate
+from attn.inference.translation import translate
 from attn.artifacts import Bundle
 from attn.decoding import GenerationConfig
 

@@ -23,7 +23,7 @@ from attn.app.serve import ServedModel, ServeOptions, api_keys, create_app
 from attn.app.serve.access import needs_key, read_key_file
 from attn.artifacts import Bundle
 from attn.decoding import RunningBatch
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 KEY, OTHER = "first-key-3f9c", "second-key-a71d"
 HEADERS = {"Authorization": f"Bearer {KEY}"}

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from chat_models import TEXTS, tiny_gqa_chat_bundle
 from fastapi.testclient import TestClient
 
-from attn.app.attention_views import token_pieces
-from attn.app.chat import chat_config
-from attn.app.continuation import prompt_ids
+from attn.inference.attention_views import token_pieces
+from attn.inference.chat import chat_config
+from attn.inference.continuation import prompt_ids
 from attn.app.serve import ServedModel, create_app
 from attn.app.serve.routes import MAX_ATTENTION_WEIGHTS
 from attn.artifacts import Bundle

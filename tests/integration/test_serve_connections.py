@@ -23,7 +23,7 @@ from attn.app.serve import ServedModel, create_app
 from attn.app.serve import app as serve_app
 from attn.app.serve.app import DrainingServer
 from attn.decoding import RunningBatch
-from attn.kv_cache import KVCache
+from attn.core.kv_cache import KVCache
 
 STREAM = {"model": "lm", "prompt": "In the", "max_tokens": 50, "temperature": 0, "stream": True}
 

@@ -14,9 +14,9 @@ from chat_models import tiny_chat_bundle
 from reference_imports import require
 from serve_models import tiny_bundles, uvicorn_serving
 
-from attn.app.chat import chat_config, conversation
-from attn.app.classification import embed
-from attn.app.continuation import continue_texts, prompt_ids
+from attn.inference.chat import chat_config, conversation
+from attn.inference.classification import embed
+from attn.inference.continuation import continue_texts, prompt_ids
 from attn.app.serve import ServedModel, create_app
 from attn.artifacts import Bundle
 from attn.decoding import GenerationConfig, generate

@@ -23,11 +23,11 @@ import pytest
 import torch
 from serve_models import TEXTS, tiny_bundles
 
-from attn.app.classification import embed
+from attn.inference.classification import embed
 from attn.app.serve import ServeOptions, listen
 from attn.app.serve import app as serve_app
 from attn.artifacts import save_model
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 READY_S = 120  # the machine may be busy: starting Python and torch can take a while
 

@@ -20,8 +20,8 @@ from transformers import (
 )
 
 from attn.artifacts.pretrained import export_pretrained, load_pretrained
-from attn.errors import CheckpointError
-from attn.presets import preset
+from attn.core.errors import CheckpointError
+from attn.core.presets import preset
 
 HF_CONFIG = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                        intermediate_size=64, max_position_embeddings=64, num_labels=3)

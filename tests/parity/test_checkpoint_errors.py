@@ -25,9 +25,9 @@ from transformers import (
 
 from attn.artifacts.pretrained import FAMILIES, export_pretrained, load_pretrained
 from attn.artifacts.pretrained.keymap import COPY, ROW_VECTOR, TRANSPOSE, Concat
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 TINY_MODELS = {
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=64)),

@@ -20,7 +20,7 @@ from transformers import (
 from attn.artifacts.pretrained import FAMILIES, SpecialIds, export_pretrained
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model, count_parameters
-from attn.presets import preset
+from attn.core.presets import preset
 
 
 def built(config):

@@ -17,8 +17,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, GPT2Tokenizer
 from attn.artifacts.pretrained import load_pretrained
 from attn.decoding import GenerationConfig, generate
 from attn.decoding.beam_search import beam_search, huggingface_config
-from attn.errors import CheckpointError
-from attn.presets import preset
+from attn.core.errors import CheckpointError
+from attn.core.presets import preset
 
 HF_CONFIG = dict(n_layer=2, n_embd=32, n_head=4, n_inner=64, vocab_size=97, n_positions=64, bos_token_id=0,
                  eos_token_id=0)

@@ -31,7 +31,7 @@ from transformers import (
 from attn import load_model
 from attn.app.cli import main
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
-from attn.config import Tying
+from attn.core.config import Tying
 from attn.decoding import GenerationConfig, generate
 
 SIZES = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,

@@ -13,11 +13,11 @@ from safetensors.torch import load_file
 from transformers import MarianConfig, MarianMTModel
 
 from attn.artifacts.pretrained import load_pretrained
-from attn.config import Tying
+from attn.core.config import Tying
 from attn.decoding import GenerationConfig, generate_seq2seq
 from attn.decoding.beam_search import beam_search_seq2seq, huggingface_config
-from attn.errors import CheckpointError
-from attn.presets import preset
+from attn.core.errors import CheckpointError
+from attn.core.presets import preset
 
 PAD, EOS = 96, 0
 HF_CONFIG = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,

@@ -21,16 +21,16 @@ import sentencepiece
 import torch
 from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
-from attn.app.attention_views import attention_layers
+from attn.inference.attention_views import attention_layers
 from attn.app.cli import main
-from attn.app.translation import translate, translate_hypotheses, translate_n_best
+from attn.inference.translation import translate, translate_hypotheses, translate_n_best
 from attn.artifacts import load_model
 from attn.artifacts.pretrained import load_pretrained
 from attn.artifacts.pretrained.decoding import DecodingRules
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.decoding.beam_search import huggingface_config
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 

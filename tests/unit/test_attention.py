@@ -6,18 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn.attention import (
+from attn.core.attention import (
     Heads,
     SelfAttention,
     attention_weights,
     fast_attention,
     scaled_dot_product_attention,
 )
-from attn.config import Activation
-from attn.layers import FeedForward
-from attn.masks import CAUSAL, causal_mask, key_mask, padding_mask
+from attn.core.config import Activation
+from attn.core.layers import FeedForward
+from attn.core.masks import CAUSAL, causal_mask, key_mask, padding_mask
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 
 def loop_attention(q, k, v, mask):
@@ -193,7 +193,7 @@ def test_left_padded_prefill_keeps_nan_out_of_the_cache_whatever_the_kernel(monk
     """The pad rows of a left-padded prompt attend nothing; a NaN there would become the keys and
     values cached for the pad positions, and 0 * NaN would then reach every real row."""
     from attn.models import build_model
-    from attn.presets import preset
+    from attn.core.presets import preset
 
     torch.manual_seed(0)
     model = build_model(preset("char-gpt-tiny").replace(vocab_size=20, dropout=0.0)).eval()

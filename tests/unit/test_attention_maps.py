@@ -7,17 +7,17 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.attention import Heads, MultiHead, merge_heads, shared_kv
-from attn.config import Positional
+from attn.core.attention import Heads, MultiHead, merge_heads, shared_kv
+from attn.core.config import Positional
 from attn.decoding.attention_maps import (
     AttentionTrail,
     attention_maps,
     attention_module,
     capture_attention,
 )
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 
 def _model(name: str, **fields):

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from attn.app.baselines import NaiveBayes, unigram_nll
-from attn.app.metrics import accuracy, macro_f1
+from attn.inference.metrics import accuracy, macro_f1
 from attn.data.readers import load_labelled
 
 

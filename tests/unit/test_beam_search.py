@@ -24,11 +24,11 @@ from attn.decoding.beam_search import (
     huggingface_config,
     length_penalty,
 )
-from attn.errors import GenerationError
-from attn.kv_cache import KVCache
-from attn.masks import positions_from_mask
+from attn.core.errors import GenerationError
+from attn.core.kv_cache import KVCache
+from attn.core.masks import positions_from_mask
 from attn.models import EncoderDecoder, build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 EOS, BOS, A, B, C, D = range(6)
 START, PAD = 1, 0

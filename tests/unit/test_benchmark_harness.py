@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from attn.presets import preset
+from attn.core.presets import preset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, where benchmarks/ lies
 from benchmarks.engines import agreement

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from chat_models import SMOLLM2_TEMPLATE, tiny_chat_bundle
 
-from attn.app.chat import ChatSession, chat_config, conversation
-from attn.app.continuation import continue_texts
+from attn.inference.chat import ChatSession, chat_config, conversation
+from attn.inference.continuation import continue_texts
 from attn.artifacts import Bundle, load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
 from attn.decoding import GenerationConfig
-from attn.errors import ChatTemplateError, CheckpointError, GenerationError
+from attn.core.errors import ChatTemplateError, CheckpointError, GenerationError
 from attn.models import build_model
 
 LIMIT = GenerationConfig(max_new_tokens=30)

@@ -13,7 +13,7 @@ import pytest
 
 from attn.data import chat_template
 from attn.data.chat_template import ChatTemplate
-from attn.errors import ChatTemplateError
+from attn.core.errors import ChatTemplateError
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -90,7 +90,7 @@ HUNGRY = [
 _RENDER_ALL = """
 import json, resource, sys, time
 from attn.data.chat_template import ChatTemplate
-from attn.errors import ChatTemplateError
+from attn.core.errors import ChatTemplateError
 with open("/proc/self/status") as status:
     size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from attn.config import Architecture, ModelConfig, Positional
-from attn.errors import ConfigError
-from attn.presets import preset, preset_names
+from attn.core.config import Architecture, ModelConfig, Positional
+from attn.core.errors import ConfigError
+from attn.core.presets import preset, preset_names
 
 
 @pytest.mark.parametrize("name", preset_names())

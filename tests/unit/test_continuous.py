@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.config import Positional
+from attn.core.config import Positional
 from attn.decoding import GenerationConfig, generate
 from attn.decoding.continuous import RowToken, RunningBatch
-from attn.errors import GenerationError
+from attn.core.errors import GenerationError
 from attn.models import Decoder, build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 EOS = 2
 # (arrival step, prompt, max_new_tokens): prompts shorter and longer than the running rows, joining at

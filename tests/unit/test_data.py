@@ -24,7 +24,7 @@ from attn.data.lm_stream import LMStream
 from attn.data.readers import Fields, load_labelled, load_parallel, read_table
 from attn.data.samplers import TokenBudgetSampler
 from attn.data.text import read_text
-from attn.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
+from attn.core.errors import CheckpointError, ConfigError, DataFormatError, ShapeError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 PAD, BOS, EOS = 0, 2, 3

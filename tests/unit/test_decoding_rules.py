@@ -4,7 +4,7 @@ import pytest
 
 from attn.artifacts.pretrained.decoding import DecodingRules, hf_decoding_rules
 from attn.decoding import GenerationConfig
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 
 def test_rules_add_to_the_options_bans_and_forced_eos():

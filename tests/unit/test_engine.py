@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from attn.app.serve.engine import BatchJob, Closed, Engine, QueueFull, RowsJob
 from attn.decoding import GenerationConfig, RunningBatch, generate
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 
 class Metrics:

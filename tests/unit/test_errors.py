@@ -3,10 +3,10 @@
 import pytest
 
 from attn.app import cli, cli_io
-from attn.app.continuation import check_samples
+from attn.inference.continuation import check_samples
 from attn.app.serve.routes import _invalid
 from attn.decoding import GenerationConfig
-from attn.errors import AttnError, ConfigError, DataFormatError, GenerationError
+from attn.core.errors import AttnError, ConfigError, DataFormatError, GenerationError
 
 
 def test_an_error_about_a_field_names_it_first():

@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 from attn.app.runs import load_run_config
 from attn.artifacts import load_model
 from attn.artifacts.checkpoint import write_checkpoint
-from attn.artifacts.pretrained.files import family_of, read_hf_config
+from attn.artifacts.pretrained.families import family_of, read_hf_config
 from attn.data.readers import Fields, load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError, ConfigError, DataFormatError
+from attn.core.errors import CheckpointError, ConfigError, DataFormatError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from attn.training.runconfig import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]

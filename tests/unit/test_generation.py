@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.config import Positional
+from attn.core.config import Positional
 from attn.decoding import (
     GenerationConfig,
     ban_repeated_ngrams,
@@ -25,9 +25,9 @@ from attn.decoding.beam_search import beam_search
 from attn.decoding.continuous import RunningBatch
 from attn.decoding.generation import StopStrings
 from attn.decoding.sampling import tempered
-from attn.errors import GenerationError
+from attn.core.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder, build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
 SOURCES = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17], [18]]

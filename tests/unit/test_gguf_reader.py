@@ -25,7 +25,7 @@ from tiny_gguf import (
 import attn.artifacts.pretrained.gguf as gguf_reader
 from attn.artifacts.pretrained.gguf import read_gguf
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError, ConfigError
+from attn.core.errors import CheckpointError, ConfigError
 
 
 @pytest.fixture

@@ -34,9 +34,9 @@ from hostile_files import (
 from hypothesis import HealthCheck, Phase, given, settings
 
 from attn.artifacts.checkpoint import load_weights
-from attn.artifacts.pretrained.files import load_pretrained
+from attn.artifacts.pretrained.families import load_pretrained
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
 CI = {"safetensors": 1500, "checkpoint-weights": 1500, "gguf": 2000, "tokenizer.json": 1500, "sentencepiece": 1500,

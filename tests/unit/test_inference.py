@@ -1,18 +1,18 @@
-"""Batched inference through `attn.app.translation` and `attn.app.classification`: translation,
+"""Batched inference through `attn.inference.translation` and `attn.inference.classification`: translation,
 classification and embeddings of texts of mixed lengths, each equal to the text alone, in input order."""
 
 from pathlib import Path
 
 import torch
 
-from attn.app.classification import class_probabilities, embed
-from attn.app.embeddings import CPU_BATCH_TOKENS, encoder_batches
-from attn.app.translation import translate
+from attn.inference.classification import class_probabilities, embed
+from attn.inference.embeddings import CPU_BATCH_TOKENS, encoder_batches
+from attn.inference.translation import translate
 from attn.artifacts import Bundle
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 TEXTS = ["In the beginning", "God created the heavens and the earth", "Light",
          "and God saw the light, that it was good", "He divided the light from the darkness"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attn.config import (
+from attn.core.config import (
     ModelConfig,
     Norm,
     NormPlacement,
@@ -24,10 +24,10 @@ from attn.config import (
     QKNorm,
     RopeScaling,
 )
-from attn.errors import GenerationError
-from attn.kv_cache import KVCache, stack_rows
+from attn.core.errors import GenerationError
+from attn.core.kv_cache import KVCache, stack_rows
 from attn.models import Decoder, EncoderDecoder, build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 VARIANTS = [(p, n) for p in Positional for n in NormPlacement]
 IDS = [f"{p.value}-{n.value}" for p, n in VARIANTS]
@@ -311,7 +311,7 @@ def test_follow_decodes_as_reorder_and_copies_only_the_rows_no_beam_continues():
 def test_follow_copies_every_row_where_reading_the_rows_would_wait_for_a_device(monkeypatch):
     model = _build("gpt2-tiny", Positional.LEARNED, NormPlacement.PRE)
     tokens, parents, step = torch.randint(0, 97, (3, 4)), torch.tensor([2, 0, 0]), torch.randint(0, 97, (3, 1))
-    monkeypatch.setattr("attn.kv_cache.cheap_to_read", lambda _: False)
+    monkeypatch.setattr("attn.core.kv_cache.cheap_to_read", lambda _: False)
     with torch.no_grad():
         cache = model.new_cache(3, 6)
         model.decode_step(tokens, cache)

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn import linear
+from attn.core import linear
 from attn.decoding import GenerationConfig, generate
-from attn.linear import Linear
+from attn.core.linear import Linear
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 32), (4, 1, 32), (2, 3, 32), (300, 32), (0, 32)])

@@ -2,7 +2,7 @@
 
 import torch
 
-from attn.masks import (
+from attn.core.masks import (
     causal_mask,
     key_mask,
     padded_keys,

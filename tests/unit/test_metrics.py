@@ -11,7 +11,7 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 
-from attn.app.metrics import (
+from attn.inference.metrics import (
     accuracy,
     bleu,
     chrf,
@@ -20,9 +20,9 @@ from attn.app.metrics import (
     macro_f1,
     stream_nll,
 )
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 HYPOTHESES = ["the cat sat on the mat", "a quick brown fox jumps", "hello there world", "no match here at all"]
 REFERENCES = ["the cat sat on a mat", "the quick brown fox jumped", "hello world", "completely different words"]

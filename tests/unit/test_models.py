@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from attn.config import ModelConfig, Positional
-from attn.errors import ConfigError, ShapeError
+from attn.core.config import ModelConfig, Positional
+from attn.core.errors import ConfigError, ShapeError
 from attn.models import build_model, count_parameters
-from attn.presets import preset
+from attn.core.presets import preset
 
 SCHEMES = list(Positional)
 

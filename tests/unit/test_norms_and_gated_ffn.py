@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from attn.config import Activation
-from attn.layers import GatedFeedForward, RMSNorm
+from attn.core.config import Activation
+from attn.core.layers import GatedFeedForward, RMSNorm
 
 
 def rms_by_hand(x, weight, eps, offset):

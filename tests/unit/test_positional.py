@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from attn.config import SinusoidalLayout
-from attn.positional import (
+from attn.core.config import SinusoidalLayout
+from attn.core.positional import (
     RelativePositionBias,
     RotaryPositions,
     relative_bucket,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.training.precision import (
     AUTO_ENV,
     BF16_MIN_SPEEDUP,

@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_model, save_model
 
-from attn.config import Architecture, Positional
+from attn.core.config import Architecture, Positional
 from attn.models import build_model
-from attn.presets import preset, preset_names
+from attn.core.presets import preset, preset_names
 
 TINY = [name for name in preset_names() if name.endswith("-tiny")]
 # Sliding windows take rotary or absolute positions, not T5's relative bias (ModelConfig refuses it).

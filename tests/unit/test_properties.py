@@ -12,7 +12,7 @@ Round trips, kind by kind (tokenizers trained once on the shipped Bible and Shak
   characters removed) up to whitespace, whenever no `[UNK]` is produced.
 The last three hold for texts without special-token texts and without the marker `▁` itself.
 
-Masks follow `attn.masks`: True = may attend.
+Masks follow `attn.core.masks`: True = may attend.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from attn.attention import (
+from attn.core.attention import (
     attention_weights,
     fast_attention,
     scaled_dot_product_attention,
 )
-from attn.blocks import self_attention_inputs
+from attn.core.blocks import self_attention_inputs
 from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.data.tokenizer_pipelines import SEQ_SPECIALS, WORDPIECE_SPECIALS
 from attn.data.tokenizers import Tokenizer
-from attn.masks import (
+from attn.core.masks import (
     CAUSAL,
     causal_mask,
     key_mask,
@@ -45,7 +45,7 @@ from attn.masks import (
     positions_from_mask,
     with_bias,
 )
-from attn.positional import NoPositions
+from attn.core.positional import NoPositions
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,17 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attn import quantize as quantize_module
+from attn.core import quantized as quantize_module
 from attn.app.cli import main
 from attn.artifacts import load_model, save_model
 from attn.artifacts.checkpoint import MODEL_FILE, QUANTIZATION_KEY, write_checkpoint
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError, ConfigError
-from attn.layers import SoftCappedProjection
-from attn.linear import Linear
+from attn.core.errors import CheckpointError, ConfigError
+from attn.core.layers import SoftCappedProjection
+from attn.core.linear import Linear
 from attn.models import build_model
-from attn.presets import preset
-from attn.quantize import (
+from attn.core.presets import preset
+from attn.core.quantized import (
     DynamicInt8Linear,
     Int4Linear,
     Int8Embedding,
@@ -89,7 +89,7 @@ def test_dynamic_int8_linear_multiplies_the_quantized_rows_of_input_and_weight(b
 
 
 def test_the_int8_product_check_sees_the_saturated_sums_of_onednn_without_vnni():
-    code = "from attn.quantize import int8_products_are_exact as e; print(e())"
+    code = "from attn.core.quantized import int8_products_are_exact as e; print(e())"
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -19,7 +19,7 @@ from attn.data.readers import (
     read_table,
     resolve_format,
 )
-from attn.errors import ConfigError, DataFormatError
+from attn.core.errors import ConfigError, DataFormatError
 from attn.training.runconfig import RunConfig
 
 DATA = Path(__file__).resolve().parents[2] / "data"

@@ -1,6 +1,6 @@
 """Rope scaling against `transformers`' own functions (`ROPE_INIT_FUNCTIONS`) at 1e-6.
 
-`attn.positional`'s linear, llama3 and YaRN rules and YaRN's attention factor, and `rope_frequencies`
+`attn.core.positional`'s linear, llama3 and YaRN rules and YaRN's attention factor, and `rope_frequencies`
 of a whole config read from config.json (partial rotation included), on the settings of real
 checkpoints: Llama 3.1 and 3.2, Qwen2.5's long-context YaRN, a YaRN with mscale (DeepSeek's form).
 """
@@ -16,14 +16,14 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from attn.artifacts.pretrained import FAMILIES
 from attn.models.build import rope_frequencies
-from attn.positional import (
+from attn.core.positional import (
     linear_scaling,
     llama3_scaling,
     rotary_frequencies,
     yarn_attention_factor,
     yarn_scaling,
 )
-from attn.presets import preset
+from attn.core.presets import preset
 
 LLAMA_3 = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 8192}

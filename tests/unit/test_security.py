@@ -17,9 +17,9 @@ from attn.artifacts import checkpoint as ckpt
 from attn.artifacts import load_model
 from attn.artifacts.pretrained import export_pretrained, load_pretrained
 from attn.artifacts.torch_files import load_torch_file
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from attn.training import retention, run_training
 from attn.training.finetune import initial_model
 from attn.training.runconfig import RunConfig

@@ -8,7 +8,7 @@ from attn import load_run_config
 from attn.app.quickstart import TUNED_UPDATES
 from attn.data.readers import load_labelled
 from attn.data.text import read_text
-from attn.errors import DataFormatError
+from attn.core.errors import DataFormatError
 from attn.shipped import folder, locate
 
 ROOT = Path(__file__).resolve().parents[2]

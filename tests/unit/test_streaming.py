@@ -1,4 +1,4 @@
-"""Streamed text (`attn.app.continuation.generate_stream`): whole characters, stop strings never half shown."""
+"""Streamed text (`attn.inference.continuation.generate_stream`): whole characters, stop strings never half shown."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.app.continuation import (
+from attn.inference.continuation import (
     CompletionText,
     continue_texts,
     generate_stream,
@@ -19,7 +19,7 @@ from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig, generate
 from attn.decoding.generation import StopStrings
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 
 # Accents (2 bytes), CJK (3 bytes), emoji (4 bytes, and a ZWJ sequence), mixed with ASCII.
 MULTI_BYTE = "Café naïve, ¿qué tal? 日本語のテキスト 👩‍🚀🎉 Ωμέγα — fin.\n"
@@ -198,12 +198,12 @@ class ScriptLM:
         self.script, self.vocab, self.max_positions = script, vocab, 64
 
     def new_cache(self, batch: int, max_length: int):
-        from attn.kv_cache import KVCache
+        from attn.core.kv_cache import KVCache
 
         return KVCache(1, batch, 1, max_length, 1)
 
     def decode_step(self, tokens, cache, mask=None, last_only=False):
-        from attn.masks import positions_from_mask
+        from attn.core.masks import positions_from_mask
 
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
         cache.extend(cache.next_positions() + positions_from_mask(mask), mask)

@@ -6,13 +6,13 @@ import attn
 from attn.app.runs import run_config
 from attn.app.tasks import TASKS, EvalOptions, evaluate, get_task, task_names
 from attn.artifacts import Bundle
-from attn.config import Architecture
+from attn.core.config import Architecture
 from attn.data.tokenizers import Tokenizer
-from attn.errors import AttnError, ConfigError
+from attn.core.errors import AttnError, ConfigError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskContext
+from attn.training.task_data import TaskContext
 
 
 def test_every_task_has_one_entry_under_its_own_name():

@@ -20,11 +20,11 @@ from attn.data.text import read_text
 from attn.data.text_files import corpus_files, safe_cut, text_chunks
 from attn.data.token_cache import id_dtype, open_token_cache, token_ids
 from attn.data.tokenizers import Tokenizer
-from attn.errors import ConfigError, DataFormatError
-from attn.faults import FAULT_ENV
-from attn.presets import preset
+from attn.core.errors import ConfigError, DataFormatError
+from attn.core.faults import FAULT_ENV
+from attn.core.presets import preset
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskContext, lm_task, translation_task
+from attn.training.task_data import TaskContext, lm_task, translation_task
 
 ROOT = Path(__file__).parents[2]
 SHAKESPEARE = ROOT / "data" / "shakespeare"

@@ -20,8 +20,8 @@ from attn.data.files import input_files
 from attn.data.readers import load_parallel
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
-from attn.errors import CheckpointError, ConfigError, DataFormatError
-from attn.training.tasks import special_ids
+from attn.core.errors import CheckpointError, ConfigError, DataFormatError
+from attn.training.task_data import special_ids
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 LINES = 300

@@ -16,7 +16,7 @@ from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.data.tokenizer_pipelines import SEQ_SPECIALS, WORDPIECE_SPECIALS
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError, ConfigError, TextError
+from attn.core.errors import CheckpointError, ConfigError, TextError
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # transformers must never reach for the network here
 

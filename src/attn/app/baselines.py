@@ -5,7 +5,7 @@
   `data/README.md`;
 - language modelling: a unigram model of the training tokens (add-one smoothing over the
   vocabulary), scored on the evaluated tokens;
-- translation: copying the source (its BLEU is that of `attn.app.metrics.bleu(sources, references)`).
+- translation: copying the source (its BLEU is that of `attn.inference.metrics.bleu(sources, references)`).
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ import traceback
 from collections.abc import Sequence
 
 from attn.app.allocator import keep_freed_memory
-from attn.app.attention_views import attention_of
-from attn.app.chat import ChatSession, chat_config, conversation
-from attn.app.classification import classify, embed
+from attn.inference.attention_views import attention_of
+from attn.inference.chat import ChatSession, chat_config, conversation
+from attn.inference.classification import classify, embed
 from attn.app.cli_io import (
     flag_error,
     generation_config,
@@ -34,7 +34,7 @@ from attn.app.cli_io import (
     write_output,
 )
 from attn.app.cli_parser import Handler, check_text_arguments, command_parser
-from attn.app.continuation import check_samples, continue_texts, generate_stream
+from attn.inference.continuation import check_samples, continue_texts, generate_stream
 from attn.app.plots import plot_attention, plot_run
 from attn.app.quickstart import run_quickstart
 from attn.app.runs import (
@@ -54,16 +54,16 @@ from attn.app.serve import (
     run_server,
 )
 from attn.app.tasks import EvalOptions, evaluate, task_names
-from attn.app.translation import translate
+from attn.inference.translation import translate
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
-from attn.errors import AttnError, CheckpointError, ConfigError, GenerationError
-from attn.linear import packed_weights
+from attn.core.errors import AttnError, CheckpointError, ConfigError, GenerationError
+from attn.core.linear import packed_weights
 from attn.models import build_model, count_parameters
-from attn.presets import preset, preset_names
+from attn.core.presets import preset, preset_names
 from attn.training import (
     TrainingInterrupted,
     last_checkpoints,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from attn.data.text import decode_text, read_text
 from attn.decoding import GenerationConfig
-from attn.errors import AttnError, ConfigError, GenerationError
+from attn.core.errors import AttnError, ConfigError, GenerationError
 
 
 def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:

@@ -14,7 +14,7 @@ from attn.app.tasks import task_names
 from attn.artifacts.pretrained import FAMILIES
 from attn.data.text import check_unicode
 from attn.data.tokenizers import TRAINED_KINDS
-from attn.quantize import Quantization
+from attn.core.quantized import Quantization
 
 Handler = Callable[[argparse.Namespace], int]
 # The arguments that hold texts, by the name a message gives them. Paths are left alone: a file

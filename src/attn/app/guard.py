@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from attn.app.baselines import NaiveBayes, unigram_nll
-from attn.app.metrics import accuracy, bleu, macro_f1
+from attn.inference.metrics import accuracy, bleu, macro_f1
 from attn.data.readers import LabelledCorpus, load_labelled
 from attn.training import RunResult
 from attn.training.logs import METRICS_FILE, read_metrics

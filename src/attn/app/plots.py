@@ -1,5 +1,5 @@
 """Figures drawn from data they are given: a run's curves from its `metrics.jsonl`, an attention map from
-its weights and tokens (`attn.app.attention_views.attention_of`). Nothing here loads a model (matplotlib is
+its weights and tokens (`attn.inference.attention_views.attention_of`). Nothing here loads a model (matplotlib is
 imported when needed)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 from attn.training.logs import METRICS_FILE, read_metrics
 
 PLOTS_DIR = "plots"

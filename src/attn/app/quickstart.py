@@ -32,9 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from attn.app.chat import ChatSession
-from attn.app.continuation import generate_stream
-from attn.app.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation
+from attn.inference.chat import ChatSession
+from attn.inference.continuation import generate_stream
+from attn.inference.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation
 from attn.app.guard import (
     BaselineCheck,
     classification_check,
@@ -50,7 +50,7 @@ from attn.artifacts import Bundle, load_model
 from attn.data.readers import load_parallel
 from attn.data.text import read_text
 from attn.decoding import GenerationConfig
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 from attn.training import RunResult
 from attn.training.runconfig import RunConfig
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attn.app.attention_views import attention_of
+from attn.inference.attention_views import attention_of
 from attn.app.plots import plot_attention, plot_run
 from attn.artifacts import load_model
 

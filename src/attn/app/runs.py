@@ -17,9 +17,9 @@ from typing import Any
 from attn.app.guard import BaselineCheck, verdict
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.files import write_file
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.training import RunResult, read_run_tables, run_training
 from attn.training.runconfig import RunConfig, apply_overrides
 

@@ -39,12 +39,12 @@ import torch
 from torch import nn
 
 from attn.artifacts.torch_files import load_torch_file
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.files import write_directory
 from attn.data.tokenizers import META_FILE, Tokenizer
-from attn.errors import AttnError, CheckpointError
+from attn.core.errors import AttnError, CheckpointError
 from attn.models import build_model
-from attn.quantize import Quantization, quantization_of, quantize
+from attn.core.quantized import Quantization, quantization_of, quantize
 
 MODEL_FILE = "model.safetensors"
 QUANTIZATION_KEY = "attn.quantization"  # in the metadata of MODEL_FILE: how its weights are quantized

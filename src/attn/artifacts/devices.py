@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 
 def resolve_device(name: str, local_rank: int | None = None, field: str = "train.device") -> torch.device:

@@ -36,7 +36,7 @@ from attn.artifacts.checkpoint import (
 )
 from attn.artifacts.devices import resolve_device
 from attn.artifacts.pretrained.decoding import DecodingRules
-from attn.artifacts.pretrained.files import (
+from attn.artifacts.pretrained.families import (
     CONFIG_FILE,
     FAMILIES,
     GENERATION_FILE,
@@ -45,15 +45,15 @@ from attn.artifacts.pretrained.files import (
     load_gguf,
     load_pretrained,
 )
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.chat_template import ChatTemplate, end_of_turn_id
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig
-from attn.errors import ChatTemplateError, CheckpointError, ConfigError
+from attn.core.errors import ChatTemplateError, CheckpointError, ConfigError
 from attn.models import Decoder, EncoderDecoder, Model
-from attn.quantize import quantization_of
-from attn.quantize import quantize as quantize_model
+from attn.core.quantized import quantization_of
+from attn.core.quantized import quantize as quantize_model
 
 # Pretrained models that PyPI packages ship, by name: (package, folder inside it). A run config or
 # a command may name one instead of a path; nothing is downloaded and no code from the package runs.
@@ -210,7 +210,7 @@ def load_model(
         device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
         require_tokenizer: refuse a model without a tokenizer (what every use of a model on text needs;
             fine-tuning takes the weights alone).
-        quantize: "int8", "int8-dynamic" or "int4" weights on the CPU (`attn.quantize`); None keeps them as stored
+        quantize: "int8", "int8-dynamic" or "int4" weights on the CPU (`attn.core.quantized`); None keeps them as stored
             (a checkpoint written from a quantized model loads quantized either way).
 
     Raises:

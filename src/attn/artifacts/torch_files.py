@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 
 def load_torch_file(path: str | Path, fix: str) -> Any:

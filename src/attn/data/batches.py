@@ -23,7 +23,7 @@ from torch import Tensor
 
 from attn.data.lm_stream import LMStream
 from attn.data.samplers import TokenBudgetSampler
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 
 @dataclass

@@ -42,7 +42,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 from attn.data.tokenizers import Tokenizer
-from attn.errors import ChatTemplateError
+from attn.core.errors import ChatTemplateError
 
 RENDER_SECONDS = 2.0
 MAX_ITEMS = 1_000_000

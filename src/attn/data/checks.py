@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 
 def check_at_least(name: str, value: int, minimum: int) -> None:

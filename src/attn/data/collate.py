@@ -14,7 +14,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from attn.data.checks import check_at_least
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 Pair = tuple[list[int], list[int]]
 

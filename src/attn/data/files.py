@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from attn.errors import CheckpointError, ConfigError
-from attn.faults import fault_point
+from attn.core.errors import CheckpointError, ConfigError
+from attn.core.faults import fault_point
 from attn.shipped import locate
 
 T = TypeVar("T")
@@ -147,7 +147,7 @@ def write_directory(path: Path, write: Callable[[Path], None], fault: str) -> Pa
     Args:
         path: the directory to write; its parent is created.
         write: fills the folder it is given.
-        fault: the crash-test point reached once every file is written (`attn.faults`).
+        fault: the crash-test point reached once every file is written (`attn.core.faults`).
 
     Returns:
         `path`.
@@ -178,7 +178,7 @@ def write_file(path: Path, write: Callable[[IO[bytes]], T], fault: str = "") -> 
     Args:
         path: the file to write; its folder must exist.
         write: fills the binary file it is given.
-        fault: the crash-test point reached once the file is flushed, before the rename (`attn.faults`).
+        fault: the crash-test point reached once the file is flushed, before the rename (`attn.core.faults`).
 
     Returns:
         What `write` returned.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from attn.data.checks import check_at_least
 from attn.data.tokenizers import Tokenizer
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 
 def frame_pairs(

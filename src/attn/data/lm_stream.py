@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from attn.data.checks import check_at_least
-from attn.errors import ConfigError, ShapeError
+from attn.core.errors import ConfigError, ShapeError
 
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 

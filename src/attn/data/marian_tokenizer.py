@@ -34,7 +34,7 @@ from typing import Any
 import tokenizers as hf
 
 from attn.data.files import read_sentencepiece, read_tokenizer_file
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 SOURCE_SPM = "source.spm"
 TARGET_SPM = "target.spm"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from attn.data.text import MAX_LINE_CHARS, check_unicode, read_text
-from attn.errors import ConfigError, DataFormatError, TextError
+from attn.core.errors import ConfigError, DataFormatError, TextError
 from attn.shipped import locate
 
 FORMATS = ("auto", "tsv", "csv", "jsonl", "text")

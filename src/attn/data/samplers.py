@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attn.data.checks import check_at_least
-from attn.errors import CheckpointError, ConfigError
+from attn.core.errors import CheckpointError, ConfigError
 
 
 def budget_batches(order: Sequence[int], lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from attn.errors import DataFormatError, TextError
+from attn.core.errors import DataFormatError, TextError
 from attn.shipped import locate
 
 MAX_LINE_CHARS = 100_000

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from attn.data.files import input_files
 from attn.data.text import read_pieces
-from attn.errors import ConfigError, DataFormatError
+from attn.core.errors import ConfigError, DataFormatError
 
 CHUNK_CHARS = 1 << 16  # characters per piece; tokenizing one holds ~100 bytes per token in Rust
 

@@ -39,7 +39,7 @@ import numpy as np
 from attn.data.files import fsync, write_file
 from attn.data.text_files import text_chunks
 from attn.data.tokenizers import Tokenizer
-from attn.errors import ConfigError, DataFormatError
+from attn.core.errors import ConfigError, DataFormatError
 
 FORMAT = 1
 ID_TYPES = ("uint8", "uint16", "uint32")

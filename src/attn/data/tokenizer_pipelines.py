@@ -35,7 +35,7 @@ from tokenizers import (
 
 from attn.data.checks import check_at_least
 from attn.data.files import read_tokenizer_file
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 SEQ_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<cls>", "<sep>", "<mask>")
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "<s>", "</s>", "[CLS]", "[SEP]", "[MASK]")

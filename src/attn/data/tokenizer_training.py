@@ -20,7 +20,7 @@ from attn.data.files import input_files, write_directory
 from attn.data.readers import read_table, resolve_format
 from attn.data.text import iter_lines
 from attn.data.tokenizers import META_FILE, Tokenizer
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 FAULT_POINT = "tokenizer-write"
 

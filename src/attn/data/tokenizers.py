@@ -70,7 +70,7 @@ from attn.data.tokenizer_pipelines import (
     unigram_pipeline,
     wordpiece_pipeline,
 )
-from attn.errors import CheckpointError, ConfigError
+from attn.core.errors import CheckpointError, ConfigError
 
 MARIAN_KIND = "marian-spm"  # its files are SentencePiece models and a vocabulary, not tokenizer.json
 SENTENCEPIECE_KIND = "sentencepiece"  # its file is a SentencePiece model, not tokenizer.json

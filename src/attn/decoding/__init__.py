@@ -16,7 +16,7 @@ from attn.decoding.beam_search import (
     huggingface_config,
     length_penalty,
 )
-from attn.decoding.config import (
+from attn.decoding.generation_config import (
     PAPER_EXTRA_LENGTH,
     Decode,
     EarlyStopping,

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attn.attention import AttentionCapture, CrossAttention, SelfAttention
-from attn.errors import AttnError
+from attn.core.attention import AttentionCapture, CrossAttention, SelfAttention
+from attn.core.errors import AttnError
 from attn.models import Decoder, Encoder, EncoderDecoder, Model
 
 

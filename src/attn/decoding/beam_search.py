@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from attn.decoding.config import EarlyStopping, GenerationConfig, LengthNorm
+from attn.decoding.generation_config import EarlyStopping, GenerationConfig, LengthNorm
 from attn.decoding.sampling import adjust_logits
 from attn.decoding.session import (
     Session,
@@ -52,8 +52,8 @@ from attn.decoding.session import (
     start_decoder,
     start_seq2seq,
 )
-from attn.errors import GenerationError
-from attn.linear import with_packed_weights
+from attn.core.errors import GenerationError
+from attn.core.linear import with_packed_weights
 from attn.models import Decoder, EncoderDecoder
 
 NEG_INF = float("-inf")

@@ -28,7 +28,7 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
-from attn.decoding.config import Decode, GenerationConfig
+from attn.decoding.generation_config import Decode, GenerationConfig
 from attn.decoding.generation import StopStrings, check_call
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
@@ -37,8 +37,8 @@ from attn.decoding.session import (
     decoder_limit,
     start_decoder,
 )
-from attn.errors import GenerationError
-from attn.kv_cache import KVCache, stack_rows
+from attn.core.errors import GenerationError
+from attn.core.kv_cache import KVCache, stack_rows
 from attn.models import Decoder
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from attn.decoding.beam_search import beam_search, beam_search_seq2seq
-from attn.decoding.config import Decode, GenerationConfig
+from attn.decoding.generation_config import Decode, GenerationConfig
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
     Session,
@@ -38,8 +38,8 @@ from attn.decoding.session import (
     start_decoder,
     start_seq2seq,
 )
-from attn.errors import GenerationError
-from attn.linear import packed_weights, with_packed_weights
+from attn.core.errors import GenerationError
+from attn.core.linear import packed_weights, with_packed_weights
 from attn.models import Decoder, EncoderDecoder
 
 
@@ -170,7 +170,7 @@ def generate(
     Returns:
         B lists of new token ids (no prompt, no EOS).
 
-    Example (token ids in, token ids out; `attn.app.continuation.continue_texts` works on text):
+    Example (token ids in, token ids out; `attn.inference.continuation.continue_texts` works on text):
         >>> import torch
         >>> from attn import GenerationConfig, build_model, generate, preset
         >>> _ = torch.manual_seed(0)

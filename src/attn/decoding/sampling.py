@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attn.decoding.config import GenerationConfig
+from attn.decoding.generation_config import GenerationConfig
 
 
 def adjust_logits(

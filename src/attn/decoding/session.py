@@ -13,9 +13,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from attn.decoding.config import PAPER_EXTRA_LENGTH, GenerationConfig
-from attn.errors import GenerationError
-from attn.kv_cache import KVCache
+from attn.decoding.generation_config import PAPER_EXTRA_LENGTH, GenerationConfig
+from attn.core.errors import GenerationError
+from attn.core.kv_cache import KVCache
 from attn.models import Decoder, EncoderDecoder
 
 

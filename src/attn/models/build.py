@@ -11,15 +11,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attn.attention import (
+from attn.core.attention import (
     ATTENTION_FUNCTIONS,
     CrossAttention,
     Heads,
     Scores,
     SelfAttention,
 )
-from attn.blocks import Block, DecoderBlock, SlidingWindow
-from attn.config import (
+from attn.core.blocks import Block, DecoderBlock, SlidingWindow
+from attn.core.config import (
     Architecture,
     LayerType,
     ModelConfig,
@@ -31,8 +31,8 @@ from attn.config import (
     RopeScaling,
     Tying,
 )
-from attn.errors import ConfigError
-from attn.layers import (
+from attn.core.errors import ConfigError
+from attn.core.layers import (
     ACTIVATIONS,
     Embeddings,
     FeedForward,
@@ -45,7 +45,7 @@ from attn.layers import (
     SoftCappedProjection,
     embedding_scale,
 )
-from attn.linear import Linear
+from attn.core.linear import Linear
 from attn.models.decoder import Decoder
 from attn.models.encoder import (
     Encoder,
@@ -56,7 +56,7 @@ from attn.models.encoder import (
     Pooler,
 )
 from attn.models.encoder_decoder import EncoderDecoder
-from attn.positional import (
+from attn.core.positional import (
     LearnedPositions,
     NoPositions,
     RelativePositionBias,

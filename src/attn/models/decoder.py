@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import (
+from attn.core.attention import NO_CACHE, KVSlot
+from attn.core.blocks import (
     Block,
     SlidingWindow,
     check_tokens,
@@ -25,9 +25,9 @@ from attn.blocks import (
     self_attention_inputs,
     token_positions,
 )
-from attn.kv_cache import KVCache
-from attn.layers import Embeddings
-from attn.masks import positions_from_mask
+from attn.core.kv_cache import KVCache
+from attn.core.layers import Embeddings
+from attn.core.masks import positions_from_mask
 
 
 class Decoder(nn.Module):

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.blocks import Block, check_tokens, self_attention_inputs, token_positions
-from attn.errors import AttnError
-from attn.layers import Embeddings
-from attn.linear import Linear
+from attn.core.blocks import Block, check_tokens, self_attention_inputs, token_positions
+from attn.core.errors import AttnError
+from attn.core.layers import Embeddings
+from attn.core.linear import Linear
 
 
 class EncoderStack(nn.Module):

@@ -16,17 +16,17 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from attn.attention import NO_CACHE, KVSlot
-from attn.blocks import (
+from attn.core.attention import NO_CACHE, KVSlot
+from attn.core.blocks import (
     DecoderBlock,
     check_tokens,
     empty_cache,
     self_attention_inputs,
     token_positions,
 )
-from attn.kv_cache import KVCache
-from attn.layers import Embeddings
-from attn.masks import key_mask, padded_keys, positions_from_mask
+from attn.core.kv_cache import KVCache
+from attn.core.layers import Embeddings
+from attn.core.masks import key_mask, padded_keys, positions_from_mask
 from attn.models.encoder import EncoderStack
 
 

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from attn.artifacts.devices import resolve_device
-from attn.blocks import Block
+from attn.core.blocks import Block
 from attn.training.runconfig import Strategy
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from attn.artifacts import Bundle, load_model
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 
 def initial_model(init_from: str | None) -> Bundle | None:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attn.errors import ConfigError, ShapeError
+from attn.core.errors import ConfigError, ShapeError
 
 
 class LossSums(NamedTuple):

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 AUTO_ENV = "ATTN_AUTO_PRECISION"  # "bf16" or "fp32": what "auto" chooses on a CPU instead of probing
 BF16_MIN_SPEEDUP = 1.1  # "measurably faster": bf16 must beat fp32 by this factor to be chosen

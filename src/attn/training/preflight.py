@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from attn.config import ModelConfig
-from attn.errors import TrainingError
+from attn.core.config import ModelConfig
+from attn.core.errors import TrainingError
 from attn.models import build_model, count_parameters
 
 BYTES_PER_VALUE = 4  # weights and optimizer moments are stored in float32

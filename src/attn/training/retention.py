@@ -28,9 +28,9 @@ from attn.artifacts.checkpoint import (
     step_name,
     write_atomically,
 )
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.files import write_file
-from attn.errors import CheckpointError, ConfigError
+from attn.core.errors import CheckpointError, ConfigError
 
 
 def save_checkpoint(

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from attn.artifacts.checkpoint import latest_checkpoint, load_checkpoint
-from attn.config import ModelConfig
-from attn.errors import CheckpointError, ConfigError, TrainingError
+from attn.core.config import ModelConfig
+from attn.core.errors import CheckpointError, ConfigError, TrainingError
 from attn.models import build_model
 from attn.training.distributed import (
     DistContext,
@@ -29,7 +29,7 @@ from attn.training.finetune import copy_pretrained, initial_model
 from attn.training.preflight import prepare_run_dir
 from attn.training.retention import config_difference
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskBuilder, TaskContext
+from attn.training.task_data import TaskBuilder, TaskContext
 from attn.training.trainer import RunResult, Trainer
 
 

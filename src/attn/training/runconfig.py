@@ -30,12 +30,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attn.config import ModelConfig, coerce_fields, from_dict, plain_fields
+from attn.core.config import ModelConfig, coerce_fields, from_dict, plain_fields
 from attn.data.readers import Fields
 from attn.data.tokenizer_pipelines import minimum_vocab_size
 from attn.data.tokenizers import TRAINED_KINDS
-from attn.errors import ConfigError
-from attn.presets import preset
+from attn.core.errors import ConfigError
+from attn.core.presets import preset
 from attn.shipped import locate
 from attn.training.precision import Precision
 

@@ -26,7 +26,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

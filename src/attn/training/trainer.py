@@ -32,10 +32,10 @@ from torch import nn
 from tqdm import tqdm
 
 from attn.artifacts.checkpoint import Checkpoint, latest_checkpoint
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.batches import Batch
-from attn.errors import CheckpointError, ConfigError, TrainingError
-from attn.faults import fault_point
+from attn.core.errors import CheckpointError, ConfigError, TrainingError
+from attn.core.faults import fault_point
 from attn.models import Model, build_model, count_parameters
 from attn.training.distributed import (
     DistContext,
@@ -65,7 +65,7 @@ from attn.training.signals import (
     agreed_stop_signal,
     recording_stop_signals,
 )
-from attn.training.tasks import TaskData
+from attn.training.task_data import TaskData
 from attn.training.threads import (
     candidate_counts,
     probe_threads,

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from attn.data.batches import Batch
-from attn.errors import TrainingError
+from attn.core.errors import TrainingError
 from attn.models import Model
 from attn.training.distributed import DistContext, all_reduce_sum, gradient_sync
 from attn.training.losses import LossSums, label_smoothed_cross_entropy

@@ -10,9 +10,9 @@ import torch
 
 from attn.artifacts import checkpoint as ckpt
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from attn.training import finetune, retention, rng
 from attn.training.runconfig import RunConfig
 

@@ -4,7 +4,7 @@ import torch
 from training_helpers import PAD, collate
 
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from attn.training.update import Objective, TaskHead, accumulate_gradients
 
 # Target lengths 2, 8, 3 (padded to 9) in the first micro-batch and 5, 5 (no padding) in the

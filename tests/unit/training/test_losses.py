@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn.errors import ConfigError, ShapeError
+from attn.core.errors import ConfigError, ShapeError
 from attn.training.losses import label_smoothed_cross_entropy
 
 LOGITS = [

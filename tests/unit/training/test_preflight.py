@@ -11,9 +11,9 @@ from attn.app.cli import main
 from attn.artifacts import checkpoint as ckpt
 from attn.artifacts.checkpoint import CheckpointWriteError
 from attn.data import files
-from attn.errors import CheckpointError, TrainingError
+from attn.core.errors import CheckpointError, TrainingError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from attn.training import preflight, retention, run_training
 
 MiB = 2**20

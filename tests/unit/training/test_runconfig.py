@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from attn.app.runs import load_run_config, run_config
-from attn.config import NormPlacement
-from attn.errors import ConfigError
+from attn.core.config import NormPlacement
+from attn.core.errors import ConfigError
 from attn.training.runconfig import (
     Optimizer,
     Precision,

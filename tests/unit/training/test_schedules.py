@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.training.schedules import (
     Constant,
     Noam,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.app.classification import classify
+from attn.inference.classification import classify
 from attn.app.cli import main
 from attn.app.runs import run_config, train
 from attn.app.tasks import get_task
@@ -20,11 +20,11 @@ from attn.artifacts import load_model
 from attn.artifacts.checkpoint import write_checkpoint
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
-from attn.errors import AttnError, CheckpointError, ConfigError
+from attn.core.errors import AttnError, CheckpointError, ConfigError
 from attn.models import build_model
-from attn.presets import preset
+from attn.core.presets import preset
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskContext
+from attn.training.task_data import TaskContext
 
 # Does the hypothesis follow from the premise? Commas and quotes exercise the CSV reader.
 PAIRS = [

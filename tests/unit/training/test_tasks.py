@@ -12,10 +12,10 @@ from attn.app.tasks import get_task
 from attn.data.batches import IndexedBatches, WindowBatches
 from attn.data.lm_stream import LMStream
 from attn.data.samplers import TokenBudgetSampler
-from attn.errors import ConfigError
-from attn.presets import preset
+from attn.core.errors import ConfigError
+from attn.core.presets import preset
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import Masker, TaskContext, special_ids
+from attn.training.task_data import Masker, TaskContext, special_ids
 
 DATA = Path(__file__).parents[3] / "data"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from training_helpers import quick_config, reversal_builder
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.training import run_training
 from attn.training import trainer as trainer_module
 from attn.training.logs import read_metrics

@@ -17,8 +17,8 @@ from training_helpers import (
 
 from attn.artifacts import checkpoint as ckpt
 from attn.data.batches import Batch, lm_batch
-from attn.errors import CheckpointError, ConfigError, TrainingError
-from attn.presets import preset
+from attn.core.errors import CheckpointError, ConfigError, TrainingError
+from attn.core.presets import preset
 from attn.training import precision as precision_module
 from attn.training import run_training
 from attn.training import trainer as trainer_module
@@ -26,7 +26,7 @@ from attn.training import update as update_module
 from attn.training.distributed import init_distributed
 from attn.training.logs import FlopCounter, model_flops, read_metrics
 from attn.training.precision import Precision
-from attn.training.tasks import TaskData
+from attn.training.task_data import TaskData
 
 
 def one_batch(name):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from attn.app.plots import plot_run
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

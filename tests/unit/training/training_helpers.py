@@ -6,7 +6,7 @@ from attn.data.batches import Batch, IndexedBatches
 from attn.data.collate import collate_translation
 from attn.data.samplers import TokenBudgetSampler
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskData, translation_batch
+from attn.training.task_data import TaskData, translation_batch
 
 PAD, BOS, EOS = 0, 2, 3
 

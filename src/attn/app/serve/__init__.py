@@ -12,6 +12,6 @@ runs the server.
 from attn.app.serve.access import api_keys
 from attn.app.serve.app import create_app, listen, run_server
 from attn.app.serve.options import ServeOptions
-from attn.app.serve.registry import ServedModel, load_served_models
+from attn.app.serve.served_models import ServedModel, load_served_models
 
 __all__ = ["ServeOptions", "ServedModel", "api_keys", "create_app", "listen", "load_served_models", "run_server"]

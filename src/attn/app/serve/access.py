@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from attn.app.serve.errors import ApiError
 from attn.app.serve.gate import send_error
 from attn.app.serve.options import ServeOptions
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 KEY_ENV = "ATTN_API_KEY"
 PER_KEY_RETRY_S = 1

@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from attn.app.serve.engine import RowsJob
-from attn.app.serve.registry import ServedModel
+from attn.app.serve.served_models import ServedModel
 from attn.app.serve.work import Chunk
 
 

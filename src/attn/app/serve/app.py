@@ -26,12 +26,12 @@ from attn.app.serve.access import AccessGate, needs_key
 from attn.app.serve.engine import Engine
 from attn.app.serve.errors import install_error_handlers
 from attn.app.serve.gate import RequestGate, Traffic
-from attn.app.serve.metrics import ServeMetrics
+from attn.app.serve.prometheus import ServeMetrics
 from attn.app.serve.options import ServeOptions
-from attn.app.serve.registry import ServedModel
+from attn.app.serve.served_models import ServedModel
 from attn.app.serve.routes import ServeState, router
 from attn.decoding import RunningBatch
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.models import Decoder
 
 # How long connections accepted before the server stopped listening may still send a request (on loopback or a

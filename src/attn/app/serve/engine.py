@@ -37,8 +37,8 @@ from typing import Any, Protocol
 from torch import nn
 
 from attn.decoding import GenerationConfig, RowToken, RunningBatch
-from attn.errors import AttnError
-from attn.linear import packed_weights
+from attn.core.errors import AttnError
+from attn.core.linear import packed_weights
 
 _END = object()  # closes a stream
 _LATENCY_MEMORY = 0.9  # weight of the past in the mean job latency behind Retry-After
@@ -136,7 +136,7 @@ class Engine:
             new-token room of the rows in the running batch. A job larger than the budget runs alone.
         metrics: where the queue length and batch sizes go (None: nowhere).
         model: the model the jobs run, whose linear weights stay packed while the engine runs
-            (`attn.linear.packed_weights`: served weights never change).
+            (`attn.core.linear.packed_weights`: served weights never change).
     """
 
     def __init__(self, name: str, running: RunningBatch | None, batching: bool, max_queue: int,

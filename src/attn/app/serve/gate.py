@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attn.app.serve.errors import error_body
-from attn.app.serve.metrics import ServeMetrics
+from attn.app.serve.prometheus import ServeMetrics
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/translate", "/v1/classify", "/v1/attention",
           "/v1/models", "/health", "/metrics", "/")

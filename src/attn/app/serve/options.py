@@ -11,7 +11,7 @@ import dataclasses
 import ipaddress
 import math
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 LOOPBACK_NAMES = ("localhost",)

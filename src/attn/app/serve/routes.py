@@ -22,17 +22,17 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST
 from torch import Tensor
 
-from attn.app.chat import chat_config
-from attn.app.classification import Prediction
-from attn.app.continuation import check_samples, default_limit, prompt_ids
+from attn.inference.chat import chat_config
+from attn.inference.classification import Prediction
+from attn.inference.continuation import check_samples, default_limit, prompt_ids
 from attn.app.serve.access import check_choices, held_to_cap, timed_out, token_limit
 from attn.app.serve.answers import Answer, ChatCompletion, Completion, rounded
 from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.errors import ApiError, error_body, log
 from attn.app.serve.gate import Traffic
-from attn.app.serve.metrics import ServeMetrics
+from attn.app.serve.prometheus import ServeMetrics
 from attn.app.serve.options import ServeOptions
-from attn.app.serve.registry import ServedModel
+from attn.app.serve.served_models import ServedModel
 from attn.app.serve.schemas import (
     AttentionRequest,
     AttentionResponse,
@@ -62,7 +62,7 @@ from attn.app.serve.work import (
 )
 from attn.decoding import GenerationConfig
 from attn.decoding.attention_maps import layer_count
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from attn.data.text import check_unicode
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 MAX_SEED = 2**63 - 1  # seed + j (j < n) must fit the 64 bits of torch's generators
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attn.app.attention_views import (
+from attn.inference.attention_views import (
     AttentionFollower,
     AttentionLayers,
     HeadChoice,
@@ -25,11 +25,11 @@ from attn.app.attention_views import (
     attention_source,
     token_pieces,
 )
-from attn.app.classification import classify, embed
-from attn.app.continuation import CompletionText, GeneratedToken
+from attn.inference.classification import classify, embed
+from attn.inference.continuation import CompletionText, GeneratedToken
 from attn.app.serve.engine import BatchJob, RowsJob
-from attn.app.serve.registry import ServedModel
-from attn.app.translation import source_ids, translate_hypotheses
+from attn.app.serve.served_models import ServedModel
+from attn.inference.translation import source_ids, translate_hypotheses
 from attn.data.framing import classifier_inputs
 from attn.decoding import GenerationConfig, RowToken
 

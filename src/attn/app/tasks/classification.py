@@ -2,7 +2,7 @@
 
 Trains on the `data.text_field` (and, for sentence pairs, `data.text_pair_field`) and
 `data.label_field` of any table `attn.data.readers` reads (TSV, CSV, JSON Lines), from the
-encoder's first-token summary (`attn.training.tasks.classification_task`); chooses checkpoints by
+encoder's first-token summary (`attn.training.task_data.classification_task`); chooses checkpoints by
 validation accuracy; scored with accuracy, macro-F1 and the confusion matrix; a run must beat
 naive Bayes on word counts (of both texts of a pair) by 2 accuracy points on its validation file.
 """
@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attn.app.classification import classify
-from attn.app.evaluation import evaluate_classifier
+from attn.inference.classification import classify
+from attn.inference.evaluation import evaluate_classifier
 from attn.app.guard import BaselineCheck, classification_check, naive_bayes_scores
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
-from attn.config import Architecture
+from attn.core.config import Architecture
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import classification_task
+from attn.training.task_data import classification_task
 
 
 def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attn.app.classification import embed
+from attn.inference.classification import embed
 from attn.app.tasks.spec import TaskSpec
 from attn.artifacts import Bundle
 

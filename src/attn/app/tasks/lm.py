@@ -1,7 +1,7 @@
 """Language modelling: next-token prediction over a text stream with a decoder-only model.
 
 Trains on text files, tokenized once into a memory-mapped token cache in the run directory
-(`attn.training.tasks.lm_task`), with GPT-2's optimizer recipe as nanoGPT trains it; scored in
+(`attn.training.task_data.lm_task`), with GPT-2's optimizer recipe as nanoGPT trains it; scored in
 nats per token and character over a whole file; a run must have a tenth fewer validation nats per
 token than a unigram model of its training text (counted from the run's token caches).
 """
@@ -12,16 +12,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attn.app.continuation import continue_texts
-from attn.app.evaluation import evaluate_lm
+from attn.inference.continuation import continue_texts
+from attn.inference.evaluation import evaluate_lm
 from attn.app.guard import BaselineCheck, lm_check
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
-from attn.config import Architecture
+from attn.core.config import Architecture
 from attn.data.token_cache import open_token_cache
 from attn.decoding import GenerationConfig
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TOKEN_CACHE_FOLDER, lm_task
+from attn.training.task_data import TOKEN_CACHE_FOLDER, lm_task
 
 
 def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Masked language modelling: BERT's pre-training objective with an encoder-only model.
 
-Trains on texts, one per line or the text column of a labelled TSV (`attn.training.tasks.mlm_task`);
+Trains on texts, one per line or the text column of a labelled TSV (`attn.training.task_data.mlm_task`);
 it has no evaluation file metric, baseline or inference call of its own: its checkpoints are
 starting points for classification (`model.init_from`) or embeddings.
 """
@@ -8,8 +8,8 @@ starting points for classification (`model.init_from`) or embeddings.
 from __future__ import annotations
 
 from attn.app.tasks.spec import TaskSpec
-from attn.config import Architecture
-from attn.training.tasks import mlm_task
+from attn.core.config import Architecture
+from attn.training.task_data import mlm_task
 
 SPEC = TaskSpec(
     name="mlm",

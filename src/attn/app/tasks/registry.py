@@ -18,7 +18,7 @@ from typing import Any
 from attn.app.tasks import classification, embedding, lm, mlm, translation
 from attn.app.tasks.spec import EvalOptions, TaskSpec
 from attn.artifacts import Bundle
-from attn.errors import AttnError, ConfigError
+from attn.core.errors import AttnError, ConfigError
 
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec for spec in (translation.SPEC, lm.SPEC, classification.SPEC, mlm.SPEC, embedding.SPEC)

@@ -14,11 +14,11 @@ from typing import Any
 
 from attn.app.guard import BaselineCheck
 from attn.artifacts import Bundle
-from attn.config import Architecture, ModelConfig
+from attn.core.config import Architecture, ModelConfig
 from attn.decoding import GenerationConfig
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import TaskBuilder, TaskContext, TaskData
+from attn.training.task_data import TaskBuilder, TaskContext, TaskData
 from attn.training.trainer import METRICS
 
 
@@ -53,15 +53,15 @@ class TaskSpec:
         summary: one line for help texts.
         architecture: the architecture the task trains; None for a task of loaded models only.
         data: the adapter that builds the task's training data, loss head and ignored target id
-            from `config.data` (`attn.training.tasks`); None when the task is not trained.
+            from `config.data` (`attn.training.task_data`); None when the task is not trained.
         metric: the validation metric for early stopping and the best checkpoint (a trainer `METRICS`).
         defaults: run-config tables for the fields a config leaves out (the task's optimizer recipe).
         recipe: the shipped run config for a small CPU run (`configs/...`), the defaults of
             `attn train TASK --train ...`; "" when there is none.
-        evaluator: the metric of `attn evaluate` on a data file (`attn.app.evaluation`), or None.
+        evaluator: the metric of `attn evaluate` on a data file (`attn.inference.evaluation`), or None.
         baseline: the check of a finished run's validation score against the task's trivial
             baseline (`attn.app.guard`), or None.
-        infer: the inference call (`attn.app.translation`, `continuation`, `classification`): texts -> JSON-ready results, or None.
+        infer: the inference call (`attn.inference.translation`, `continuation`, `classification`): texts -> JSON-ready results, or None.
     """
 
     name: str

@@ -2,7 +2,7 @@
 
 Trains on the `data.source_field` -> `data.target_field` pairs of any file `attn.data.readers` reads
 (TSV, CSV, JSON Lines, line-aligned text files) with a joint tokenizer
-(`attn.training.tasks.translation_task`);
+(`attn.training.task_data.translation_task`);
 scored with sacreBLEU and chrF of beam-searched translations; a run must beat copying the source
 by 2 BLEU on its validation sentences (decoded greedily).
 """
@@ -13,17 +13,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attn.app.evaluation import evaluate_translation
+from attn.inference.evaluation import evaluate_translation
 from attn.app.guard import VALID_TRANSLATIONS, BaselineCheck, translation_check
-from attn.app.metrics import bleu
+from attn.inference.metrics import bleu
 from attn.app.tasks.spec import EvalOptions, TaskSpec
-from attn.app.translation import translate
+from attn.inference.translation import translate
 from attn.artifacts import Bundle
-from attn.config import Architecture
+from attn.core.config import Architecture
 from attn.data.readers import load_parallel
 from attn.decoding import GenerationConfig
 from attn.training.runconfig import RunConfig
-from attn.training.tasks import translation_task
+from attn.training.task_data import translation_task
 
 
 def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:

@@ -8,7 +8,7 @@ reads), read by one engine (`keymap`) in both directions. Use a model through
 `attn.artifacts.load_model`, which calls the converter.
 """
 
-from attn.artifacts.pretrained.files import (
+from attn.artifacts.pretrained.families import (
     FAMILIES,
     PretrainedInfo,
     export_pretrained,

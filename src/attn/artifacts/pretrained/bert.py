@@ -32,8 +32,8 @@ from attn.artifacts.pretrained.keymap import (
     linear,
     rule,
 )
-from attn.config import Architecture, ModelConfig, NormPlacement, Positional, Tying
-from attn.errors import CheckpointError
+from attn.core.config import Architecture, ModelConfig, NormPlacement, Positional, Tying
+from attn.core.errors import CheckpointError
 
 MLM = "cls.predictions."
 LAYER = "encoder.layer.{layer}."

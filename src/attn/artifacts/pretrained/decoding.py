@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from attn.decoding import GenerationConfig
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 
 @dataclasses.dataclass(frozen=True)

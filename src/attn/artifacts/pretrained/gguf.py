@@ -45,7 +45,7 @@ from torch import Tensor
 
 from attn.artifacts.pretrained.gguf_file import Metadata, open_gguf
 from attn.data.tokenizers import Tokenizer
-from attn.errors import CheckpointError, ConfigError
+from attn.core.errors import CheckpointError, ConfigError
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types: special tokens, and added tokens that are not special
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 
 class _CutShort(Exception):

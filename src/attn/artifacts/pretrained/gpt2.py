@@ -28,7 +28,7 @@ from attn.artifacts.pretrained.keymap import (
     linear,
     rule,
 )
-from attn.config import Architecture, ModelConfig, NormPlacement, Positional, Tying
+from attn.core.config import Architecture, ModelConfig, NormPlacement, Positional, Tying
 
 
 def conv1d(ours: str, theirs: str) -> list[Rule]:
@@ -55,7 +55,7 @@ def key_table(config: ModelConfig) -> KeyTable:
         Derived(
             "h.{layer}.attn.bias",
             lambda: torch.ones(positions, positions).tril()[None, None],
-            "the causal mask as a buffer; attn builds it from attn.masks",
+            "the causal mask as a buffer; attn builds it from attn.core.masks",
         ),
         Derived("h.{layer}.attn.masked_bias", lambda: torch.tensor(-1e4), "the old fill value for masked scores"),
     ]

@@ -2,7 +2,7 @@
 
 `ConfigTable` maps one family's config.json fields to ours and back; `same_config` checks that an
 export reads back as the model it was made from; `Family` is one family's entry (its key table,
-config readers and writers, task and decoding rules) in `attn.artifacts.pretrained.files.FAMILIES`.
+config readers and writers, task and decoding rules) in `attn.artifacts.pretrained.families.FAMILIES`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from attn.artifacts.pretrained.decoding import DecodingRules, hf_decoding_rules
 from attn.artifacts.pretrained.keymap import KeyTable
-from attn.config import (
+from attn.core.config import (
     Activation,
     Architecture,
     LayerType,
@@ -22,8 +22,8 @@ from attn.config import (
     RopeScaling,
     Tying,
 )
-from attn.errors import CheckpointError
-from attn.positional import yarn_attention_factor
+from attn.core.errors import CheckpointError
+from attn.core.positional import yarn_attention_factor
 
 HF_ACTIVATIONS: dict[str, Activation] = {
     "gelu": Activation.GELU,

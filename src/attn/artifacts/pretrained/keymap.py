@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 import torch
 from torch import Tensor, nn
 
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 
 
 class Transform(Protocol):

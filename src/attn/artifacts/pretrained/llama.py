@@ -38,7 +38,7 @@ from attn.artifacts.pretrained.hf_config import (
 )
 from attn.artifacts.pretrained.keymap import COPY, Concat, Derived, KeyTable, Rule, rule
 from attn.artifacts.pretrained.rope import FlatRope, LayerTypeRope
-from attn.config import (
+from attn.core.config import (
     Activation,
     Architecture,
     LayerType,
@@ -49,7 +49,7 @@ from attn.config import (
     QKNorm,
     Tying,
 )
-from attn.errors import CheckpointError
+from attn.core.errors import CheckpointError
 from attn.models.build import rope_frequencies
 
 LAYER = "layers.{layer}."

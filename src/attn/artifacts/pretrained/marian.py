@@ -35,7 +35,7 @@ from attn.artifacts.pretrained.keymap import (
     linear,
     rule,
 )
-from attn.config import (
+from attn.core.config import (
     Architecture,
     ModelConfig,
     NormPlacement,
@@ -43,8 +43,8 @@ from attn.config import (
     SinusoidalLayout,
     Tying,
 )
-from attn.errors import CheckpointError
-from attn.positional import sinusoidal_table
+from attn.core.errors import CheckpointError
+from attn.core.positional import sinusoidal_table
 
 
 def _attention(ours: str, theirs: str) -> list[Rule]:

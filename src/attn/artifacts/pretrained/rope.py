@@ -7,7 +7,7 @@ config.json spells them three ways. transformers 5 writes `rope_parameters`: `ro
 Gemma 3 keeps one entry per layer type (`rope_parameters.full_attention` and `.sliding_attention`;
 older files: `rope_theta`, `rope_local_base_freq` and a `rope_scaling` of the full layers).
 
-attn has default, linear, llama3 and YaRN rotations (`attn.positional`); every other `rope_type`
+attn has default, linear, llama3 and YaRN rotations (`attn.core.positional`); every other `rope_type`
 (dynamic NTK, longrope, ...) and a YaRN without truncation are `CheckpointError`s that name the field.
 Exports write the transformers 5 form.
 """
@@ -19,8 +19,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attn.config import ModelConfig, RopeScaling
-from attn.errors import CheckpointError
+from attn.core.config import ModelConfig, RopeScaling
+from attn.core.errors import CheckpointError
 
 Params = Mapping[str, Any]
 

@@ -3,7 +3,7 @@
 A mask is a boolean tensor, **True = may attend**, broadcastable to the attention scores'
 shape (batch, heads, queries, keys). Masked scores are set to -inf before the softmax. A query
 row whose keys are all masked gets all-zero attention weights and so a zero output, set by
-`attn.attention` itself on both paths (what a fused SDPA kernel returns there differs between
+`attn.core.attention` itself on both paths (what a fused SDPA kernel returns there differs between
 kernels); it never produces NaN.
 
 Token-level masks, shape (batch, length), say which tokens are real (True) and which are

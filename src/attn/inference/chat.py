@@ -2,7 +2,7 @@
 server's chat completions call.
 
 A conversation becomes a prompt through the model's template (`Bundle.render_chat`, which ends it with the start
-of the assistant's answer); the answer is that prompt's continuation (`attn.app.continuation`), decoded under
+of the assistant's answer); the answer is that prompt's continuation (`attn.inference.continuation`), decoded under
 `chat_config`, which ends it at the model's end of turn as well as at its EOS. `ChatSession` keeps the history of
 one conversation.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from attn.app.continuation import generate_stream
-from attn.app.inputs import expect_model
+from attn.inference.continuation import generate_stream
+from attn.inference.inputs import expect_model
 from attn.artifacts import Bundle
 from attn.data.text import check_unicode
 from attn.decoding import GenerationConfig

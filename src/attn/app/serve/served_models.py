@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attn.artifacts import Bundle, load_model
-from attn.attention import Heads
+from attn.core.attention import Heads
 from attn.decoding.attention_maps import attention_module
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.models import Decoder, Encoder, EncoderDecoder
 
 # What each route needs of a model: the model class, and a word for the error that names it.

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attn.data.lm_stream import LMStream
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 from attn.models import Decoder
 
 

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.config import Activation
-from attn.linear import Linear
-from attn.positional import NoPositions
+from attn.core.config import Activation
+from attn.core.linear import Linear
+from attn.core.positional import NoPositions
 
 ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
     Activation.RELU: F.relu,

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from attn.app.classification import class_probabilities
-from attn.app.metrics import (
+from attn.inference.classification import class_probabilities
+from attn.inference.metrics import (
     accuracy,
     bleu,
     chrf,
@@ -30,12 +30,12 @@ from attn.app.metrics import (
     macro_f1,
     stream_nll,
 )
-from attn.app.translation import translate
+from attn.inference.translation import translate
 from attn.artifacts import Bundle
 from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.decoding import GenerationConfig
-from attn.errors import AttnError, ConfigError
+from attn.core.errors import AttnError, ConfigError
 
 
 def evaluate_translation(

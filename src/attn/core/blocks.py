@@ -1,4 +1,4 @@
-"""Transformer layers built from the parts in `attn.attention` and `attn.layers`.
+"""Transformer layers built from the parts in `attn.core.attention` and `attn.core.layers`.
 
 `Block` is self-attention + FFN: an encoder layer (section 3.1), and with a causal mask the
 layer of a decoder-only model. `DecoderBlock` adds attention over the encoder output between the
@@ -13,11 +13,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attn.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
-from attn.errors import ShapeError
-from attn.kv_cache import KVCache
-from attn.layers import FeedForward
-from attn.masks import (
+from attn.core.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
+from attn.core.errors import ShapeError
+from attn.core.kv_cache import KVCache
+from attn.core.layers import FeedForward
+from attn.core.masks import (
     CAUSAL,
     Mask,
     causal_mask,
@@ -26,7 +26,7 @@ from attn.masks import (
     positions_from_mask,
     window_mask,
 )
-from attn.positional import NoPositions
+from attn.core.positional import NoPositions
 
 
 class Block(nn.Module):
@@ -131,7 +131,7 @@ def check_tokens(tokens: Tensor, mask: Tensor | None, max_positions: int, offset
                          f"{tuple(tokens.shape)} {tokens.dtype}; add a batch dimension with tokens[None]")
     if mask is not None and (mask.shape != tokens.shape or mask.dtype != torch.bool):
         raise ShapeError(f"the mask must be bool of the tokens' shape {tuple(tokens.shape)}, "
-                         f"got {tuple(mask.shape)} {mask.dtype}; build it with attn.masks.padding_mask")
+                         f"got {tuple(mask.shape)} {mask.dtype}; build it with attn.core.masks.padding_mask")
     if tokens.size(1) + offset > max_positions:
         raise ShapeError(f"{tokens.size(1) + offset} positions exceed the model's max_positions="
                          f"{max_positions}; truncate the input or use a model with more positions")

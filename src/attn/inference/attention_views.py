@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attn.app.inputs import expect_model
-from attn.app.translation import source_ids, translation_ids
+from attn.inference.inputs import expect_model
+from attn.inference.translation import source_ids, translation_ids
 from attn.artifacts import Bundle
-from attn.attention import Heads
+from attn.core.attention import Heads
 from attn.data.framing import classifier_inputs
 from attn.decoding.attention_maps import (
     AttentionTrail,
@@ -30,7 +30,7 @@ from attn.decoding.attention_maps import (
     attention_module,
     layer_count,
 )
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 from attn.models import Encoder, EncoderDecoder
 
 # Which heads a map shows: one head, every head (None), or the mean over heads.

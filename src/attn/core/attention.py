@@ -3,7 +3,7 @@
 `scaled_dot_product_attention` is the plain reference: softmax(Q K^T / sqrt(d_k)) V written out.
 `fast_attention` computes the same through `torch.nn.functional.scaled_dot_product_attention`
 (fused kernels, no (T x T) weights kept for backward on the flash/memory-efficient paths). A
-model picks one of the two once, in the builder. Masks follow `attn.masks`: True = may attend.
+model picks one of the two once, in the builder. Masks follow `attn.core.masks`: True = may attend.
 
 Departures from the paper: self-attention projects Q, K and V with one fused matrix, which is the
 same as three separate projections stacked; an optional additive score bias carries relative
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.linear import Linear
-from attn.masks import CausalMask, Mask, cheap_to_read, materialize, with_bias
+from attn.core.linear import Linear
+from attn.core.masks import CausalMask, Mask, cheap_to_read, materialize, with_bias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +197,7 @@ def merge_heads(x: Tensor) -> Tensor:
 
 
 class KVSlot(Protocol):
-    """Where a self-attention layer keeps its past keys and values (see `attn.kv_cache`)."""
+    """Where a self-attention layer keeps its past keys and values (see `attn.core.kv_cache`)."""
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 

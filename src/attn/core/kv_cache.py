@@ -18,8 +18,8 @@ import math
 import torch
 from torch import Tensor
 
-from attn.errors import GenerationError
-from attn.masks import cheap_to_read
+from attn.core.errors import GenerationError
+from attn.core.masks import cheap_to_read
 
 
 class _Slot:

@@ -1,4 +1,4 @@
-"""The model configuration: one frozen, validated dataclass (the named presets are `attn.presets`).
+"""The model configuration: one frozen, validated dataclass (the named presets are `attn.core.presets`).
 
 Every architectural choice is a field here; `attn.models.build.build_model` reads the config
 once and picks the modules.
@@ -14,7 +14,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 
 class Architecture(str, enum.Enum):

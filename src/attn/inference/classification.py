@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from attn.app.embeddings import embed_texts, encoder_batches
-from attn.app.inputs import checked_texts, expect_model
+from attn.inference.embeddings import embed_texts, encoder_batches
+from attn.inference.inputs import checked_texts, expect_model
 from attn.artifacts import Bundle
 from attn.data.collate import pad_batch
 from attn.data.framing import classifier_inputs
-from attn.errors import AttnError
+from attn.core.errors import AttnError
 from attn.models import Encoder
 
 

@@ -23,10 +23,10 @@ from attn.artifacts.pretrained.gguf import GgufModel, read_gguf
 from attn.artifacts.pretrained.hf_config import Family, SpecialIds, same_config
 from attn.artifacts.pretrained.keymap import export_from, load_into
 from attn.artifacts.torch_files import load_torch_file
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.marian_tokenizer import is_marian_directory
 from attn.data.tokenizers import MARIAN_KIND, Tokenizer
-from attn.errors import AttnError, CheckpointError
+from attn.core.errors import AttnError, CheckpointError
 from attn.models import Model, build_model
 
 FAMILIES: dict[str, Family] = {

@@ -8,7 +8,7 @@ matrix. `Int8Linear` keeps its input in float32 and multiplies it by the int8 ro
 weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`, vectorised for AVX2 and AVX-512):
 y = (x Q^T) s + b. That kernel (as the int4 one) reads the weights once for every 4 input rows, so
 for more rows (a batch of 8, beams, a prompt) the layer multiplies by the dequantized float32 weight
-instead (`attn.linear.linear`).
+instead (`attn.core.linear.linear`).
 
 `quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per token at run time (as
 CTranslate2's int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8 and one scale r_t
@@ -40,9 +40,9 @@ from enum import StrEnum
 import torch
 from torch import Tensor, nn
 
-from attn.errors import ConfigError
-from attn.layers import Embeddings, SoftCappedProjection
-from attn.linear import linear
+from attn.core.errors import ConfigError
+from attn.core.layers import Embeddings, SoftCappedProjection
+from attn.core.linear import linear
 
 
 class Quantization(StrEnum):

@@ -7,8 +7,8 @@ import enum
 import math
 from collections.abc import Callable
 
-from attn.config import coerce_fields
-from attn.errors import ConfigError, GenerationError
+from attn.core.config import coerce_fields
+from attn.core.errors import ConfigError, GenerationError
 
 PAPER_EXTRA_LENGTH = 50  # section 6.1: "maximum output length to input length + 50"
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attn.config import SinusoidalLayout
+from attn.core.config import SinusoidalLayout
 
 
 def identity(x: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import torch
 
-from attn.app.inputs import checked_texts, expect_model
+from attn.inference.inputs import checked_texts, expect_model
 from attn.artifacts import Bundle
 from attn.data.samplers import length_batches
 from attn.decoding import GenerationConfig, generate_seq2seq

@@ -10,7 +10,7 @@ from torch import Tensor
 from attn.data.collate import pad_batch
 from attn.data.samplers import length_batches
 from attn.data.tokenizers import Tokenizer
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 from attn.models import Encoder
 
 # Padded tokens per forward pass of an encoder on a CPU. all-MiniLM-L6-v2 on fortune quotes (2-core AMD EPYC,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attn.artifacts import Bundle
-from attn.errors import AttnError, GenerationError
+from attn.core.errors import AttnError, GenerationError
 from attn.models import Decoder, Encoder, EncoderDecoder
 
 _KIND_NAMES = {EncoderDecoder: "an encoder-decoder", Decoder: "a decoder-only", Encoder: "an encoder-only"}

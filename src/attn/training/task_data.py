@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from attn.config import ModelConfig
+from attn.core.config import ModelConfig
 from attn.data.batches import (
     Batch,
     BatchSource,
@@ -50,7 +50,7 @@ from attn.data.text import read_text
 from attn.data.text_files import corpus_files, text_chunks
 from attn.data.token_cache import token_ids
 from attn.data.tokenizers import ROLE_TOKENS, Tokenizer
-from attn.errors import ConfigError, DataFormatError
+from attn.core.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
 
 

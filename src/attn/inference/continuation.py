@@ -14,12 +14,12 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from torch import Tensor
 
-from attn.app.inputs import expect_model
+from attn.inference.inputs import expect_model
 from attn.artifacts import Bundle
 from attn.decoding import Decode, GenerationConfig, generate, stream
 from attn.decoding.beam_search import beam_search
 from attn.decoding.generation import StopStrings
-from attn.errors import GenerationError
+from attn.core.errors import GenerationError
 from attn.models import Decoder
 
 DEFAULT_NEW_TOKENS = 200  # what `generate_stream` and `continue_texts` write when the config sets no limit

@@ -7,7 +7,7 @@ reference checkpoint); `preset(name)` returns one, and every preset has a `-tiny
 
 from __future__ import annotations
 
-from attn.config import (
+from attn.core.config import (
     Activation,
     Architecture,
     LayerType,
@@ -20,7 +20,7 @@ from attn.config import (
     SinusoidalLayout,
     Tying,
 )
-from attn.errors import ConfigError
+from attn.core.errors import ConfigError
 
 _PRESETS: dict[str, ModelConfig] = {
     # Vaswani et al. 2017, Table 3 "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1;
