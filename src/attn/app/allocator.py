@@ -5,9 +5,9 @@ glibc's malloc (the C library of most Linux systems) serves a block of 128 KiB o
 are freed, to 32 MiB at most), and it gives the top of its heap back once more than a threshold
 of it is free. A training step allocates and frees the same large activations, gradients and
 logits every time, so under those defaults every step maps them afresh, and the kernel faults in
-and zeroes every page again: measured 1,900 page faults a step in the quickstart's char LM, 5,800
-in its translator and 21,800 in the MiniLM fine-tune; keeping the memory made those steps 1.01x,
-1.16x and 1.05x faster on 2 AVX2 cores (benchmarks/results/cores).
+and zeroes every page again: thousands of page faults a step in the quickstart's recipes, and
+keeping the memory makes their steps shorter (the faults and the steps, each way:
+`benchmarks/results/cores/`).
 
 `keep_freed_memory` raises both thresholds to `KEEP_BYTES`, so every tensor below that size comes
 from the heap and freed memory stays with the process for the next step: after the first steps a

@@ -1,4 +1,4 @@
-"""`attn quickstart`: the main job, from the shipped data to usable models in about 15 minutes.
+"""`attn quickstart`: the main job, from the shipped data to usable models within the recipes' time budgets.
 
 1. trains the paper's encoder-decoder (small dimensions) on English->Spanish Bible verses and reports
    BLEU and chrF on the test books with beam search (beam 4, alpha 0.6), with a few translations;
@@ -61,8 +61,8 @@ LM_TEST = "data/shakespeare/test.txt"
 CLASSIFICATION_TEST = "data/fortunes-topics/test.tsv"
 
 # The updates each recipe made in its budget in the reference run it was tuned for (README command 1
-# from a clean clone, fp32 on 2 cores of an AMD EPYC whose CPU capability is AVX2, no bf16 units;
-# benchmarks/results/quality/20261126T090724-*.json): the summary prints them next to this run's.
+# from a clean clone, fp32 on a 2-core CPU without bf16 units; its result files, which hold these
+# counts, are in benchmarks/results/quality/): the summary prints them next to this run's.
 TUNED_UPDATES = {"translation": 2206, "lm": 957, "classification": 172}
 
 # A few steps of every task on tiny models: exercises every artefact in well under a minute.

@@ -134,11 +134,9 @@ def fast_attention(
     Soft-capped scores have no fused kernel: they take the reference's written-out path.
 
     Under bf16 autocast on a CPU the kernel runs in fp32 (and returns the autocast dtype): PyTorch's
-    CPU flash-attention backward in bf16 is several times slower than in fp32 (7.5 against 1.2 ms a
-    call in the quickstart translator on an AVX-512 BF16 CPU), while the matmuls around it gain from
-    bf16. Median training steps in bf16 on that CPU, fp32 attention against bf16 attention: quickstart
-    translator 131 against 186 ms, quickstart char LM 87 against 113 ms, 12-minute char LM 200 against
-    248 ms (fp32 throughout: 155, 112-116, 271-309; `benchmarks/results/precision/`).
+    CPU flash-attention backward in bf16 is several times slower than in fp32, while the matmuls around
+    it gain from bf16, so a bf16 training step is shorter with its attention in fp32 (steps with either
+    attention: `benchmarks/results/precision/`).
     """
     if q.is_cpu and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
@@ -171,9 +169,9 @@ def _one_query_grouped(q: Tensor, k: Tensor, v: Tensor, mask: Mask, dropout: flo
     """Grouped-query attention of one query per row (a decode step) as h_kv heads of g = h / h_kv queries.
 
     The g query heads that share a key/value head become g queries of that head: the same products,
-    with no copy of the keys and values per query head. A whole decode step of SmolLM2-135M (9 query
-    heads, 3 key/value heads) at batch 8 on 2 CPU cores: 72 ms against 83 ms with SDPA's `enable_gqa`;
-    the same at batch 1. A lone query's mask never depends on the query, so it broadcasts.
+    with no copy of the keys and values per query head: a batched decode step of a grouped-query
+    model (SmolLM2-135M) is shorter than with SDPA's `enable_gqa`, and one row's is as short. A lone
+    query's mask never depends on the query, so it broadcasts.
     """
     b, h, _, d = q.shape
     grouped = q.view(b, k.size(1), h // k.size(1), d)  # (B, h_kv, g, d)

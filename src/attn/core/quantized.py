@@ -13,12 +13,12 @@ instead (`attn.core.linear.linear`).
 `quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per token at run time (as
 CTranslate2's int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8 and one scale r_t
 per row, y = (P Q^T) r s + b, the product summed in int32 by `torch._int_mm` (oneDNN with VNNI; on
-CPUs without VNNI, where its sums are not exact, in float32: correct, not faster): about 3x faster
-than float32 at 4-128 rows.
+CPUs without VNNI, where its sums are not exact, in float32: correct, not faster): faster than float32
+at the row counts of decoding (`benchmarks/results/engines-cpu/`).
 Its error grows with the spread of a row's magnitudes, so models whose activations have outlier channels
-lose more: SmolLM2-135M answered "What is the capital of France?" with "L'Étoile, la Marseilla, la
-France, la France, ...", which weight-only int8 answers as float32 does; `benchmarks/quantized.py`
-measures each scheme against float32 on the shipped models.
+lose more: SmolLM2-135M's answers leave float32's sooner than under weight-only int8
+(`benchmarks/results/quantized-quality/`); `benchmarks/quantized.py` measures each scheme against
+float32 on the shipped models.
 
 `quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of 32
 weights along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in

@@ -13,10 +13,10 @@ from attn.data.tokenizers import Tokenizer
 from attn.core.errors import ConfigError
 from attn.models import Encoder
 
-# Padded tokens per forward pass of an encoder on a CPU. all-MiniLM-L6-v2 on fortune quotes (2-core AMD EPYC,
-# AVX2, batches of 32 quotes of 7-91 tokens), ms a quote at 1 / 2 threads: one at a time 23.3 / 18.2; within
-# 256 padded tokens a pass 16.8 / 10.0, 512: 16.8 / 10.7, 1024: 17.1 / 13.8, 2048: 23.5 / 18.5. On a CPU a
-# large padded pass costs more per token than it saves; a GPU wants large passes.
+# Padded tokens per forward pass of an encoder on a CPU: all-MiniLM-L6-v2 embedded fortune quotes fastest
+# in passes of a few hundred padded tokens, on 1 thread and on 2, and slower both one quote at a time and in
+# passes of thousands of tokens. On a CPU a large padded pass costs more per token than it saves; a GPU
+# wants large passes.
 CPU_BATCH_TOKENS = 512
 
 

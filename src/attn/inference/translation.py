@@ -21,8 +21,8 @@ from attn.models import EncoderDecoder
 
 Result = TypeVar("Result")
 # Source tokens (padding included) a batch holds at most: beam search of a marian-base model over
-# 30-token sources ran fastest with about 64 sentences a batch (16: 0.74x, 32: 0.90x, 128: 0.92x, on
-# a 2-core AMD EPYC), and the cost of a step grows with rows times length.
+# 30-token sources ran fastest with about 64 sentences a batch (slower with fewer and with more), and
+# the cost of a step grows with rows times length.
 BATCH_TOKENS = 2048
 
 

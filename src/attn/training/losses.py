@@ -66,7 +66,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     the forward kept and two in-place passes. The forward takes the log-probabilities it needs
     from the softmax's row maxima (at a row's largest logit m, log p = m - logsumexp and p >= 1/V,
     so the log is exact to rounding): one exponential per logit in all, where a log-softmax and
-    its backward took two, and on 2 CPU cores the loss is mostly exponentials at a 4k vocabulary.
+    its backward took two, and at a vocabulary of thousands a CPU spends the loss's time mostly on
+    exponentials (profiles of the recipes' steps: `benchmarks/results/small-models-cpu/`).
     """
 
     @staticmethod

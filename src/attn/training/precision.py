@@ -2,9 +2,9 @@
 
 bfloat16 autocast halves memory traffic and, on hardware with bf16 matrix units (recent GPUs,
 CPUs with AVX-512 BF16 or AMX), runs several times faster than float32. On a CPU without such
-units PyTorch emulates it: a bf16 matmul on an AVX2-only processor runs about 100x *slower* than
-fp32, and a recipe tuned for a few minutes then makes a hundredth of its updates and learns
-nothing. So `precision = "auto"` decides by measurement:
+units PyTorch emulates it, many times *slower* than fp32, and a recipe tuned for a few minutes
+then makes a small fraction of its updates and learns nothing. So `precision = "auto"` decides
+by measurement:
 
 - on a GPU: bf16 when the device supports it (`torch.cuda.is_bf16_supported()`), else fp32;
 - on a CPU: a probe times one matmul of the model's shape (tokens x d_model @ d_model x d_ff,
@@ -12,13 +12,13 @@ nothing. So `precision = "auto"` decides by measurement:
   milliseconds. Where bf16 is emulated it is far slower and the run trains in fp32. Where the
   matmul is measurably faster (`BF16_MIN_SPEEDUP`), that is not yet a faster training step:
   autocast casts every weight at every pass and leaves the softmaxes, norms and the optimizer in
-  fp32, so a small model can step slower in bf16 (the quickstart translator on an AVX-512 BF16 CPU
-  with its attention in bf16 too: 0.83x fp32's step while its matmul probe said 1.5x,
-  `benchmarks/results/precision/`). And a product of a fraction of a millisecond is timed
-  roughly: on the same CPU the probe has measured bf16 anywhere from 1.06x to 3.6x. So before the
-  first update of a time-budgeted run the trainer times forward and backward passes of the run's
-  first batch in both precisions (`passes_decide`) wherever the probe did not find bf16 emulated
-  (`PASSES_MIN_SPEEDUP`), and those passes decide, in either direction.
+  fp32, so a small model can step slower in bf16 while its matmul probe finds bf16 faster (the
+  quickstart translator with its attention in bf16 too). And a product of a fraction of a
+  millisecond is timed roughly: on CPUs of one kind the probe's ratio moves a long way between
+  runs (both in `benchmarks/results/precision/`). So before the first update of a time-budgeted
+  run the trainer times forward and backward passes of the run's first batch in both precisions
+  (`passes_decide`) wherever the probe did not find bf16 emulated (`PASSES_MIN_SPEEDUP`), and
+  those passes decide, in either direction.
 
 An explicit "bf16" is obeyed, with a warning when the probe finds it slower than fp32; "fp16"
 needs a GPU's gradient scaler, and on a CPU training runs in fp32 and says so.
@@ -63,7 +63,7 @@ class PrecisionChoice:
     Attributes:
         requested: what the configuration asked for.
         used: what runs: FP32, BF16 or FP16 (never AUTO).
-        reason: a short phrase for people ("bf16 probe: 0.01x fp32 on this CPU").
+        reason: a short phrase for people: how the bf16 probe compared with fp32, or why there was no probe.
         fp32_ms, bf16_ms: the probe's best time of one matmul in each precision, or None.
         warning: a line to show the user when their explicit choice is a poor one, or "".
         fp32_pass_ms, bf16_pass_ms: the median time of a training pass in each precision, or None

@@ -3,8 +3,9 @@
 PyTorch runs every CPU kernel on all physical cores, and its OpenMP threads spin while they wait for
 each other at the end of a kernel. On an idle machine that is the fastest setting. When another
 process holds a core, a thread of ours is descheduled mid-kernel and the others spin until it runs
-again: on 2 cores with one busy process the quickstart's translation step took 790-830 ms on 2
-threads and 320-420 ms on one (270 ms on 2 threads when idle).
+again: with one busy process beside it, the quickstart's translation step on a 2-core machine takes
+far longer on 2 threads than on one, though 2 threads are the faster on the idle machine
+(`benchmarks/results/threads/`).
 
 `train.threads` = N pins N threads for the training loop. `train.threads` = 0 ("auto") keeps
 torch's count, except in a run with a time budget (`train.max_minutes`) in one CPU process: before

@@ -145,9 +145,8 @@ class Muon(torch.optim.Optimizer):
     root of the larger side: `adjust_lr_fn="match_rms_adamw"`), and decoupled weight decay of lr x decay.
 
     The one difference is `ns_dtype`, the dtype of the iteration: torch's always runs it in bfloat16,
-    which a CPU without bf16 units emulates; for the char LM's 16 matrices on 2 AVX2 cores that is
-    1.76 s a step against 65 ms in float32 (43 ms in bfloat16 on AVX-512 with bf16 units). The trainer
-    sets it to the precision the run computes in.
+    which a CPU without bf16 units emulates, many times slower than float32 (with bf16 units bfloat16
+    is the faster). The trainer sets it to the precision the run computes in.
     """
 
     COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -190,8 +189,8 @@ def make_optimizers(
 
     Weight decay applies to matrices only; biases, LayerNorm gains and other vectors are not decayed.
     Adam and AdamW use torch's fused kernel, on a GPU and on the CPU: one pass over each parameter
-    instead of about ten elementwise kernels per tensor (on 2 CPU cores the char LM's optimizer step
-    is 2.3x faster; the same update to float32 rounding). Other devices keep the loop.
+    instead of about ten elementwise kernels per tensor, and the same update to float32 rounding.
+    Other devices keep the loop.
     "muon" gives the matrices of the Transformer blocks (a parameter named `...blocks.<i>...`) to
     `Muon` and the rest, embeddings and heads included, to AdamW (`lr_ratio` says which multiple of
     the scheduled rate each follows).

@@ -154,7 +154,7 @@ def listen(options: ServeOptions) -> socket.socket:
             is not an address of this machine (--host).
     """
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections of a socket that names it, and
-    # without it Nagle's algorithm and delayed ACKs added 40 ms to every small answer.
+    # without it Nagle's algorithm held every small answer back until the client's delayed ACK came.
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     bound = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port left in TIME_WAIT is free
