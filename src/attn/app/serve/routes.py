@@ -84,7 +84,7 @@ STREAMED = {**ERRORS, 200: {"description": "the answer; with stream: true, serve
 # Library field names that the API calls otherwise.
 _PARAMS = {"samples": "n", "max_new_tokens": "max_tokens"}
 # The most attention weights one /v1/attention answer holds: one 1,448-token map (2,097,152 weights: at most
-# 19 MB as floats, 5.6 MB as uint16), or every head of a layer pooled to 128 x 128 for a model of up to 128 heads.
+# 9 bytes each as floats, 8/3 as uint16), or every head of a layer pooled to 128 x 128 for a model of up to 128 heads.
 MAX_ATTENTION_WEIGHTS = 2**21
 _UINT16_TOP = 65535
 T = TypeVar("T")
