@@ -1,5 +1,6 @@
-"""Tests of attn.data.readers: every format, gzipped or not, in both directions; the shipped corpora
-read through the generic reader against the raw files split by hand; and every kind of bad input."""
+"""Tests of attn.data.readers and attn.data.file_formats: every format, gzipped or not, in both directions;
+the shipped corpora read through the generic reader against the raw files split by hand; and every kind of
+bad input."""
 
 from __future__ import annotations
 
@@ -12,14 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from attn.data.readers import (
-    Fields,
-    load_labelled,
-    load_parallel,
-    read_table,
-    resolve_format,
-)
 from attn.core.errors import ConfigError, DataFormatError
+from attn.data.file_formats import resolve_format
+from attn.data.readers import Fields, load_labelled, load_parallel, read_table
 from attn.training.runconfig import RunConfig
 
 DATA = Path(__file__).resolve().parents[2] / "data"

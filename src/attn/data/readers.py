@@ -1,19 +1,9 @@
 """Reading examples from the files people have: TSV, CSV, JSON Lines and line-aligned text files.
 
-Formats (chosen from the file name, `.gz` stripped, unless `Fields.format` names one):
-
-| format | file name | fields |
-| --- | --- | --- |
-| `tsv` | `*.tsv` | a header line names the fields; rows split on tabs only, never quoted (texts may hold `"`) |
-| `csv` | `*.csv` | a header row names the fields; the `csv` module's dialect: `,` and `"`-quoted fields |
-| `jsonl` | `*.jsonl`, `*.json` | one JSON object per line; the fields read must be strings |
-| `text` | anything else | a path prefix: field `de` of `corpus/train` is the file `corpus/train.de` (as in fairseq) |
-
-Every file may be gzipped (`x.tsv.gz`, `train.de.gz`) and is read whole through
-`attn.data.text.read_text` (which drops a byte-order mark and names the line of a UTF-8
-error); a `\\r` before a line end is dropped, and a line over `max_line_chars` is an error.
-Blank lines (blank in every file, for `text`) are skipped and counted. Any field can be the
-source or the target: the same file read with source `es` and target `en` gives the other
+`load_parallel` reads translation pairs, `load_labelled` labelled texts (or text pairs), both through
+`read_table`, which picks the wanted fields out of the rows of a file in any format of
+`attn.data.file_formats` (chosen from the file name unless `Fields.format` names one). Any field
+can be the source or the target: the same file read with source `es` and target `en` gives the other
 direction. `Fields.join` adds the fields of a second table, matched
 on `Fields.join_key` (a Bible corpus and a table of another translation of the same verses).
 
@@ -24,21 +14,22 @@ value, a ragged row, line-aligned files of different lengths, a file without row
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attn.data.text import MAX_LINE_CHARS, check_unicode, read_text
 from attn.core.errors import ConfigError, DataFormatError, TextError
-from attn.shipped import locate
-
-FORMATS = ("auto", "tsv", "csv", "jsonl", "text")
-_SUFFIXES = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+from attn.data.file_formats import (
+    FORMATS,
+    Records,
+    read_records,
+    read_text_files,
+    resolve_format,
+)
+from attn.data.text import MAX_LINE_CHARS, check_unicode
 
 
 @dataclass(frozen=True)
@@ -83,13 +74,6 @@ class Fields:
     def to_dict(self) -> dict[str, str]:
         """The fields as a JSON-ready dict."""
         return dataclasses.asdict(self)
-
-
-def resolve_format(path: str | Path, chosen: str = "auto") -> str:
-    """The format of `path`: `chosen` unless it is "auto", else the one its name ends in (see the module)."""
-    if chosen != "auto":
-        return chosen
-    return _SUFFIXES.get(Path(Path(path).name.removesuffix(".gz")).suffix.lower(), "text")
 
 
 # -- corpora ----------------------------------------------------------------------------------
@@ -243,17 +227,6 @@ class Table:
         return len(self.lines)
 
 
-@dataclass
-class _Records:
-    """A whole file's rows, before the wanted fields are picked."""
-
-    path: str
-    header: tuple[str, ...] | None  # the field names of a TSV or CSV file
-    rows: list[tuple[int, dict[str, Any]]]  # (1-based line, fields)
-    skipped_blank: int
-    files: dict[str, str] = dataclasses.field(default_factory=dict)  # field -> file, for `text`
-
-
 def read_table(
     path: str | Path, wanted: Mapping[str, str], fields: Fields = Fields(), max_line_chars: int = MAX_LINE_CHARS
 ) -> Table:
@@ -279,11 +252,11 @@ def read_table(
         if fields.join:
             raise ConfigError("join", "a join needs a key field; line-aligned text files have none: use a table "
                                       "(tsv, csv or jsonl) or leave join empty")
-        records = _read_text_files(str(path), names, max_line_chars)
+        records = read_text_files(str(path), names, max_line_chars)
     else:
-        records = _read_records(str(path), fmt, max_line_chars)
+        records = read_records(str(path), fmt, max_line_chars)
         if fields.join:
-            joined = _read_records(fields.join, resolve_format(fields.join), max_line_chars)
+            joined = read_records(fields.join, resolve_format(fields.join), max_line_chars)
             records = _join(records, joined, fields.join_key)
     _check_header(records, wanted)
     if not records.rows:
@@ -296,7 +269,7 @@ def read_table(
     return Table(records.path, [number for number, _ in records.rows], values, files, records.skipped_blank)
 
 
-def _check_header(records: _Records, wanted: Mapping[str, str]) -> None:
+def _check_header(records: Records, wanted: Mapping[str, str]) -> None:
     """A header names the fields, so a missing one is reported at line 1 before any row is read."""
     if records.header is None:
         return
@@ -311,7 +284,7 @@ def _missing(path: str, line: int, have: Sequence[str], setting: str, name: str)
     return DataFormatError(path, message, line)
 
 
-def _value(records: _Records, number: int, row: Mapping[str, Any], setting: str, name: str) -> str:
+def _value(records: Records, number: int, row: Mapping[str, Any], setting: str, name: str) -> str:
     """Field `name` of a row, checked: present, a string, not blank."""
     where = records.files.get(name, records.path)
     if name not in row:
@@ -329,151 +302,10 @@ def _value(records: _Records, number: int, row: Mapping[str, Any], setting: str,
         raise DataFormatError(where, f"field {name!r} ({setting}) {error.detail}", number) from None
 
 
-def _read_records(path: str, fmt: str, max_line_chars: int) -> _Records:
-    lines = _lines(path, max_line_chars)
-    if fmt == "jsonl":
-        return _read_jsonl(path, lines)
-    if not lines:
-        raise DataFormatError(path, "the file is empty; it must start with the header line naming its fields", 1)
-    return _read_tsv(path, lines) if fmt == "tsv" else _read_csv(path, lines)
-
-
-def _lines(path: str, max_line_chars: int) -> list[str]:
-    """The lines of a text file without their ends (`\\n` or `\\r\\n`), each within `max_line_chars`."""
-    lines = [line.removesuffix("\r") for line in read_text(path).split("\n")]
-    if lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it does not start another
-    for number, line in enumerate(lines, start=1):
-        if len(line) > max_line_chars:
-            raise DataFormatError(
-                path,
-                f"line has {len(line)} characters, more than max_line_chars={max_line_chars}; "
-                "shorten or split it, or raise max_line_chars",
-                number,
-            )
-    return lines
-
-
-def _header(path: str, names: Sequence[str]) -> tuple[str, ...]:
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise DataFormatError(path, f"the header names the field {name!r} twice; rename one of them", 1)
-        seen.add(name)
-    return tuple(names)
-
-
-def _check_width(
-    path: str, number: int, fields: Sequence[str], header: Sequence[str], kind: str, fix: str
-) -> None:
-    if len(fields) != len(header):
-        raise DataFormatError(
-            path, f"expected {len(header)} {kind}-separated fields ({', '.join(header)}), got {len(fields)}; {fix}",
-            number,
-        )
-
-
-def _read_tsv(path: str, lines: list[str]) -> _Records:
-    header = _header(path, lines[0].split("\t"))
-    rows: list[tuple[int, dict[str, Any]]] = []
-    blank = 0
-    for number, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            blank += 1
-            continue
-        fields = line.split("\t")
-        fix = "a text must not contain a tab: replace stray tabs by spaces and fill in missing fields"
-        _check_width(path, number, fields, header, "tab", fix)
-        rows.append((number, dict(zip(header, fields, strict=True))))
-    return _Records(path, header, rows, blank)
-
-
-def _read_csv(path: str, lines: list[str]) -> _Records:
-    reader = csv.reader(io.StringIO("\n".join(lines), newline=""), strict=True)
-    rows: list[tuple[int, dict[str, Any]]] = []
-    blank = 0
-    header: tuple[str, ...] = ()
-    start = 1
-    try:
-        for fields in reader:
-            if not header:
-                header = _header(path, fields)
-            elif not any(field.strip() for field in fields):
-                blank += 1
-            else:
-                fix = "quote a field that holds a comma, and fill in missing fields"
-                _check_width(path, start, fields, header, "comma", fix)
-                rows.append((start, dict(zip(header, fields, strict=True))))
-            start = reader.line_num + 1
-    except csv.Error as err:
-        message = f"not valid CSV ({err}); quote fields that hold commas, quotes or line breaks, doubling inner quotes"
-        raise DataFormatError(path, message, start) from err
-    return _Records(path, header, rows, blank)
-
-
-def _read_jsonl(path: str, lines: list[str]) -> _Records:
-    rows: list[tuple[int, dict[str, Any]]] = []
-    blank = 0
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            blank += 1
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as err:
-            message = f"not valid JSON ({err}); a JSON Lines file holds one JSON object per line"
-            raise DataFormatError(path, message, number) from None
-        if not isinstance(row, dict):
-            message = (f"the line is a JSON {type(row).__name__}, not an object; a JSON Lines file holds one "
-                       'object per line: {"field": "value", ...}')
-            raise DataFormatError(path, message, number)
-        rows.append((number, row))
-    return _Records(path, None, rows, blank)
-
-
-# -- line-aligned text files ------------------------------------------------------------------
-
-
-def _read_text_files(prefix: str, names: Sequence[str], max_line_chars: int) -> _Records:
-    files = {name: _text_file(prefix, name) for name in names}
-    columns = {name: _lines(path, max_line_chars) for name, path in files.items()}
-    first = names[0]
-    for name in names[1:]:
-        if len(columns[name]) != len(columns[first]):
-            raise DataFormatError(
-                files[name], f"has {len(columns[name])} lines but {files[first]} has {len(columns[first])}; "
-                "line-aligned files need one line per example in each: remove or add lines so the counts match",
-            )
-    rows: list[tuple[int, dict[str, Any]]] = []
-    blank = 0
-    for number, values in enumerate(zip(*columns.values(), strict=True), start=1):
-        if not any(value.strip() for value in values):
-            blank += 1
-            continue
-        rows.append((number, dict(zip(names, values, strict=True))))
-    return _Records(prefix, None, rows, blank, files)
-
-
-def _text_file(prefix: str, name: str) -> str:
-    """`prefix.name`, or `prefix.name.gz` when only that exists."""
-    if locate(prefix).is_dir():
-        raise DataFormatError(prefix, "is a directory, not a data file or the path prefix of line-aligned files "
-                                      "(corpus/train for corpus/train.de and corpus/train.en); check the path")
-    plain = f"{prefix}.{name}"
-    for candidate in (plain, plain + ".gz"):
-        if locate(candidate).is_file():
-            return candidate
-    folder, stem = Path(prefix).parent, Path(prefix).name
-    present = sorted(p.name.removesuffix(".gz")[len(stem) + 1:] for p in locate(folder).glob(f"{stem}.*"))
-    have = f"the fields (file suffixes) there are: {', '.join(present)}" if present else "no file starts so"
-    raise DataFormatError(plain, f"no such file (nor {plain}.gz) for field {name!r}; {have}; give the path prefix "
-                                 "and a field that exist, or the file's format if it is a table")
-
-
 # -- join -------------------------------------------------------------------------------------
 
 
-def _join(records: _Records, other: _Records, key: str) -> _Records:
+def _join(records: Records, other: Records, key: str) -> Records:
     """`records` with the fields of `other`'s row of the same `key` added (records' own fields win)."""
     _check_header(records, {"join_key": key})
     _check_header(other, {"join_key": key})
@@ -491,4 +323,4 @@ def _join(records: _Records, other: _Records, key: str) -> _Records:
             raise DataFormatError(records.path, message, number)
         rows.append((number, {**index[value], **row}))
     header = None if records.header is None else (*records.header, *(other.header or ()))
-    return _Records(records.path, tuple(dict.fromkeys(header)) if header else None, rows, records.skipped_blank)
+    return Records(records.path, tuple(dict.fromkeys(header)) if header else None, rows, records.skipped_blank)

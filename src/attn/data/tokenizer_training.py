@@ -16,11 +16,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attn.core.errors import ConfigError
+from attn.data.file_formats import resolve_format
 from attn.data.files import input_files, write_directory
-from attn.data.readers import read_table, resolve_format
+from attn.data.readers import read_table
 from attn.data.text import iter_lines
 from attn.data.tokenizers import META_FILE, Tokenizer
-from attn.core.errors import ConfigError
 
 FAULT_POINT = "tokenizer-write"
 
