@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.harness import device_name, git_commit
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results" / "allocator"
+RESULTS_DIR = Path(__file__).resolve().parent / "results" / "cores" / "allocator"
 MODES = ("system", "keep")
 OURS = "attn"
 

@@ -93,7 +93,7 @@ RECIPES = {
     "translation": Recipe("translation", "quickstart-translation.toml"),
     "lm": Recipe("lm", "quickstart-lm.toml"),
     "classification": Recipe("classification", "quickstart-classification.toml"),
-    # Issue 22's small encoder-decoder: d256, 3+3 layers, 64 pairs x 32+32 tokens, no padding.
+    # A wider encoder-decoder than the recipe's: d256, 3+3 layers, 64 pairs x 32+32 tokens, no padding.
     "d256": Recipe("d256", "quickstart-translation.toml", ("model.d_model=256", "model.d_ff=1024"), (64, 32, 32)),
 }
 # Case 8's shapes: the recipes' batches without padding (translation: ~1,200 target tokens).

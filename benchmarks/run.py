@@ -35,7 +35,7 @@ from benchmarks.harness import (
 
 TABLE = "results.md"
 QUICK_DIR = RESULTS_DIR / "quick"
-PLOT = Path(__file__).resolve().parent / "scaling.png"
+PLOT = "scaling.png"
 REPETITIONS = {"quick": (1, 2), "cpu": (1, 5), "cuda": (3, 10)}  # (warm-up rounds, timed rounds)
 
 Runner = Callable[[Settings, float | None], CaseResult]
@@ -83,7 +83,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="torch threads (default: %(default)s)")
     parser.add_argument("--warmup", type=int, help="untimed rounds (default: 1; 3 on a GPU)")
     parser.add_argument("--reps", type=int, help="timed rounds (default: 5, 2 with --quick; 10 on a GPU)")
-    parser.add_argument("--out", type=Path, help=f"output folder (default {RESULTS_DIR}, or {QUICK_DIR} with --quick)")
+    parser.add_argument("--out", type=Path,
+                        help=f"output folder (default {RESULTS_DIR}/cases-DEVICE, or {QUICK_DIR} with --quick)")
     return parser.parse_args(argv)
 
 
@@ -116,11 +117,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     kind = "quick" if args.quick else ("cuda" if device.type == "cuda" else "cpu")
     warmup, reps = REPETITIONS[kind]
-    out_dir = args.out or (QUICK_DIR if args.quick else RESULTS_DIR)
+    out_dir = args.out or (QUICK_DIR if args.quick else RESULTS_DIR / f"cases-{device.type}")
     return Settings(
         device=device, dtype=DTYPES[args.dtype], threads=args.threads, compile=args.compile, quick=args.quick,
         warmup=warmup if args.warmup is None else args.warmup, reps=reps if args.reps is None else args.reps,
-        out_dir=out_dir, plot=out_dir / PLOT.name if (args.quick or args.out) else PLOT, models=_models(args.models),
+        out_dir=out_dir, plot=out_dir / PLOT, models=_models(args.models),
     )
 
 
