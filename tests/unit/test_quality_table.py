@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.quality import END, START, figure, rewrite_readme, table
+from benchmarks.quality import END, ROOT, START, figure, load_results, rewrite_readme, table
 
 
 def result(recipe, transcribed=False, recorded="2026-11-27T12:00:00+00:00", **metrics):
@@ -39,3 +39,9 @@ def test_the_readme_is_rewritten_between_its_markers_only():
     assert new.startswith(f"intro\n{START}\n| task |") and new.endswith(f"{END}\nrest\n") and "old table" not in new
     with pytest.raises(SystemExit, match="lacks the markers"):
         rewrite_readme("no markers", {})
+
+
+def test_the_readmes_table_is_the_one_the_stored_results_give():
+    """README's table cannot go stale: it is what `python -m benchmarks.quality table` writes from the files."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert rewrite_readme(readme, load_results()) == readme, "run python -m benchmarks.quality table"
