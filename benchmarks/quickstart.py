@@ -2,7 +2,7 @@
 
 A recipe's `Trainer` comes from its TOML config through the same calls `attn.training.run_training` makes
 (the task adapter with its tokenizer and batches, `build_model`, the pretrained weights of
-`model.init_from`, `Trainer`), in fp32 and without a time budget; its training batches are then
+`model.init_from`, `set_up_trainer`), in fp32 and without a time budget; its training batches are then
 replaced by one fixed batch drawn from the recipe's own batch source, so every call of the step
 does the same work: `Trainer.train_step` (forward, label-smoothed cross-entropy, backward,
 gradient clipping, the optimizer step) exactly as training runs it.
@@ -54,7 +54,7 @@ from attn.core.config import ModelConfig, NormPlacement
 from attn.data.batches import Batch
 from attn.models import build_model
 from attn.training.finetune import copy_pretrained, initial_model
-from attn.training.run import seed_everything
+from attn.training.run import seed_everything, set_up_trainer
 from attn.training.runconfig import RunConfig
 from attn.training.task_data import TaskContext, TaskData
 from attn.training.trainer import Trainer
@@ -153,7 +153,7 @@ def build_trainer(recipe: Recipe, run_dir: Path, repeat: bool = True) -> Trainer
         shape = recipe.shape
         batch = task.train.next_batch() if shape is None else full_batch(config.task, shape, task.model_config)
         task = dataclasses.replace(task, train=RepeatedBatch(batch))
-    return Trainer(config, dataclasses.replace(task, valid=None), model.train())
+    return set_up_trainer(config, dataclasses.replace(task, valid=None), model.train())
 
 
 def recipe_pad_share(recipe: Recipe, run_dir: Path, batches: int) -> float:
