@@ -41,7 +41,8 @@ from torch import nn
 from attn.artifacts.torch_files import load_torch_file
 from attn.core.config import ModelConfig
 from attn.data.files import write_directory
-from attn.data.tokenizers import META_FILE, Tokenizer
+from attn.data.tokenizer_files import META_FILE
+from attn.data.tokenizers import Tokenizer
 from attn.core.errors import AttnError, CheckpointError
 from attn.models import build_model
 from attn.core.quantized import Quantization, quantization_of, quantize

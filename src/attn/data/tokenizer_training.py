@@ -21,7 +21,8 @@ from attn.data.file_formats import resolve_format
 from attn.data.files import input_files, write_directory
 from attn.data.readers import read_table
 from attn.data.text import iter_lines
-from attn.data.tokenizers import META_FILE, Tokenizer
+from attn.data.tokenizer_files import META_FILE
+from attn.data.tokenizers import Tokenizer
 
 FAULT_POINT = "tokenizer-write"
 

@@ -1,46 +1,13 @@
 """Tokenizers: one `Tokenizer` class over Hugging Face `tokenizers` (Rust) pipelines.
 
-Kinds (`Tokenizer.kind`), and when `decode(encode(x)) == x` holds:
-- `bpe` (`train_bpe`): BPE over NFC-normalised characters, words marked by a Metaspace `▁`.
-  Exact for NFC text of characters seen in training, less one leading space.
-- `byte-bpe` (`train_bpe(byte_level=True)`): BPE over UTF-8 bytes, as GPT-2. Exact for every string
-  (with `skip_special=False`).
-In every kind but `sentencepiece` the text of a special token (`<s>`, `[CLS]`, ...) inside a text
-encodes to that token's id, which `decode` leaves out by default (tests/unit/test_properties.py checks all this).
-- `unigram` (`train_unigram`): the Unigram language model of SentencePiece, trained by `tokenizers`'
-  own `UnigramTrainer`, over the same NFC + Metaspace pipeline as `bpe`, with the same round trip.
-  Its vocabulary holds every character of the training texts, so `vocab_size` must leave room for them.
-- `wordpiece` (`train_wordpiece`): BERT's WordPiece. Equal up to BERT's normalisation
-  (lower case, no accents, no control characters) and whitespace, when no `[UNK]` is produced.
-- `chars` (`train_chars`): one token per character. Exact for text of characters seen in training.
-- `gpt2` (`from_gpt2_files`): GPT-2's byte-level BPE. Exact for every string.
-- `bert` (`from_bert_vocab`): BERT's WordPiece; as `wordpiece`.
-- `file` (`from_file`): whatever the `tokenizer.json` holds.
-- `gguf` (`attn.artifacts.pretrained.gguf.read_gguf`): the byte-level BPE that a GGUF file describes in its
-  metadata. Exact for every string (with `skip_special=False`), as `gpt2`.
-- `sentencepiece` (`from_sentencepiece`): a SentencePiece model file (`*.model`, `*.spm`), read with the
-  `sentencepiece` package: SentencePiece's own ids and text (see `attn.data.sentencepiece_tokenizer`).
-- `marian-spm` (`from_marian_files`): a Marian model's `source.spm` + `target.spm` + `vocab.json`,
-  read with the `sentencepiece` package; gives the ids and text of `transformers`' `MarianTokenizer`
-  (see `attn.data.marian_tokenizer`). `encode` cuts with the source model, `decode` reads model ids.
-
-Special-token ids of every tokenizer we *train* are fixed (pad 0, unk 1, bos 2, eos 3, cls 4, sep 5, mask 6;
-the table of their texts is in `attn.data.tokenizer_pipelines`).
-
-`Tokenizer.train(kind, ...)` trains any kind of `TRAINED_KINDS` from a stream of texts; `Tokenizer.load`
-reads a directory written by `save` (`attn tokenizer train` writes one), a Hugging Face
-`tokenizer.json` (or a directory holding one), a SentencePiece model file or a Marian directory.
-Loaded tokenizers keep the ids of their files. A role's id is that of the first special token
-of the file whose text is one of the names in `ROLE_TOKENS` (so GPT-2's `<|endoftext|>` is both
-bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep); a role with no such token has id `None`. A file
-that states its roles' ids (a GGUF file: SmolLM2's bos is `<|im_start|>`) declares them
-(`roles=` of the constructor); declared roles are saved with the tokenizer and read back by `load`.
-
-`add_special=True` (in `encode` and `encode_batch`) applies the tokenizer's own frame, the
-same as Hugging Face's `add_special_tokens=True`: `<s> … </s>` for `bpe`, `byte-bpe`,
-`unigram` and `chars`; `[CLS] … [SEP]` for `wordpiece` and `bert`; nothing for `gpt2` (as in HF's GPT-2);
-the post-processor of the file for `file`; the bos (and eos) that the GGUF file asks for, for `gguf`; the
-model's bos and eos for `sentencepiece`; `… </s>` for `marian-spm` (as `MarianTokenizer`).
+Every tokenizer has a kind (`Tokenizer.kind`): how it was made, which frame `add_special=True` adds
+and when `decode(encode(x)) == x` holds are listed in `attn.data.tokenizer_kinds`.
+`Tokenizer.train(kind, ...)` trains any kind of `TRAINED_KINDS` from a stream of texts, with fixed
+special-token ids (pad 0, unk 1, bos 2, eos 3, cls 4, sep 5, mask 6; the table of their texts is in
+`attn.data.tokenizer_pipelines`). `Tokenizer.load` reads what `save` wrote (`attn tokenizer train`
+writes it too) and the files of other libraries (`attn.data.tokenizer_files`); loaded tokenizers keep
+the ids of their files. The roles of the special tokens (`bos_id`, `pad_id`, ...) are found by name or
+declared by a file (`attn.data.tokenizer_roles`).
 
 A tokenizer never pads or truncates: batching pads (`attn.data.collate`) and
 `attn.data.collate.filter_long` bounds lengths.
@@ -48,19 +15,26 @@ A tokenizer never pads or truncates: batching pads (`attn.data.collate`) and
 
 from __future__ import annotations
 
-import hashlib
-import json
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import tokenizers as hf
-
-from attn.data.files import library_call, read_tokenizer_file
-from attn.data.marian_tokenizer import MarianSentencePiece, is_marian_directory
-from attn.data.sentencepiece_tokenizer import SUFFIXES as SENTENCEPIECE_SUFFIXES
+from attn.core.errors import CheckpointError, ConfigError
+from attn.data.files import library_call
+from attn.data.marian_tokenizer import MarianSentencePiece
 from attn.data.sentencepiece_tokenizer import SentencePieceModel
 from attn.data.text import check_unicode
+from attn.data.tokenizer_files import (
+    Backend,
+    read_tokenizer,
+    tokenizer_digest,
+    write_tokenizer,
+)
+from attn.data.tokenizer_kinds import (
+    KINDS,
+    MARIAN_KIND,
+    SENTENCEPIECE_KIND,
+    TRAINED_KINDS,
+)
 from attn.data.tokenizer_pipelines import (
     bert_pipeline,
     bpe_pipeline,
@@ -70,28 +44,7 @@ from attn.data.tokenizer_pipelines import (
     unigram_pipeline,
     wordpiece_pipeline,
 )
-from attn.core.errors import CheckpointError, ConfigError
-
-MARIAN_KIND = "marian-spm"  # its files are SentencePiece models and a vocabulary, not tokenizer.json
-SENTENCEPIECE_KIND = "sentencepiece"  # its file is a SentencePiece model, not tokenizer.json
-TRAINED_KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram", "chars")
-KINDS = (*TRAINED_KINDS, "gpt2", "bert", "file", "gguf", MARIAN_KIND, SENTENCEPIECE_KIND)
-
-ROLE_TOKENS: dict[str, tuple[str, ...]] = {
-    "pad": ("<pad>", "[PAD]"),
-    "unk": ("<unk>", "[UNK]"),
-    "bos": ("<s>", "<|endoftext|>"),
-    "eos": ("</s>", "<|endoftext|>"),
-    "cls": ("<cls>", "[CLS]"),
-    "sep": ("<sep>", "[SEP]"),
-    "mask": ("<mask>", "[MASK]"),
-}
-
-TOKENIZER_FILE = "tokenizer.json"
-META_FILE = "attn_tokenizer.json"
-SENTENCEPIECE_FILE = "sentencepiece.model"
-
-Backend = hf.Tokenizer | MarianSentencePiece | SentencePieceModel
+from attn.data.tokenizer_roles import checked_roles, find_roles
 
 
 def _role(role: str) -> property:
@@ -127,8 +80,9 @@ class Tokenizer:
             backend: the Hugging Face pipeline (or, for `marian-spm` and `sentencepiece`, the object
                 that stands in for one); its padding and truncation are switched off.
             kind: one of `KINDS`.
-            roles: ids that the source file states for some roles (a role of `ROLE_TOKENS` -> an id
-                of the vocabulary, or None for "has none"); the other roles are found by name.
+            roles: ids that the source file states for some roles (a role of
+                `attn.data.tokenizer_roles.ROLE_TOKENS` -> an id of the vocabulary, or None for "has
+                none"); the other roles are found by name.
 
         Raises:
             ConfigError: an unknown kind or role, or a role id outside the vocabulary.
@@ -139,8 +93,8 @@ class Tokenizer:
         backend.no_truncation()
         self._backend = backend
         self._kind = kind
-        self._declared = _checked_roles(roles, backend.get_vocab_size(with_added_tokens=True)) if roles else {}
-        self._role_ids = {**_find_roles(backend), **self._declared}
+        self._declared = checked_roles(roles, backend.get_vocab_size(with_added_tokens=True)) if roles else {}
+        self._role_ids = {**find_roles(backend.get_added_tokens_decoder()), **self._declared}
 
     # -- training ---------------------------------------------------------------------------
 
@@ -313,34 +267,23 @@ class Tokenizer:
         return cls(MarianSentencePiece.from_directory(directory), MARIAN_KIND)
 
     def save(self, directory: str | Path) -> None:
-        """Write `tokenizer.json` and `attn_tokenizer.json` (the kind) into `directory`.
-
-        A `marian-spm` tokenizer writes its own files instead of `tokenizer.json`: `source.spm`,
-        `target.spm`, `vocab.json` and `tokenizer_config.json`, which `MarianTokenizer` also reads;
-        a `sentencepiece` tokenizer writes its model as `sentencepiece.model`.
+        """Write the tokenizer's files (`tokenizer.json` for most kinds, see `attn.data.tokenizer_files`)
+        and `attn_tokenizer.json` (the kind and declared roles) into `directory`.
 
         Args:
             directory: folder, created if needed; usually the checkpoint's folder.
         """
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
-        if self._kind == MARIAN_KIND:
-            self._backend.save_files(folder)
-        elif self._kind == SENTENCEPIECE_KIND:
-            self._backend.save_file(folder / SENTENCEPIECE_FILE)
-        else:
-            self._backend.save(str(folder / TOKENIZER_FILE))
-        meta = {"kind": self._kind, **({"roles": self._declared} if self._declared else {})}
-        (folder / META_FILE).write_text(json.dumps(meta) + "\n", encoding="utf-8")
+        write_tokenizer(folder, self._backend, self._kind, self._declared)
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
         """Load a tokenizer: what `save` wrote, or a Hugging Face or SentencePiece file.
 
         Args:
-            path: a directory written by `save` (or `attn tokenizer train`); a Hugging Face
-                `tokenizer.json`, or a directory holding one; a SentencePiece model file
-                (`*.model`, `*.spm`); or a Marian directory (`source.spm`, `target.spm`, `vocab.json`).
+            path: a directory written by `save` (or `attn tokenizer train`), or a file or directory
+                of another library (`attn.data.tokenizer_files.read_tokenizer` lists them).
 
         Returns:
             The tokenizer; one written by `save` gives the same ids as the one saved, on every text.
@@ -348,39 +291,7 @@ class Tokenizer:
         Raises:
             CheckpointError: nothing loadable there, or a file is missing or corrupt.
         """
-        path = Path(path)
-        if path.is_file():
-            return cls.from_sentencepiece(path) if path.suffix in SENTENCEPIECE_SUFFIXES else cls.from_file(path)
-        if (path / META_FILE).is_file():
-            return cls._load_saved(path)
-        if (path / TOKENIZER_FILE).is_file():
-            return cls.from_file(path / TOKENIZER_FILE)
-        if is_marian_directory(path):
-            return cls.from_marian_files(path)
-        reason = "no tokenizer there" if path.is_dir() else "no such file or directory"
-        raise CheckpointError(
-            f"{path}: {reason}; give a directory written by `attn tokenizer train` or Tokenizer.save "
-            f"({META_FILE}), a Hugging Face {TOKENIZER_FILE} (or its directory) or a SentencePiece .model file"
-        )
-
-    @classmethod
-    def _load_saved(cls, directory: Path) -> Tokenizer:
-        meta_path = directory / META_FILE
-        meta = read_tokenizer_file(lambda: json.loads(meta_path.read_text(encoding="utf-8")), meta_path)
-        kind = meta.get("kind") if isinstance(meta, dict) else None
-        if kind not in KINDS:
-            raise CheckpointError(
-                f"{meta_path}: kind is {kind!r}, expected one of {', '.join(KINDS)}; "
-                "save the tokenizer again with Tokenizer.save"
-            )
-        if kind == MARIAN_KIND:
-            return cls.from_marian_files(directory)
-        if kind == SENTENCEPIECE_KIND:
-            return cls.from_sentencepiece(directory / SENTENCEPIECE_FILE)
-        try:
-            return cls(file_pipeline(directory / TOKENIZER_FILE), kind, meta.get("roles"))
-        except ConfigError as err:  # roles that are not a mapping of role names to ids of this vocabulary
-            raise CheckpointError(f"{meta_path}: {err}; save the tokenizer again with Tokenizer.save") from err
+        return cls(*read_tokenizer(Path(path)))
 
     def digest(self) -> str:
         """SHA-256 of the files `save` writes: two tokenizers with one digest give the same ids.
@@ -388,12 +299,7 @@ class Tokenizer:
         Returns:
             64 hex digits.
         """
-        sha = hashlib.sha256()
-        with tempfile.TemporaryDirectory() as folder:
-            self.save(folder)
-            for path in sorted(Path(folder).iterdir()):
-                sha.update(path.name.encode("utf-8") + b"\0" + path.read_bytes())
-        return sha.hexdigest()
+        return tokenizer_digest(self._backend, self._kind, self._declared)
 
     # -- use --------------------------------------------------------------------------------
 
@@ -417,8 +323,8 @@ class Tokenizer:
 
         Args:
             text: the text.
-            add_special: add the tokenizer's frame (`<s> … </s>` or `[CLS] … [SEP]`, see the
-                module docstring).
+            add_special: add the tokenizer's frame (`<s> … </s>` or `[CLS] … [SEP]`, see
+                `attn.data.tokenizer_kinds`).
 
         Returns:
             The ids, length L (`encode_batch` says what it raises).
@@ -478,22 +384,3 @@ class Tokenizer:
         """Token string of an id, or None when the id is out of range."""
         return self._backend.id_to_token(token_id)
 
-
-def _find_roles(backend: Backend) -> dict[str, int | None]:
-    specials = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-    return {
-        role: next((specials[name] for name in names if name in specials), None)
-        for role, names in ROLE_TOKENS.items()
-    }
-
-
-def _checked_roles(roles: object, vocab_size: int) -> dict[str, int | None]:
-    if not isinstance(roles, Mapping):
-        raise ConfigError("roles", f"expected a mapping of role names to ids, got {type(roles).__name__}")
-    for role, token_id in roles.items():
-        if role not in ROLE_TOKENS:
-            raise ConfigError("roles", f"unknown role {role!r}; use one of {', '.join(ROLE_TOKENS)}")
-        in_vocab = isinstance(token_id, int) and not isinstance(token_id, bool) and 0 <= token_id < vocab_size
-        if token_id is not None and not in_vocab:
-            raise ConfigError("roles", f"{role} id {token_id!r} is not an id of this vocabulary (0 to {vocab_size - 1})")
-    return dict(roles)

@@ -49,7 +49,8 @@ from attn.data.samplers import TokenBudgetSampler
 from attn.data.text import read_text
 from attn.data.text_files import corpus_files, text_chunks
 from attn.data.token_cache import token_ids
-from attn.data.tokenizers import ROLE_TOKENS, Tokenizer
+from attn.data.tokenizer_roles import ROLE_TOKENS
+from attn.data.tokenizers import Tokenizer
 from attn.core.errors import ConfigError, DataFormatError
 from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
 
