@@ -1,4 +1,9 @@
-"""Hugging Face model directories: `load_pretrained` reads one, `export_pretrained` writes one.
+"""The registry of pretrained families, and the conversions that go through it.
+
+`FAMILIES` maps config.json's `model_type` to its `Family` (from the modules `gpt2`, `bert`, `marian`
+and `llama`): its key table, its config mapping, its task and its decoding rules. `load_pretrained` reads a
+Hugging Face model directory through the family its config names, `load_gguf` a llama.cpp GGUF file
+(`gguf`), and `export_pretrained` writes one of our models as a directory of a family.
 
 A directory holds `config.json` (its `model_type` names the family), the weights as
 `model.safetensors` (or shards listed in `model.safetensors.index.json`, or a
@@ -25,7 +30,8 @@ from attn.artifacts.pretrained.keymap import export_from, load_into
 from attn.artifacts.torch_files import load_torch_file
 from attn.core.config import ModelConfig
 from attn.data.marian_tokenizer import is_marian_directory
-from attn.data.tokenizers import MARIAN_KIND, Tokenizer
+from attn.data.tokenizer_kinds import MARIAN_KIND
+from attn.data.tokenizers import Tokenizer
 from attn.core.errors import AttnError, CheckpointError
 from attn.models import Model, build_model
 

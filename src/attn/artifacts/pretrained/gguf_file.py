@@ -1,7 +1,8 @@
 """The header of a GGUF file: opened without reading past its end, and its metadata read by type.
 
 `open_gguf(path)` parses a file's header with `gguf.GGUFReader` (the tensors stay on disk,
-memory-mapped); `Metadata` reads its key-value pairs, each checked to be of the kind asked for.
+memory-mapped); `Metadata` reads its key-value pairs, each checked to be of the kind asked for;
+`check_dequantizable` checks that the `gguf` package reads a tensor's block format.
 Every defect is a `CheckpointError` naming the file and the fix.
 """
 
@@ -10,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFReader, GGUFValueType, ReaderTensor
 
 from attn.core.errors import CheckpointError
 
@@ -123,3 +125,14 @@ class Metadata:
             raise CheckpointError(f"{self.path}: metadata key {key!r} is {value}, expected {allowed}; "
                                   "the file is corrupt: convert or download it again")
         return value
+
+
+def check_dequantizable(path: Path, tensor: ReaderTensor) -> None:
+    """Checks that `gguf.quants.dequantize` handles the tensor's block format, tried on one block of zeros."""
+    _, block_bytes = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+    try:
+        gguf.quants.dequantize(np.zeros((1, block_bytes), np.uint8), tensor.tensor_type)
+    except NotImplementedError:
+        raise CheckpointError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which the "
+                              "gguf package cannot dequantize; use a file quantized to a common type "
+                              "(F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, ...)") from None
