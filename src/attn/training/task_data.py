@@ -35,6 +35,7 @@ from attn.data.collate import (
     filter_long,
     pad_batch,
 )
+from attn.data.file_formats import resolve_format
 from attn.data.framing import classifier_inputs
 from attn.data.lm_stream import LMStream
 from attn.data.readers import (
@@ -43,7 +44,6 @@ from attn.data.readers import (
     load_labelled,
     load_parallel,
     read_table,
-    resolve_format,
 )
 from attn.data.samplers import TokenBudgetSampler
 from attn.data.text import read_text
