@@ -263,7 +263,7 @@ def _peer(name: str, trainer: Trainer) -> tuple[nn.Module, Callable[..., Tensor]
         trainee = BUILDERS[name](config)
         return trainee.module, trainee.forward
     # Marian has only post-norm (and no final stack norms): the same dimensions and work otherwise.
-    trainee = BUILDERS[name](config.replace(norm=NormPlacement.POST, final_norm=False))
+    trainee = BUILDERS[name](config.replace(norm_placement=NormPlacement.POST, final_norm=False))
     return trainee.module, lambda src, tgt, src_mask, tgt_mask: trainee.forward(src, tgt)
 
 

@@ -163,15 +163,15 @@ def gradients_of_one_update(ctx, strategy):
     """The full gradients after one update's forward and backward passes on this rank's micro-batches."""
     from attn.models import build_model
     from attn.core.presets import preset
+    from attn.training.config_sections import Strategy
     from attn.training.distributed import wrap_model
-    from attn.training.runconfig import Strategy
     from attn.training.update import Objective, TaskHead, accumulate_gradients
 
     torch.manual_seed(0)
     head = TaskHead(build_model(preset("paper-base-tiny").replace(dropout=0.0)), "forward")
     engine = wrap_model(head, ctx, Strategy(strategy)) if ctx is not None else head
     batches = micro_batches(RANK_PAIRS[ctx.rank]) if ctx is not None else micro_batches(sum(RANK_PAIRS, []))
-    accumulate_gradients(Objective(engine, 0, 0.1), batches, **({"ctx": ctx} if ctx is not None else {}))
+    accumulate_gradients(engine, Objective(0, 0.1), batches, **({"ctx": ctx} if ctx is not None else {}))
     full = {}
     for name, p in head.named_parameters():
         grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP2: gather the shards

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from attn.artifacts.devices import resolve_device
 from attn.core.blocks import Block
-from attn.training.runconfig import Strategy
+from attn.training.config_sections import Strategy
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""What a run reports: `metrics.jsonl`, throughput over a log window, model-FLOPs utilisation.
+"""What a run reports: `metrics.jsonl`, throughput over a log window, model-FLOPs utilisation, the
+progress bar, and what a call of `train` did (`RunResult`).
 
 Each line of `metrics.jsonl` is one JSON object with a "step": training records (loss, lr,
 grad_norm, tokens_per_s, elapsed, and mfu on a GPU when `train.peak_tflops` is set),
@@ -13,6 +14,11 @@ import json
 import math
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
+
+from attn.training.config_sections import TrainConfig
+from attn.training.precision import Precision
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -113,3 +119,67 @@ class FlopCounter:
         """The MFU over the last `seconds`, or None when no peak is known; starts a new count."""
         flops, self.flops = self.flops, 0.0
         return flops / (seconds * self.peak) if self.peak and seconds else None
+
+
+def progress_bar(train: TrainConfig, step: int, elapsed: float, hide: bool) -> tqdm:
+    """A bar of updates, or of training seconds under a time budget (so that its end and its
+    estimate of the time left are the budget's, not those of a step limit it will not reach)."""
+    if train.max_minutes:
+        return tqdm(
+            total=60 * train.max_minutes, initial=bar_position(train, step, elapsed), unit="s", dynamic_ncols=True,
+            disable=hide,
+            bar_format="{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]",
+        )
+    return tqdm(total=train.max_steps, initial=step, unit="step", dynamic_ncols=True, disable=hide)
+
+
+def bar_position(train: TrainConfig, step: int, elapsed: float) -> float:
+    """The progress bar's count: updates, or training seconds capped at the time budget (the last
+    update overshoots it, and tqdm cannot draw a count beyond its total)."""
+    budget = 60 * train.max_minutes
+    return min(elapsed, budget) if budget else step
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a call of `train` did.
+
+    Attributes:
+        run_dir: the run directory.
+        step: the number of updates made so far (including those before a resume).
+        losses: the per-target training loss of each update made by this call (NaN for a skipped one).
+        metrics: the last validation metrics ({} without validation data).
+        best_metric: the best value of the tracked validation metric, or None.
+        best_step: the step it was reached at, or None.
+        checkpoint: the last checkpoint written, or None.
+        stopped_early: whether early stopping ended the run.
+        tokens_per_s: the input tokens per second of training time of this call's updates (all ranks).
+        precision: the precision the updates ran in ("fp32", "bf16" or "fp16").
+        device: the device type they ran on ("cpu" or "cuda").
+    """
+
+    run_dir: Path
+    step: int
+    losses: list[float]
+    metrics: dict[str, float]
+    best_metric: float | None
+    best_step: int | None
+    checkpoint: Path | None
+    stopped_early: bool
+    tokens_per_s: float = 0.0
+    precision: str = Precision.FP32.value
+    device: str = "cpu"
+
+    def summary(self) -> str:
+        """One line for people: where the run stopped, the updates, speed and precision of this call,
+        its metrics, its best and last checkpoint."""
+        speed = (f"{len(self.losses):,} updates in this run at {self.tokens_per_s:,.0f} tokens/s, {self.precision} "
+                 f"on {self.device}")
+        parts = [f"{'stopped early' if self.stopped_early else 'finished'} at step {self.step} ({speed})"]
+        if self.metrics:
+            parts.append(", ".join(f"{name} {value:.4g}" for name, value in self.metrics.items()))
+        if self.best_step is not None:
+            parts.append(f"best at step {self.best_step} ({self.best_metric:.4g})")
+        if self.checkpoint is not None:
+            parts.append(f"checkpoint {self.checkpoint}")
+        return "; ".join(parts)

@@ -16,9 +16,9 @@ by measurement:
   quickstart translator with its attention in bf16 too). And a product of a fraction of a
   millisecond is timed roughly: on CPUs of one kind the probe's ratio moves a long way between
   runs (both in `benchmarks/results/precision/`). So before the first update of a time-budgeted
-  run the trainer times forward and backward passes of the run's first batch in both precisions
-  (`passes_decide`) wherever the probe did not find bf16 emulated (`PASSES_MIN_SPEEDUP`), and
-  those passes decide, in either direction.
+  run its set-up (`attn.training.machine`) times forward and backward passes of the run's first
+  batch in both precisions (`passes_decide`) wherever the probe did not find bf16 emulated
+  (`PASSES_MIN_SPEEDUP`), and those passes decide, in either direction.
 
 An explicit "bf16" is obeyed, with a warning when the probe finds it slower than fp32; "fp16"
 needs a GPU's gradient scaler, and on a CPU training runs in fp32 and says so.
@@ -88,7 +88,7 @@ class PrecisionChoice:
 
     @property
     def wants_passes(self) -> bool:
-        """Whether the trainer should time training passes before keeping this choice: "auto" chose on the
+        """Whether a run's set-up should time training passes before keeping this choice: "auto" chose on the
         matmul probe's word alone, and that probe did not find bf16 emulated."""
         return (self.requested == Precision.AUTO and self.bf16_speedup is not None
                 and self.bf16_speedup >= PASSES_MIN_SPEEDUP and self.fp32_pass_ms is None)

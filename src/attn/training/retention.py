@@ -29,8 +29,8 @@ from attn.artifacts.checkpoint import (
     write_atomically,
 )
 from attn.core.config import ModelConfig
-from attn.data.files import write_file
 from attn.core.errors import CheckpointError, ConfigError
+from attn.data.files import write_file
 
 
 def save_checkpoint(

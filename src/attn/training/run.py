@@ -1,16 +1,20 @@
 """A training run from its configuration: check the run directory, build the task, start or resume
-the model (or fine-tune a pretrained one), and fit.
+the model (or fine-tune a pretrained one), choose the machine's settings, and fit.
 
 `run_training(run_config, task_builder=...)` is the entry point; `attn.train` calls it with the builder
 of the run's task (the task registry, `attn.app.tasks`). Before it trains a tokenizer or builds a model it checks
 that the run directory can be written and that its disk has room for two checkpoints
 (`attn.training.preflight`); it refuses a run directory that holds checkpoints unless
-`train.resume` is set, and resumes from the latest one when it is.
+`train.resume` is set, and resumes from the latest one when it is. `set_up_trainer` wraps the model
+for its ranks and chooses the precision and CPU threads of the loop (`attn.training.machine`) before
+the `Trainer` exists.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,19 +22,23 @@ import torch
 from attn.artifacts.checkpoint import latest_checkpoint, load_checkpoint
 from attn.core.config import ModelConfig
 from attn.core.errors import CheckpointError, ConfigError, TrainingError
-from attn.models import build_model
+from attn.models import Model, build_model
 from attn.training.distributed import (
     DistContext,
     all_gather_objects,
     init_distributed,
     shutdown,
+    wrap_model,
 )
 from attn.training.finetune import copy_pretrained, initial_model
+from attn.training.logs import RunResult
+from attn.training.machine import TrialPasses, choose_machine
 from attn.training.preflight import prepare_run_dir
 from attn.training.retention import config_difference
 from attn.training.runconfig import RunConfig
-from attn.training.task_data import TaskBuilder, TaskContext
-from attn.training.trainer import RunResult, Trainer
+from attn.training.task_data import TaskBuilder, TaskContext, TaskData
+from attn.training.trainer import Trainer
+from attn.training.update import Objective, TaskHead, batch_loss
 
 
 def run_training(run_config: RunConfig, model_config: ModelConfig | None = None, *, task_builder: TaskBuilder) -> RunResult:
@@ -114,7 +122,33 @@ def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder,
         model = resumed.model
     # Ranks start from the same weights but draw different dropout masks.
     torch.manual_seed(train_config.seed + ctx.rank)
-    trainer = Trainer(config, task, model.to(ctx.device).train(), ctx)
-    if resumed is not None:
-        trainer.load_state_dict(resumed.state)
+    trainer = set_up_trainer(config, task, model.to(ctx.device).train(), ctx, resumed.state if resumed else None)
+    if ctx.is_main:
+        trainer.machine.announce(trainer.metrics_log, trainer.step, train_config.quiet)
+    return trainer
+
+
+def set_up_trainer(
+    config: RunConfig, task: TaskData, model: Model, ctx: DistContext = DistContext(),
+    state: Mapping[str, Any] | None = None,
+) -> Trainer:
+    """The trainer of a run: its model wrapped for the ranks, the machine's precision and CPU threads chosen
+    for it, and a resumed run's state loaded.
+
+    Args:
+        config: the run configuration.
+        task: the task's data, model config and head.
+        model: the model, already on `ctx.device`.
+        ctx: the process context.
+        state: the trainer state of the checkpoint the run resumes from (`Trainer.state_dict`), or None.
+    """
+    train = config.train
+    wrapped = wrap_model(TaskHead(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
+    # `train.compile` compiles the forward pass and the loss as one function (calling DDP's or FSDP2's wrapper).
+    objective = Objective(task.ignore_id, train.label_smoothing,
+                          loss_fn=torch.compile(batch_loss) if train.compile else batch_loss)
+    machine = choose_machine(train, task.model_config, TrialPasses(wrapped, objective, task.train, ctx), state)
+    trainer = Trainer(config, task, model, wrapped, objective, machine, ctx)
+    if state is not None:
+        trainer.load_state_dict(state)
     return trainer

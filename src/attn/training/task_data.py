@@ -20,6 +20,7 @@ import numpy as np
 from torch import Tensor
 
 from attn.core.config import ModelConfig
+from attn.core.errors import ConfigError, DataFormatError
 from attn.data.batches import (
     Batch,
     BatchSource,
@@ -51,8 +52,8 @@ from attn.data.text_files import corpus_files, text_chunks
 from attn.data.token_cache import token_ids
 from attn.data.tokenizer_roles import ROLE_TOKENS
 from attn.data.tokenizers import Tokenizer
-from attn.core.errors import ConfigError, DataFormatError
-from attn.training.runconfig import BatchConfig, RunConfig, TokenizerConfig
+from attn.training.config_sections import BatchConfig, TokenizerConfig
+from attn.training.runconfig import RunConfig
 
 
 @dataclass

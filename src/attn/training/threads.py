@@ -9,13 +9,14 @@ far longer on 2 threads than on one, though 2 threads are the faster on the idle
 
 `train.threads` = N pins N threads for the training loop. `train.threads` = 0 ("auto") keeps
 torch's count, except in a run with a time budget (`train.max_minutes`) in one CPU process: before
-its first update the trainer lets `probe_threads` time `PROBE_PASSES` forward and backward passes
-of one batch at each candidate count (all threads, then halves down to one), taking the counts in
-turn so that a machine whose load changes meanwhile slows them alike, and trains on the count with
-the shortest median pass. A run without a time budget keeps torch's count, because another count
-changes the last bits of the sums and so the weights: such a run gives the same numbers every time
-(a time-budgeted run does not anyway: the clock decides its learning rate and its last step).
-`time_in_turn` times the passes; the trainer's precision probe (`attn.training.precision`) uses it too.
+its first update the run's set-up (`attn.training.machine`) lets `probe_threads` time `PROBE_PASSES`
+forward and backward passes of one batch at each candidate count (all threads, then halves down to
+one), taking the counts in turn so that a machine whose load changes meanwhile slows them alike, and
+the run trains on the count with the shortest median pass. A run without a time budget keeps torch's
+count, because another count changes the last bits of the sums and so the weights: such a run gives
+the same numbers every time (a time-budgeted run does not anyway: the clock decides its learning
+rate and its last step). `time_in_turn` times the passes; the set-up's timing of training passes in
+both precisions uses it too.
 """
 
 from __future__ import annotations

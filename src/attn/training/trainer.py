@@ -1,10 +1,11 @@
 """One training engine for every task and architecture.
 
-`Trainer.fit` runs the loop (`attn.training.run.train` sets a run up and calls it): updates of
-`grad_accum` micro-batches each (`attn.training.update`), periodic evaluation, checkpoints, metrics
-and early stopping. The recipe is the paper's (section 5): Adam with beta2 = 0.98 and the
-warmup/inverse-square-root schedule, label smoothing 0.1; AdamW with a cosine schedule is there for
-GPT/BERT-style runs.
+`Trainer.fit` runs the loop (`attn.training.run.run_training` sets a run up and calls it): updates
+of `grad_accum` micro-batches each (`attn.training.update`), periodic evaluation, checkpoints,
+metrics and early stopping. The set-up hands it the model, its distributed wrapper, and the
+precision and CPU threads chosen for this machine (`attn.training.machine`). The recipe is the
+paper's (section 5): Adam with beta2 = 0.98 and the warmup/inverse-square-root schedule, label
+smoothing 0.1; AdamW with a cosine schedule is there for GPT/BERT-style runs.
 
 Resuming is exact: the checkpoint holds the optimizer and gradient-scaler states, the step
 (which alone fixes the learning rate), every rank's random generators, the data position and
@@ -17,13 +18,9 @@ step (`attn.training.signals`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import math
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +29,10 @@ from torch import nn
 from tqdm import tqdm
 
 from attn.artifacts.checkpoint import Checkpoint, latest_checkpoint
-from attn.core.config import ModelConfig
-from attn.data.batches import Batch
 from attn.core.errors import CheckpointError, ConfigError, TrainingError
 from attn.core.faults import fault_point
 from attn.models import Model, build_model, count_parameters
+from attn.training.config_sections import NonFinite, Strategy
 from attn.training.distributed import (
     DistContext,
     all_gather_objects,
@@ -46,19 +42,21 @@ from attn.training.distributed import (
     load_optimizer_state,
     optimizer_state,
     reshard,
-    wrap_model,
 )
-from attn.training.logs import METRICS_FILE, FlopCounter, LogWindow, MetricsLog
-from attn.training.precision import (
-    Precision,
-    PrecisionChoice,
-    choose_precision,
-    passes_decide,
-    probe_shape,
+from attn.training.logs import (
+    METRICS_FILE,
+    FlopCounter,
+    LogWindow,
+    MetricsLog,
+    RunResult,
+    bar_position,
+    progress_bar,
 )
+from attn.training.machine import Machine
+from attn.training.precision import Precision
 from attn.training.retention import save_checkpoint
 from attn.training.rng import capture_rng, restore_rng
-from attn.training.runconfig import NonFinite, RunConfig, Strategy
+from attn.training.runconfig import RunConfig
 from attn.training.schedules import make_schedule
 from attn.training.signals import (
     TrainingInterrupted,
@@ -66,18 +64,10 @@ from attn.training.signals import (
     recording_stop_signals,
 )
 from attn.training.task_data import TaskData
-from attn.training.threads import (
-    candidate_counts,
-    probe_threads,
-    time_in_turn,
-    torch_threads,
-)
+from attn.training.threads import torch_threads
 from attn.training.update import (
     Objective,
-    TaskHead,
     accumulate_gradients,
-    autocast_factory,
-    batch_loss,
     lr_ratio,
     make_optimizers,
     match_precision,
@@ -85,59 +75,6 @@ from attn.training.update import (
 
 HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
-
-
-@dataclasses.dataclass
-class RunResult:
-    """What a call of `train` did.
-
-    Attributes:
-        run_dir: the run directory.
-        step: the number of updates made so far (including those before a resume).
-        losses: the per-target training loss of each update made by this call (NaN for a skipped one).
-        metrics: the last validation metrics ({} without validation data).
-        best_metric: the best value of the tracked validation metric, or None.
-        best_step: the step it was reached at, or None.
-        checkpoint: the last checkpoint written, or None.
-        stopped_early: whether early stopping ended the run.
-        tokens_per_s: the input tokens per second of training time of this call's updates (all ranks).
-        precision: the precision the updates ran in ("fp32", "bf16" or "fp16").
-        device: the device type they ran on ("cpu" or "cuda").
-    """
-
-    run_dir: Path
-    step: int
-    losses: list[float]
-    metrics: dict[str, float]
-    best_metric: float | None
-    best_step: int | None
-    checkpoint: Path | None
-    stopped_early: bool
-    tokens_per_s: float = 0.0
-    precision: str = Precision.FP32.value
-    device: str = "cpu"
-
-    def summary(self) -> str:
-        """One line for people: where the run stopped, the updates, speed and precision of this call,
-        its metrics, its best and last checkpoint."""
-        speed = (f"{len(self.losses):,} updates in this run at {self.tokens_per_s:,.0f} tokens/s, {self.precision} "
-                 f"on {self.device}")
-        parts = [f"{'stopped early' if self.stopped_early else 'finished'} at step {self.step} ({speed})"]
-        if self.metrics:
-            parts.append(", ".join(f"{name} {value:.4g}" for name, value in self.metrics.items()))
-        if self.best_step is not None:
-            parts.append(f"best at step {self.best_step} ({self.best_metric:.4g})")
-        if self.checkpoint is not None:
-            parts.append(f"checkpoint {self.checkpoint}")
-        return "; ".join(parts)
-
-
-def agreed_precision(requested: Precision, model_config: ModelConfig, ctx: DistContext) -> PrecisionChoice:
-    """The precision of a run: rank 0 decides (probing its device for "auto"), so every rank runs alike."""
-    choice = None
-    if ctx.is_main:
-        choice = choose_precision(requested, ctx.device, probe_shape(model_config.d_model, model_config.d_ff))
-    return all_gather_objects(choice, ctx)[0]
 
 
 # -- the trainer ------------------------------------------------------------------------------
@@ -165,21 +102,27 @@ class _Tracker:
 class Trainer:
     """Runs the updates, evaluations and checkpoints of one run (one instance per rank)."""
 
-    def __init__(self, config: RunConfig, task: TaskData, model: Model, ctx: DistContext = DistContext()) -> None:
-        """Wraps the model and builds the optimizers, schedule and logs.
+    def __init__(
+        self, config: RunConfig, task: TaskData, model: Model, wrapped: nn.Module, objective: Objective,
+        machine: Machine, ctx: DistContext = DistContext(),
+    ) -> None:
+        """Builds the optimizers, schedule and logs.
 
         Args:
             config: the run configuration.
             task: the task's data, model config and head.
             model: the model, already on `ctx.device`.
+            wrapped: the module training calls: DDP's wrapper of the task's head, or the head (sharded in
+                place by FSDP2) (`attn.training.distributed.wrap_model`).
+            objective: the loss of a micro-batch, in any precision.
+            machine: the precision and CPU threads chosen for the run (`attn.training.machine`).
             ctx: the process context.
         """
-        self.config, self.task, self.model, self.ctx = config, task, model, ctx
+        self.config, self.task, self.model, self.wrapped, self.machine, self.ctx = (
+            config, task, model, wrapped, machine, ctx)
         train = config.train
         if (train.metric or task.metric) not in METRICS:
             raise ConfigError("train.metric", f"unknown metric {train.metric!r}; choose one of {', '.join(METRICS)}")
-        # The module training calls: DDP's wrapper, or the task's head (sharded in place by FSDP2).
-        self.wrapped = wrap_model(TaskHead(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
         self.optimizers = make_optimizers(self.wrapped, config.optim, ctx.device)
         # The rate depends on the step alone, so the step is the whole schedule state: a resumed
         # run follows the schedule of its current config.
@@ -187,14 +130,11 @@ class Trainer:
             config.optim.schedule.value, task.model_config.d_model, config.optim.warmup_steps, train.max_steps,
             config.optim.min_lr_ratio, config.optim.warmup_fraction,
         )
-        self.precision = agreed_precision(train.precision, task.model_config, ctx)
-        match_precision(self.optimizers, self.precision.used)
-        fp16 = self.precision.used == Precision.FP16 and ctx.device.type == "cuda"
+        precision = machine.precision.used
+        match_precision(self.optimizers, precision)
+        fp16 = precision == Precision.FP16 and ctx.device.type == "cuda"
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
-        # `train.compile` compiles the forward pass and the loss as one function (calling DDP's or FSDP2's wrapper).
-        self.objective = Objective(self.wrapped, task.ignore_id, train.label_smoothing,
-                                   autocast_factory(ctx.device, self.precision.used),
-                                   torch.compile(batch_loss) if train.compile else batch_loss)
+        self.objective = objective.in_precision(ctx.device, precision)
         self.tracker = _Tracker(train.metric or task.metric)
         self.step = 0
         self.elapsed = 0.0
@@ -219,7 +159,7 @@ class Trainer:
             "data": self.task.train.state_dict(),
             "tracker": dataclasses.asdict(self.tracker),
             "elapsed": self.elapsed,
-            "precision": self.precision.used.value,
+            "precision": self.machine.precision.used.value,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -247,49 +187,6 @@ class Trainer:
         self._saved = (self.step, latest_checkpoint(self.config.run_dir))
         self.metrics_log.truncate_after(self.step)
         restore_rng(state["rng"][self.ctx.rank])
-        self._keep_precision(Precision(state.get("precision", self.precision.used.value)))
-
-    def _keep_precision(self, started: Precision) -> None:
-        """A resumed run whose config leaves precision to "auto" keeps the precision it started in, so that
-        a probe that decides otherwise in this process (another machine, a busier one) cannot change it
-        mid-run; an explicit precision in the config is obeyed."""
-        if self.precision.requested == Precision.AUTO:
-            self._use_precision(PrecisionChoice(Precision.AUTO, started, "chosen when the run started; a resumed run keeps it"))
-
-    def _use_precision(self, choice: PrecisionChoice) -> None:
-        self.precision = choice
-        self.objective = dataclasses.replace(self.objective, autocast=autocast_factory(self.ctx.device, choice.used))
-        match_precision(self.optimizers, choice.used)
-
-    def _settle_precision(self) -> None:
-        """Where "auto" chose on the matmul probe's word in a time-budgeted run and bf16 is not emulated, times
-        forward and backward passes of the run's next batch in fp32 and bf16 (every rank runs them; rank 0's
-        timings decide) and keeps the faster (`attn.training.precision.passes_decide`). A run without a time
-        budget keeps the matmul probe's choice, as it keeps torch's thread count: timings near the bar
-        could choose differently from one run to the next, and such a run gives the same numbers every time."""
-        if not (self.precision.wants_passes and self.config.train.max_minutes):
-            return
-        with self._trial_batch() as batch:
-            seconds = time_in_turn({
-                precision: functools.partial(
-                    accumulate_gradients,
-                    dataclasses.replace(self.objective, autocast=autocast_factory(self.ctx.device, precision)),
-                    batch, self.ctx)
-                for precision in (Precision.FP32, Precision.BF16)})
-        choice = passes_decide(self.precision, seconds[Precision.FP32], seconds[Precision.BF16])
-        self._use_precision(all_gather_objects(choice, self.ctx)[0])
-
-    @contextlib.contextmanager
-    def _trial_batch(self) -> Iterator[list[Batch]]:
-        """The run's next batch for timed trial passes, after which the data position, the generators and
-        the gradients are as they were."""
-        rng, position = capture_rng(), self.task.train.state_dict()
-        try:
-            yield [self.task.train.next_batch()]
-        finally:
-            restore_rng(rng)
-            self.task.train.load_state_dict(position)
-            self.wrapped.zero_grad(set_to_none=True)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -307,10 +204,8 @@ class Trainer:
         metrics: dict[str, float] = {}
         stopped = False
         window, run = LogWindow(), LogWindow()
-        self._settle_precision()
-        self._announce_precision()
-        with recording_stop_signals() as received, torch_threads(self._thread_count()):
-            with self._progress() as bar:
+        with recording_stop_signals() as received, torch_threads(self.machine.threads):
+            with progress_bar(train, self.step, self.elapsed, hide=train.quiet or not self.ctx.is_main) as bar:
                 while self.step < train.max_steps and not stopped and (used := self._budget_used()) < 1.0:
                     if halt := agreed_stop_signal(received, self.ctx):
                         raise TrainingInterrupted(halt, self.step, self._save_once())
@@ -321,7 +216,7 @@ class Trainer:
                     losses.append(stats.loss)
                     window.add(stats.loss, stats.tokens, seconds)
                     run.add(stats.loss, stats.tokens, seconds)
-                    bar.update(self._bar_position() - bar.n)
+                    bar.update(bar_position(train, self.step, self.elapsed) - bar.n)
                     if self.step % train.log_interval == 0 or self.step == train.max_steps:
                         self._log(window.flush(), stats, bar)
                     if train.eval_interval and self.step % train.eval_interval == 0:
@@ -334,31 +229,7 @@ class Trainer:
         tracker = self.tracker
         run_dir = Path(self.config.run_dir)
         return RunResult(run_dir, self.step, losses, metrics, tracker.best, tracker.best_step, checkpoint, stopped,
-                         run.flush()["tokens_per_s"], self.precision.used.value, self.ctx.device.type)
-
-    def _announce_precision(self) -> None:
-        """Puts the precision in use (and the probe's figures) in the log and `metrics.jsonl`."""
-        if not self.ctx.is_main:
-            return
-        self.metrics_log.write({"step": self.step, **self.precision.record()})
-        if self.precision.warning:
-            print(f"attn: warning: {self.precision.warning}", file=sys.stderr, flush=True)
-        elif not self.config.train.quiet:
-            print(f"attn: {self.precision.describe()}", file=sys.stderr, flush=True)
-
-    def _thread_count(self) -> int:
-        """The loop's CPU threads: `train.threads`, or for auto in a time-budgeted single CPU process the
-        count `probe_threads` finds fastest on the run's next batch (0: torch's count; see
-        `attn.training.threads`). The probe leaves the data position, generators and gradients as they were."""
-        train, ctx = self.config.train, self.ctx
-        auto = not train.threads and train.max_minutes and ctx.device.type == "cpu" and not ctx.distributed
-        if not auto or torch.get_num_threads() == 1:
-            return train.threads
-        with self._trial_batch() as batch:
-            choice = probe_threads(lambda: accumulate_gradients(self.objective, batch, ctx),
-                                   candidate_counts(torch.get_num_threads()))
-        self.metrics_log.write({"step": self.step, **choice.record()})
-        return choice.threads
+                         run.flush()["tokens_per_s"], self.machine.precision.used.value, self.ctx.device.type)
 
     def _budget_used(self) -> float:
         """The fraction of `train.max_minutes` spent so far (0 without a time budget).
@@ -388,7 +259,7 @@ class Trainer:
             for group in optimizer.param_groups:
                 group["lr"] = lr * lr_ratio(optimizer, self.config.optim)
         batches = [self.task.train.next_batch() for _ in range(self.config.batch.grad_accum)]
-        sums, tokens = accumulate_gradients(self.objective, batches, self.ctx, self.scaler.scale)
+        sums, tokens = accumulate_gradients(self.wrapped, self.objective, batches, self.ctx, self.scaler.scale)
         fault_point("step")
         self._flops.add(sum(b.inputs[0].size(-1) for b in batches) / len(batches), tokens)
         loss = sums.loss.item() / sums.count.item()
@@ -438,7 +309,7 @@ class Trainer:
                 if limit and i >= limit:
                     break
                 batch = batch.to(self.ctx.device)
-                (_, nll, count), logits = self.objective(batch)
+                (_, nll, count), logits = self.objective(self.wrapped, batch)
                 fault_point("eval")
                 scored = batch.targets != self.task.ignore_id if self.task.ignore_id is not None else True
                 correct = ((logits.argmax(-1) == batch.targets) & scored).sum()
@@ -508,25 +379,6 @@ class Trainer:
             step=self.step, loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
             tok_s=f"{record['tokens_per_s']:.0f}",
         )
-
-    def _bar_position(self) -> float:
-        """The progress bar's count: updates, or training seconds capped at the time budget (the last
-        update overshoots it, and tqdm cannot draw a count beyond its total)."""
-        budget = 60 * self.config.train.max_minutes
-        return min(self.elapsed, budget) if budget else self.step
-
-    def _progress(self) -> tqdm:
-        """A bar of updates, or of training seconds under a time budget (so that its end and its
-        estimate of the time left are the budget's, not those of a step limit it will not reach)."""
-        train = self.config.train
-        hide = train.quiet or not self.ctx.is_main
-        if train.max_minutes:
-            return tqdm(
-                total=60 * train.max_minutes, initial=self._bar_position(), unit="s", dynamic_ncols=True,
-                disable=hide,
-                bar_format="{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]",
-            )
-        return tqdm(total=train.max_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=hide)
 
 
 @dataclasses.dataclass(frozen=True)

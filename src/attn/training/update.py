@@ -18,13 +18,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attn.data.batches import Batch
 from attn.core.errors import TrainingError
+from attn.data.batches import Batch
 from attn.models import Model
+from attn.training.config_sections import OptimConfig, Optimizer
 from attn.training.distributed import DistContext, all_reduce_sum, gradient_sync
 from attn.training.losses import LossSums, label_smoothed_cross_entropy
 from attn.training.precision import Precision
-from attn.training.runconfig import OptimConfig, Optimizer
 
 
 class TaskHead(nn.Module):
@@ -65,28 +65,32 @@ def batch_loss(
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-    """How training and evaluation compute a micro-batch's loss: `loss_fn` over `module`.
+    """How training and evaluation compute a micro-batch's loss: `loss_fn` over the module they call.
 
     Attributes:
-        module: the module to call with a batch's inputs: the distributed wrapper when there is one.
         ignore_id: the target id not scored, or None.
         smoothing: label smoothing ε.
         autocast: a factory of the forward pass's mixed-precision context.
         loss_fn: `batch_loss`, or its compiled form.
     """
 
-    module: nn.Module
     ignore_id: int | None
     smoothing: float = 0.0
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     loss_fn: Callable[..., BatchLoss] = batch_loss
 
-    def __call__(self, batch: Batch) -> BatchLoss:
-        """The loss sums and logits of a micro-batch already on the module's device."""
-        return self.loss_fn(self.module, batch.inputs, batch.targets, self.smoothing, self.ignore_id, self.autocast)
+    def __call__(self, module: nn.Module, batch: Batch) -> BatchLoss:
+        """The loss sums and logits of `module` (the distributed wrapper when there is one) on a
+        micro-batch already on its device."""
+        return self.loss_fn(module, batch.inputs, batch.targets, self.smoothing, self.ignore_id, self.autocast)
+
+    def in_precision(self, device: torch.device, precision: Precision) -> Objective:
+        """This objective with its forward pass in `precision` on `device` (see `autocast_factory`)."""
+        return dataclasses.replace(self, autocast=autocast_factory(device, precision))
 
 
 def accumulate_gradients(
+    module: nn.Module,
     objective: Objective,
     batches: Sequence[Batch],
     ctx: DistContext = DistContext(),
@@ -99,6 +103,7 @@ def accumulate_gradients(
     average gradients over ranks. Only the last micro-batch's backward pass all-reduces them.
 
     Args:
+        module: the module training calls: the distributed wrapper when there is one.
         objective: the loss of a micro-batch.
         batches: this rank's micro-batches of the update.
         ctx: the process context.
@@ -118,8 +123,8 @@ def accumulate_gradients(
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, nll, input tokens
     for i, batch in enumerate(batches):
         batch = batch.to(ctx.device)
-        with gradient_sync(objective.module, enabled=i == len(batches) - 1):
-            loss, nll, _ = objective(batch).sums
+        with gradient_sync(module, enabled=i == len(batches) - 1):
+            loss, nll, _ = objective(module, batch).sums
             loss, nll = loss * batch.weight, nll * batch.weight
             scale(loss * factor).backward()
         sums += torch.stack([loss.detach(), nll.detach(), loss.new_tensor(batch.n_tokens)]).double()

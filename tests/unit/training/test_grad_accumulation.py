@@ -26,8 +26,8 @@ def test_k_micro_batches_give_the_gradient_of_one_batch_k_times_larger():
     micro, whole = fresh_head(), fresh_head()
     small = [collate(FIRST), collate(SECOND)]
     assert [b.n_targets for b in small] == [16, 12] and small[0].targets.eq(PAD).sum() == 11
-    sums, tokens = accumulate_gradients(Objective(micro, PAD, 0.1), small)
-    whole_sums, _ = accumulate_gradients(Objective(whole, PAD, 0.1), [collate(FIRST + SECOND)])
+    sums, tokens = accumulate_gradients(micro, Objective(PAD, 0.1), small)
+    whole_sums, _ = accumulate_gradients(whole, Objective(PAD, 0.1), [collate(FIRST + SECOND)])
     assert sums.count.item() == whole_sums.count.item() == 28 and tokens == 12 + 28  # source + target tokens
     torch.testing.assert_close(sums.loss, whole_sums.loss, rtol=1e-5, atol=1e-5)
     expected = gradients(whole)
@@ -41,8 +41,8 @@ def test_the_per_micro_batch_mean_would_differ():
     # The mistake this design avoids, measured on the same batches: the check above can fail.
     naive, whole = fresh_head(), fresh_head()
     for batch in (collate(FIRST), collate(SECOND)):
-        accumulate_gradients(Objective(naive, PAD, 0.1), [batch])  # each normalised by its own count
-    accumulate_gradients(Objective(whole, PAD, 0.1), [collate(FIRST + SECOND)])
+        accumulate_gradients(naive, Objective(PAD, 0.1), [batch])  # each normalised by its own count
+    accumulate_gradients(whole, Objective(PAD, 0.1), [collate(FIRST + SECOND)])
     naive_grads, expected = gradients(naive), gradients(whole)
     largest = max((naive_grads[n] / 2 - expected[n]).abs().max().item() for n in expected)
     assert largest > 1e-4

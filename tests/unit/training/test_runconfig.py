@@ -9,13 +9,9 @@ import pytest
 from attn.app.runs import load_run_config, run_config
 from attn.core.config import NormPlacement
 from attn.core.errors import ConfigError
-from attn.training.runconfig import (
-    Optimizer,
-    Precision,
-    RunConfig,
-    Schedule,
-    parse_value,
-)
+from attn.training.config_sections import Optimizer, Schedule
+from attn.training.precision import Precision
+from attn.training.runconfig import RunConfig, parse_value
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
 
@@ -40,7 +36,7 @@ def test_every_shipped_config_parses_and_round_trips(path):
 def test_a_config_written_as_toml_reads_back_equal(tmp_path):
     config = RunConfig().override(
         "task=lm", r'run_dir="runs/a \"quoted\" café\tdir"', "optim.eps=1e-9", "optim.lr=6e-4",
-        "model.preset=gpt2-tiny", "model.d_model=64", "model.norm=pre", "data.text_field=review",
+        "model.preset=gpt2-tiny", "model.d_model=64", "model.norm_placement=pre", "data.text_field=review",
         "train.max_minutes=2.5", "train.quiet=true",
     )
     path = tmp_path / "run.toml"
@@ -58,7 +54,7 @@ def test_paper_base_gpu_config_keeps_the_papers_model_and_optimizer():
     assert (optim.optimizer, optim.beta1, optim.beta2, optim.eps) == (Optimizer.ADAM, 0.9, 0.98, 1e-9)
     assert config.train.label_smoothing == 0.1
     assert (model.d_model, model.heads, model.d_ff, model.encoder_layers, model.decoder_layers) == (512, 8, 2048, 6, 6)
-    assert (model.norm, model.dropout, optim.schedule) == (NormPlacement.PRE, 0.3, Schedule.COSINE)
+    assert (model.norm_placement, model.dropout, optim.schedule) == (NormPlacement.PRE, 0.3, Schedule.COSINE)
 
 
 def test_toml_sections_and_overrides(tmp_path):

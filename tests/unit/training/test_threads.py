@@ -7,6 +7,7 @@ import torch
 from training_helpers import quick_config, reversal_builder
 
 from attn.core.errors import ConfigError
+from attn.training import machine as machine_module
 from attn.training import run_training
 from attn.training import trainer as trainer_module
 from attn.training.logs import read_metrics
@@ -66,6 +67,7 @@ def run_counting_threads(monkeypatch, config, seconds_at):
 
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(trainer_module, "accumulate_gradients", timed_accumulate)
+    monkeypatch.setattr(machine_module, "accumulate_gradients", timed_accumulate)
     monkeypatch.setattr(trainer_module.Trainer, "train_step", counting_step)
     return run_training(config, task_builder=reversal_builder()), counts
 

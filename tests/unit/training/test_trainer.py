@@ -16,9 +16,10 @@ from training_helpers import (
 )
 
 from attn.artifacts import checkpoint as ckpt
-from attn.data.batches import Batch, lm_batch
 from attn.core.errors import CheckpointError, ConfigError, TrainingError
 from attn.core.presets import preset
+from attn.data.batches import Batch, lm_batch
+from attn.training import machine as machine_module
 from attn.training import precision as precision_module
 from attn.training import run_training
 from attn.training import trainer as trainer_module
@@ -406,16 +407,17 @@ def timed_by_precision(monkeypatch, seconds, probe=(1e-3, 2.5e-4)):
     returns the precisions of the passes run, in order."""
     ran, now, accumulate = [], [0.0], trainer_module.accumulate_gradients
 
-    def timed(objective, *args, **kwargs):
+    def timed(module, objective, *args, **kwargs):
         with objective.autocast():
             ran.append("bf16" if torch.is_autocast_enabled("cpu") else "fp32")
         now[0] += seconds[ran[-1]]
-        return accumulate(objective, *args, **kwargs)
+        return accumulate(module, objective, *args, **kwargs)
 
     monkeypatch.delenv(precision_module.AUTO_ENV, raising=False)
     monkeypatch.setattr(precision_module, "_probe", lambda device, shape: probe)
     monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(trainer_module, "accumulate_gradients", timed)
+    monkeypatch.setattr(machine_module, "accumulate_gradients", timed)
     return ran
 
 
