@@ -16,7 +16,7 @@ from chat_models import tiny_chat_bundle
 from cli_helpers import ROOT, run_cli
 
 from attn.inference import chat as chat_module
-from attn.inference.chat import chat_config, conversation
+from attn.inference.chat import conversation
 from attn.app.cli import main
 from attn.inference.continuation import continue_texts
 from attn.artifacts import Bundle, load_model, save_model
@@ -36,7 +36,7 @@ def loaded(model: Path) -> Bundle:
 
 
 def answer_of(loaded: Bundle, messages: list[dict[str, str]]) -> str:
-    config = chat_config(loaded, GenerationConfig(max_new_tokens=LIMIT))
+    config = loaded.generation_config(GenerationConfig(max_new_tokens=LIMIT), chat=True)
     return continue_texts(loaded, [loaded.render_chat(messages)], config)[0][0].text
 
 
@@ -139,7 +139,7 @@ def test_generate_chat_answers_each_prompt_as_a_users_message(model: Path, loade
 
 @pytest.mark.parametrize(("args", "message"), [
     (("generate", "--system", "Be brief.", "Hi"), "--system: is the system message of a chat: give --chat as well"),
-    (("chat", "--top-p", "0.9"), "--top-p: only applies when sampling: give --temperature above 0 as well"),
+    (("chat", "--temperature", "-1"), "--temperature: must be >= 0, got -1.0; 0 decodes greedily"),
     (("chat", "--max-tokens", "0"), "--max-tokens: must be >= 1, got 0; use None for the default limit"),
 ])
 def test_flags_that_do_not_fit_are_refused_before_the_model_loads(args: tuple[str, ...], message: str,

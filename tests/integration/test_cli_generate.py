@@ -80,7 +80,7 @@ def test_prompts_from_a_file_are_decoded_in_batches_in_input_order(
 
 
 def test_sampling_draws_n_continuations_per_prompt_reproducibly(lm: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ("--model", str(lm), "--sample", "--n", "4", "--seed", "7", "--max-new-tokens", "12", *PROMPTS[:2])
+    args = ("--model", str(lm), "--temperature", "0.8", "--n", "4", "--seed", "7", "--max-new-tokens", "12", *PROMPTS[:2])
     found = generate_json(capsys, *args)
     assert [len(row["continuations"]) for row in found] == [4, 4]
     texts = [c["text"] for row in found for c in row["continuations"]]
@@ -118,7 +118,7 @@ def test_a_stop_string_ends_the_text_before_it_streamed_or_not(lm: Path, capsys:
 @pytest.mark.parametrize(("args", "message"), [
     (("--n", "0"), "--n: must be >= 1, got 0"),
     (("--n", "3"), "--n: greedy decoding and beam search give one continuation per prompt"),
-    (("--beam-size", "2", "--sample"), "--sample: beam search does not sample"),
+    (("--beam-size", "2", "--temperature", "0.8"), "--temperature: beam search does not sample"),
     (("--n-best", "2"), "--n-best: must be in [1, beam_size=1], got 2"),
     (("--beam-size", "2", "--stop", "x"), "--stop: beam search stops at EOS only"),
 ])

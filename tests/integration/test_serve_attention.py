@@ -15,7 +15,6 @@ from chat_models import TEXTS, tiny_gqa_chat_bundle
 from fastapi.testclient import TestClient
 
 from attn.inference.attention_views import token_pieces
-from attn.inference.chat import chat_config
 from attn.inference.continuation import prompt_ids
 from attn.app.serve import ServedModel, create_app
 from attn.app.serve.routes import MAX_ATTENTION_WEIGHTS
@@ -112,7 +111,7 @@ def test_each_token_of_a_streamed_chat_answer_carries_the_attention_that_chose_i
     assert all("attention" not in c for c in plain)
 
     prompt = prompt_ids(bundle, bundle.render_chat(messages))
-    (answer,) = generate(bundle.model, [prompt], chat_config(bundle, GenerationConfig(max_new_tokens=12)),
+    (answer,) = generate(bundle.model, [prompt], bundle.generation_config(GenerationConfig(max_new_tokens=12), chat=True),
                          bundle.eos_id)
     assert len(chunks) == len(answer)
     ids = prompt + answer

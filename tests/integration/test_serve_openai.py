@@ -14,7 +14,7 @@ from chat_models import tiny_chat_bundle
 from reference_imports import require
 from serve_models import tiny_bundles, uvicorn_serving
 
-from attn.inference.chat import chat_config, conversation
+from attn.inference.chat import conversation
 from attn.inference.classification import embed
 from attn.inference.continuation import continue_texts, prompt_ids
 from attn.app.serve import ServedModel, create_app
@@ -51,7 +51,7 @@ def library_answer(loaded: Bundle, messages: list[dict[str, str]], config: Gener
     """The answer's text, its finish reason and its token count (the end of the turn included), as the library
     decodes the conversation rendered by the model's template."""
     prompt = prompt_ids(loaded, loaded.render_chat(messages))
-    config = chat_config(loaded, config)
+    config = loaded.generation_config(config, chat=True)
     tokens = generate(loaded.model, [prompt], config, loaded.eos_id, loaded.tokenizer.decode)[0]
     text = continue_texts(loaded, [loaded.render_chat(messages)], config)[0][0].text
     ended = len(tokens) < config.max_new_tokens

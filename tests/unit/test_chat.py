@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from chat_models import SMOLLM2_TEMPLATE, tiny_chat_bundle
 
-from attn.inference.chat import ChatSession, chat_config, conversation
+from attn.inference.chat import ChatSession, conversation
 from attn.inference.continuation import continue_texts
 from attn.artifacts import Bundle, load_model, save_model
 from attn.artifacts.pretrained import export_pretrained
@@ -27,7 +27,7 @@ def chat() -> Bundle:
 
 def answer_of(loaded: Bundle, messages: list[dict[str, str]], config: GenerationConfig = LIMIT) -> str:
     """The library's answer: the rendered conversation's continuation, ended at the model's end of turn."""
-    return continue_texts(loaded, [loaded.render_chat(messages)], chat_config(loaded, config))[0][0].text
+    return continue_texts(loaded, [loaded.render_chat(messages)], loaded.generation_config(config, chat=True))[0][0].text
 
 
 def test_a_chat_template_renders_with_the_models_special_tokens(chat: Bundle) -> None:

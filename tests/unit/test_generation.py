@@ -23,7 +23,7 @@ from attn.decoding import (
 )
 from attn.decoding.beam_search import beam_search
 from attn.decoding.continuous import RunningBatch
-from attn.decoding.generation import StopStrings
+from attn.decoding.text import StopStrings
 from attn.decoding.sampling import tempered
 from attn.core.errors import GenerationError
 from attn.models import Decoder, EncoderDecoder, build_model

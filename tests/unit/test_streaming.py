@@ -17,7 +17,7 @@ from attn.inference.continuation import (
 from attn.artifacts import Bundle
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig, generate
-from attn.decoding.generation import StopStrings
+from attn.decoding.text import StopStrings
 from attn.models import build_model
 from attn.core.presets import preset
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from attn.app.allocator import keep_freed_memory
 from attn.inference.attention_views import attention_of
-from attn.inference.chat import ChatSession, chat_config, conversation
+from attn.inference.chat import ChatSession, conversation
 from attn.inference.classification import classify, embed
 from attn.app.cli_io import (
     flag_error,
@@ -59,9 +59,8 @@ from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import Tokenizer
-from attn.decoding import GenerationConfig
 from attn.core.errors import AttnError, CheckpointError, ConfigError, GenerationError
-from attn.core.linear import packed_weights
+from attn.core.linear import inference
 from attn.models import build_model, count_parameters
 from attn.core.presets import preset, preset_names
 from attn.training import (
@@ -87,7 +86,7 @@ def presets_table() -> list[dict[str, object]]:
         rows.append({
             "name": name, "architecture": cfg.architecture.value, "layers": f"{cfg.encoder_layers}+{cfg.decoder_layers}",
             "d_model": cfg.d_model, "heads": cfg.heads, "d_ff": cfg.d_ff, "vocab": cfg.vocab_size,
-            "positional": cfg.positional.value, "norm": cfg.norm.value, "parameters": params,
+            "positional": cfg.positional.value, "norm": cfg.norm_placement.value, "parameters": params,
         })
     return rows
 
@@ -122,8 +121,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    # Greedy unless asked to sample; checked before a model is loaded.
-    config = generation_config(args, **({"temperature": 0.8, "seed": 0} if args.sample else {}))
+    config = generation_config(args)  # checked before a model is loaded
     try:
         check_samples(args.n, config)
     except GenerationError as error:
@@ -135,15 +133,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts, shown = inputs, inputs  # shown: what is printed before each continuation
     if args.chat:  # each input is a user's message; its answer is printed alone
         prompts = [loaded.render_chat(conversation(text, args.system)) for text in inputs]
-        config, shown = chat_config(loaded, config), [""] * len(inputs)
+        shown = [""] * len(inputs)
     if len(prompts) == 1 and args.n == 1 and config.beam_size == 1 and not (args.json or args.output):
-        pieces = generate_stream(loaded, prompts[0], config)  # checks the prompt's length before anything is printed
+        pieces = generate_stream(loaded, prompts[0], config, args.chat)  # checks the prompt's length before anything is printed
         print(shown[0], end="", flush=True)
         for piece in pieces:
             print(piece, end="", flush=True)
         print()
         return 0
-    found = continue_texts(loaded, prompts, config, args.n)
+    found = continue_texts(loaded, prompts, config, args.n, chat=args.chat)
     if args.json:
         print(json.dumps([{"prompt": prompt, "continuations": [dataclasses.asdict(c) for c in continuations]}
                           for prompt, continuations in zip(inputs, found)], ensure_ascii=False))
@@ -153,9 +151,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    config = _chat_config(args)  # checked before a model is loaded
+    config = generation_config(args)  # checked before a model is loaded
     session = ChatSession(load_model(args.model, args.device, quantize=args.quantize), config, args.system)
-    with packed_weights(session.loaded.model):  # packed once for every answer, not once for each
+    with inference(session.loaded.model):  # weights packed once for every answer, not once for each
         return _chat_loop(session, args.model)
 
 
@@ -177,17 +175,6 @@ def _chat_loop(session: ChatSession, model: str) -> int:
             print("attn chat: a new conversation", file=sys.stderr)
         elif text:
             _answer(session, text)
-
-
-def _chat_config(args: argparse.Namespace) -> GenerationConfig:
-    """The decoding settings of `attn chat`: greedy at temperature 0, else sampled."""
-    if args.temperature == 0 and args.top_p is not None:
-        raise ConfigError("--top-p", "only applies when sampling: give --temperature above 0 as well")
-    sampled = {"sample": True, "temperature": args.temperature, "top_p": args.top_p or 1.0} if args.temperature else {}
-    try:
-        return GenerationConfig(max_new_tokens=args.max_new_tokens, seed=args.seed, **sampled)
-    except GenerationError as error:
-        raise flag_error(error, {"max_new_tokens": "--max-tokens"}) from None
 
 
 def _answer(session: ChatSession, text: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from attn.data.text import decode_text, read_text
-from attn.decoding import GenerationConfig
+from attn.decoding import GenerationConfig, requested
 from attn.core.errors import AttnError, ConfigError, GenerationError
 
 
@@ -58,20 +58,30 @@ def write_output(output: str, write: Callable[[Path], object]) -> None:
                         "writable directory") from err
 
 
-def generation_config(args: argparse.Namespace, **defaults: object):
-    # Sampling draws one continuation, so a command's default beam search gives way to it.
-    fields = {k: v for k, v in defaults.items() if not (args.sample and k in ("beam_size", "length_penalty"))}
+def generation_config(args: argparse.Namespace, **defaults: object) -> GenerationConfig:
+    """The decoding settings a command's flags ask for (`attn.decoding.requested`: --temperature 0, the default,
+    decodes greedily; above 0 it samples, and a command's default beam search gives way to it), with the
+    command's `defaults` for the flags not given.
+
+    Raises:
+        ConfigError: a setting out of range, naming its flag.
+    """
+    sampled = bool(getattr(args, "temperature", None))
+    fields = {k: v for k, v in defaults.items() if not (sampled and k in ("beam_size", "length_penalty"))}
     for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
                  "repetition_penalty", "no_repeat_ngram", "n_best", "stop"):
         value = getattr(args, name, None)
         if value is not None:
             fields[name] = value
-    if args.sample:
-        fields["sample"] = True
     try:
-        return GenerationConfig(**fields)
+        return requested(**fields)
     except GenerationError as error:
-        raise flag_error(error) from None
+        raise flag_error(error, {"sample": "--temperature", "max_new_tokens": f"--{_limit_flag(args)}"}) from None
+
+
+def _limit_flag(args: argparse.Namespace) -> str:
+    """The flag of the token limit: `attn chat` calls it --max-tokens, as the server does."""
+    return "max-tokens" if getattr(args, "command", None) == "chat" else "max-new-tokens"
 
 
 def flag_error(error: AttnError, flags: dict[str, str] | None = None) -> AttnError:

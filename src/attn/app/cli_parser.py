@@ -67,16 +67,20 @@ def _inputs(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
 def _decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam-size", dest="beam_size", type=int, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
-    p.add_argument("--sample", action="store_true", help="sample instead of searching")
-    p.add_argument("--temperature", type=float, help="sampling temperature (> 0)")
-    p.add_argument("--top-k", dest="top_k", type=int, help="keep the k most likely tokens")
-    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1]")
+    _sampling(p)
+    p.add_argument("--top-k", dest="top_k", type=int, help="keep the k most likely tokens (with --temperature)")
     p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float)
     p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int)
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
                    help="most new tokens (default: translate source length + 50; generate 200, fewer when the "
                    "model's positions run out)")
-    p.add_argument("--seed", type=int, help="seed of the sampler")
+
+
+def _sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float,
+                   help="0 (the default) decodes greedily; above 0 samples at that temperature")
+    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1] (with --temperature)")
+    p.add_argument("--seed", type=int, help="seed of the sampler (with --temperature)")
 
 
 def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
@@ -156,7 +160,7 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     _decoding(p)
     p.add_argument("--n-best", dest="n_best", type=int, help="beam search: give the n best hypotheses (<= --beam-size)")
     p.add_argument("--stop", action="append", help="end a continuation before this text (repeatable)")
-    p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --sample)")
+    p.add_argument("--n", type=int, default=1, help="continuations sampled per prompt (needs --temperature above 0)")
     p.add_argument("--chat", action="store_true",
                    help="each prompt is a user's message, written through the model's chat template, and the answer "
                    "ends at the end of the model's turn")
@@ -170,10 +174,7 @@ def command_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     p.add_argument("--system", help="the system message that starts every conversation (default: the template's own)")
     p.add_argument("--max-tokens", "--max-new-tokens", dest="max_new_tokens", type=int, metavar="N",
                    help="most tokens of one answer (default: 200, fewer when the model's positions run out)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature; 0 (the default) answers greedily")
-    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1] (with --temperature)")
-    p.add_argument("--seed", type=int, help="seed of the sampler (with --temperature)")
+    _sampling(p)
 
     p = _subcommand(sub, handlers, "classify",
                     "label texts (or TEXT<TAB>PAIR sentence pairs) with a trained classifier",

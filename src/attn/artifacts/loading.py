@@ -49,7 +49,7 @@ from attn.core.config import ModelConfig
 from attn.data.chat_template import ChatTemplate, end_of_turn_id
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
-from attn.decoding import GenerationConfig
+from attn.decoding import DEFAULT_NEW_TOKENS, GenerationConfig
 from attn.core.errors import ChatTemplateError, CheckpointError, ConfigError
 from attn.models import Decoder, EncoderDecoder, Model
 from attn.core.quantized import quantization_of
@@ -135,8 +135,15 @@ class Bundle:
         """
         return self.tokenizer.encode_batch(list(texts), add_special=self.rules.frame_sources)
 
-    def generation_config(self, config: GenerationConfig | None = None, **overrides: Any) -> GenerationConfig:
-        """`config` (the greedy defaults when None) with `overrides`, under this model's decoding `rules`.
+    def generation_config(self, config: GenerationConfig | None = None, *, prompt_length: int | None = None,
+                          chat: bool = False, **overrides: Any) -> GenerationConfig:
+        """`config` (the greedy defaults when None) with `overrides`, under this model's rules: the one place
+        that applies what a model decodes under, whatever the caller asks.
+
+        - its decoding `rules` (ids never generated, EOS forced at the limit);
+        - with `chat`, the ids that end its turn (`stop_ids`) end the answer as its EOS does;
+        - with `prompt_length` (a decoder-only model's longest prompt) and no limit in `config`, at most
+          `DEFAULT_NEW_TOKENS` new tokens, fewer when the model's positions run out first.
 
         Example:
             >>> from attn import Bundle, Tokenizer, build_model, preset
@@ -149,7 +156,13 @@ class Bundle:
             >>> decoding.max_new_tokens, decoding.suppress, decoding.force_eos
             (5, (0,), True)
         """
-        return self.rules.applied_to(dataclasses.replace(config or GenerationConfig(), **overrides))
+        config = self.rules.applied_to(dataclasses.replace(config or GenerationConfig(), **overrides))
+        if chat:
+            config = dataclasses.replace(config, stop_ids=tuple(sorted({*config.stop_ids, *self.stop_ids})))
+        if prompt_length is not None and config.max_new_tokens is None:
+            room = self.model.max_positions - prompt_length + 1  # the last new token is never fed back
+            config = dataclasses.replace(config, max_new_tokens=max(1, min(DEFAULT_NEW_TOKENS, room)))
+        return config
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The conversation as the model's chat template writes it, by default with the start of the answer.
@@ -398,7 +411,7 @@ def _check_tokenizer(bundle: Bundle) -> None:
             f"{path}: no tokenizer file attn can read (tokenizer.json, source.spm + target.spm + vocab.json, "
             "vocab.json + merges.txt, or vocab.txt); add one next to the weights"
         )
-    rows = min(config.vocab_size, config.source_vocab_size)
+    rows = min(config.vocab_size, config.src_vocab_size)
     if tokenizer.vocab_size > rows:
         raise CheckpointError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary only {rows}, so "

@@ -116,12 +116,21 @@ def packed_weights(model: object) -> Iterator[None]:
             layer.packing, layer._used, layer._packed = False, False, None
 
 
-def with_packed_weights(fn: Callable[Concatenate[M, P], R]) -> Callable[Concatenate[M, P], R]:
-    """`fn(model, ...)` run inside `packed_weights(model)`."""
+@contextlib.contextmanager
+def inference(model: object) -> Iterator[None]:
+    """The scope a model answers in: no autograd (`torch.inference_mode`) and its float32 linear weights packed
+    (`packed_weights`). Nested scopes share the outer one's packed weights, so an application that answers many
+    requests with one model enters it once around them all."""
+    with torch.inference_mode(), packed_weights(model):
+        yield
+
+
+def in_inference(fn: Callable[Concatenate[M, P], R]) -> Callable[Concatenate[M, P], R]:
+    """`fn(model, ...)` run inside `inference(model)`."""
 
     @functools.wraps(fn)
     def run(model: M, *args: P.args, **kwargs: P.kwargs) -> R:
-        with packed_weights(model):
+        with inference(model):
             return fn(model, *args, **kwargs)
 
     return run

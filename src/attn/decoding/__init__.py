@@ -1,11 +1,12 @@
 """Decoding: turning a model's scores into tokens.
 
-`config` holds the settings (`GenerationConfig`); `session` prefills a KV cache (`start_decoder`,
-`start_seq2seq`); `sampling` adjusts the scores and chooses a token; `beam_search` searches on the
-same sessions; `generation` runs greedy, sampled and streamed decodes (and beam search when
-`beam_size > 1`); `continuous` runs a batch that requests join and leave between decode steps (the
-server's continuous batching); `attention_maps` captures attention weights for plots and the server's viewer.
-Each module imports only those listed before it.
+`generation_config` holds the settings (`GenerationConfig`, and `requested`, which makes one from what a user
+asks, temperature 0 being greedy); `text` finds stop strings and streams a decode's text; `session` prefills a
+KV cache (`start_decoder`, `start_seq2seq`); `sampling` adjusts the scores and chooses a token; `beam_search`
+searches on the same sessions; `continuous` is the decoding loop of decoder-only models, a batch that rows join
+and leave between decode steps; `generation` holds the library's calls (`generate`, `stream`,
+`generate_seq2seq`, and beam search when `beam_size > 1`); `attention_maps` captures attention weights for plots
+and the server's viewer. Each module imports only those listed before it.
 """
 
 from attn.decoding.attention_maps import attention_maps, capture_attention
@@ -17,11 +18,13 @@ from attn.decoding.beam_search import (
     length_penalty,
 )
 from attn.decoding.generation_config import (
+    DEFAULT_NEW_TOKENS,
     PAPER_EXTRA_LENGTH,
     Decode,
     EarlyStopping,
     GenerationConfig,
     LengthNorm,
+    requested,
 )
 from attn.decoding.continuous import RowToken, RunningBatch
 from attn.decoding.generation import decode_rows, generate, generate_seq2seq, stream
@@ -33,11 +36,12 @@ from attn.decoding.sampling import (
     penalize_repeats,
 )
 from attn.decoding.session import Session, start_decoder, start_seq2seq
+from attn.decoding.text import StopStrings, TextStream, text_pieces
 
 __all__ = [
-    "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
-    "Session",
+    "DEFAULT_NEW_TOKENS", "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
+    "Session", "StopStrings", "TextStream",
     "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention",
     "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_top_k", "keep_top_p",
-    "length_penalty", "penalize_repeats", "start_decoder", "start_seq2seq", "stream",
+    "length_penalty", "penalize_repeats", "requested", "start_decoder", "start_seq2seq", "stream", "text_pieces",
 ]

@@ -53,7 +53,7 @@ from attn.decoding.session import (
     start_seq2seq,
 )
 from attn.core.errors import GenerationError
-from attn.core.linear import with_packed_weights
+from attn.core.linear import in_inference
 from attn.models import Decoder, EncoderDecoder
 
 NEG_INF = float("-inf")
@@ -282,8 +282,7 @@ def _check(config: GenerationConfig, eos_id: int | None) -> None:
         raise GenerationError("force_eos needs eos_id: pass the tokenizer's end-of-sequence id")
 
 
-@torch.inference_mode()
-@with_packed_weights
+@in_inference
 def beam_search(
     model: Decoder, prompts: Sequence[Sequence[int]], config: GenerationConfig, eos_id: int | None = None
 ) -> list[list[Hypothesis]]:
@@ -296,8 +295,7 @@ def beam_search(
     return search(start_decoder(model, prompts, config), config, eos_id)
 
 
-@torch.inference_mode()
-@with_packed_weights
+@in_inference
 def beam_search_seq2seq(
     model: EncoderDecoder,
     sources: Sequence[Sequence[int]],

@@ -1,5 +1,6 @@
-"""Continuous batching for decoder-only models: requests join a running batch between decode steps and
-leave it as soon as they are done.
+"""The decoding loop of decoder-only models: rows join a running batch between decode steps and leave it as
+soon as they are done. The library's `generate` and `stream`, the command line, chat and the server's
+continuous batching all decode through it.
 
 A `RunningBatch` keeps one KV cache for all its active rows. `add` queues a prompt with its own decoding
 settings (greedy or sampled, temperature, top-k, top-p, seed, penalties, stop strings, token limit).
@@ -14,7 +15,7 @@ Each `step`:
 4. feeds the remaining rows' tokens in one `decode_one_token`.
 
 Padding is masked and positions count real tokens only, so each row gets the tokens and scores it gets
-decoded alone with `generate` (scores equal up to float rounding of the larger matrix products),
+decoded alone (scores equal up to float rounding of the larger matrix products),
 whatever joins or leaves around it. Only the batch's longest row sets the cache length, so a short
 request that joins a long one attends over padding it skips, and no row ever needs more than
 `max_positions` columns.
@@ -22,23 +23,27 @@ request that joins a long one attends over padding it skips, and no row ever nee
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Hashable, Sequence
 
 import torch
 from torch import Tensor
 
+from attn.core.errors import GenerationError
+from attn.core.kv_cache import KVCache, stack_rows
+from attn.core.linear import packed_weights
 from attn.decoding.generation_config import Decode, GenerationConfig
-from attn.decoding.generation import StopStrings, check_call
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
+    check_call,
     check_prompts,
     decode_one_token,
     decoder_limit,
+    model_device,
     start_decoder,
 )
-from attn.core.errors import GenerationError
-from attn.core.kv_cache import KVCache, stack_rows
+from attn.decoding.text import StopStrings
 from attn.models import Decoder
 
 
@@ -108,13 +113,16 @@ class RunningBatch:
         self.pending: list[_Row] = []
         self.cache: KVCache | None = None
         self.logits: Tensor | None = None  # (len(rows), V): each running row's next-token scores
+        self._packing = contextlib.ExitStack()  # the model's packed weights, held while rows run
 
     def __len__(self) -> int:
         """Rows running or waiting to join."""
         return len(self.rows) + len(self.pending)
 
-    def add(self, key: Hashable, prompt: Sequence[int], config: GenerationConfig) -> None:
-        """Queues a prompt; it joins the batch at the next `step`.
+    def add(self, key: Hashable, prompt: Sequence[int], config: GenerationConfig,
+            generator: torch.Generator | None = None) -> None:
+        """Queues a prompt; it joins the batch at the next `step`. A sampled row draws from `generator` when one
+        is given (rows may share one), else from its own, seeded by `config.seed`.
 
         Raises:
             GenerationError: beam search (it cannot join a batch row by row), an empty prompt, an id
@@ -126,10 +134,15 @@ class RunningBatch:
         check_call(config, self.eos_id, self.decode)
         check_prompts(self.model, [prompt])
         limit = decoder_limit(config.max_new_tokens, len(prompt), self.model.max_positions)
-        device = self.model.lm_head.weight.device
         stops = StopStrings(config.stop, self.decode) if config.stop and self.decode is not None else None
-        generator = seeded_generator(config.seed, device)
+        generator = generator if generator is not None else seeded_generator(config.seed, model_device(self.model))
         self.pending.append(_Row(key, config, limit, list(prompt), len(prompt), generator, stops))
+
+    def close(self) -> None:
+        """Drops every row, running or waiting, and releases the model's packed weights."""
+        self.pending = []
+        self._keep([])
+        self._packing.close()
 
     def remove(self, key: Hashable) -> None:
         """Drops a row (e.g. its client went away); an unknown or finished key is ignored."""
@@ -143,7 +156,7 @@ class RunningBatch:
         Returns:
             One `RowToken` per row that was active in this step, in batch order.
         """
-        self._join()
+        self.prefill()
         steps = [self._choose(i, row) for i, row in enumerate(self.rows)]
         self._keep([i for i, step in enumerate(steps) if step.finish is None])
         if self.rows:
@@ -151,9 +164,17 @@ class RunningBatch:
             self.logits = decode_one_token(self.model, tokens, self.cache)
         return steps
 
-    def _join(self) -> None:
+    @torch.inference_mode()
+    def prefill(self) -> None:
+        """Joins the queued prompts now (`step` does it first): their errors and the prefill come before any token.
+
+        While rows run, the model's float32 linear weights stay packed for the CPU (`packed_weights`); they are
+        released when the last row leaves.
+        """
         if not self.pending:
             return
+        if self.cache is None:
+            self._packing.enter_context(packed_weights(self.model))
         capacity = max(row.capacity for row in self.rows + self.pending)
         longest = max(row.prompt_length for row in self.pending)
         prefill = GenerationConfig(max_new_tokens=max(row.capacity for row in self.pending) - longest + 1)
@@ -189,6 +210,7 @@ class RunningBatch:
         self.rows = [self.rows[i] for i in kept]
         if not kept:
             self.cache = self.logits = None
+            self._packing.close()
             return
         index = torch.tensor(kept, device=self.logits.device)
         self.cache.reorder(index)

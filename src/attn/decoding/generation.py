@@ -1,114 +1,61 @@
-"""Decoding with the KV cache: greedy, sampled and streamed generation, as small free functions.
+"""The library's decoding calls: `generate` and `stream` for a decoder-only model, `generate_seq2seq` for an
+encoder-decoder, and beam search when `config.beam_size > 1`.
 
-A decode starts from a `Session`. `start_decoder` left-pads the prompts and prefills a `KVCache`
-with all of them in one `decode_step` (the model numbers each row's positions from its mask, so a
-padded row decodes as if alone); `start_seq2seq` encodes the right-padded sources once (`new_cache`
-computes every layer's cross-attention keys and values) and feeds the start token. Each later step
-feeds one token per row (`decode_one_token`); no prefix is ever recomputed. Before a token is
-chosen, `adjust_logits` applies the repetition penalty, the n-gram ban, the suppressed tokens and
-the forced final EOS; `choose_tokens` then takes the argmax or samples (temperature, top-k,
-top-p). Beam search (`attn.decoding.beam_search`) starts from the same sessions.
+A decoder-only model decodes in a `RunningBatch` (`attn.decoding.continuous`), the one loop that the library,
+the command line, chat and the server share: `generate` adds every prompt at once and collects the new tokens,
+`stream` adds one and yields them as they come. An encoder-decoder's sources are encoded once (`start_seq2seq`)
+and decoded by `decode_rows`; beam search (`attn.decoding.beam_search`) starts from the same sessions.
 
 Conventions:
 - The lists returned hold the new tokens only: no prompt, no start token, no EOS (nor one of
   `config.stop_ids`, which end a row as EOS does). A stop string ends its row after the token that
   completes it; that token is kept.
-- A row stops at EOS or a stop id, at a stop string, or after its own token limit. Finished rows leave the
-  batch (`KVCache.reorder`), so the others go on with a smaller one.
-- Lengths are checked before anything runs. A decoder-only cache holds the longest (left-padded)
-  prompt and the new tokens but the last, which is never fed back; that must fit in the model's
-  `max_positions`. Translations default to source length + 50 tokens (section 6.1 of the paper).
+- A row stops at EOS or a stop id, at a stop string, or after its token limit, and leaves the batch
+  (`KVCache.reorder`), so the others go on with a smaller one.
+- Lengths are checked before anything runs: a prompt and its new tokens but the last, which is never fed back,
+  must fit in the model's `max_positions`; without a limit, a batch of prompts gets all the room its longest
+  one leaves. Translations default to source length + 50 tokens (section 6.1 of the paper).
 - Call `model.eval()` first: in training mode dropout makes every decode random.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
+from attn.core.errors import GenerationError
+from attn.core.linear import in_inference
 from attn.decoding.beam_search import beam_search, beam_search_seq2seq
+from attn.decoding.continuous import RunningBatch
 from attn.decoding.generation_config import Decode, GenerationConfig
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
     Session,
+    check_call,
+    check_prompts,
     decode_one_token,
-    start_decoder,
+    decoder_limit,
+    model_device,
     start_seq2seq,
 )
-from attn.core.errors import GenerationError
-from attn.core.linear import packed_weights, with_packed_weights
 from attn.models import Decoder, EncoderDecoder
 
 
-class StopStrings:
-    """A row's stop strings: whether its newest token completes one (decoding only its last tokens),
-    and how much of its text may be shown (`cut`, `ready`). Generation, streamed text and the
-    server all stop through it.
-
-    A stop string of b UTF-8 bytes spans at most b tokens that render text (a byte-level tokenizer
-    splits a character over up to 4) and any tokens between them that render nothing (special
-    tokens, which decoding skips); 4 more tokens give the decoders that render a token by its
-    neighbours (a metaspace, a joined word piece) their context.
-
-    Example:
-        >>> stops = StopStrings(("fc",), lambda ids: "".join(chr(i) for i in ids if i < 128))
-        >>> stops.completed([ord("f"), *[500] * 9, ord("c")])  # nine ids that render nothing between
-        True
-        >>> stops.cut("abfcd"), stops.ready("abf"), stops.ready("abfcd")  # "f" may start "fc": held back
-        ('ab', ('ab', False), ('ab', True))
-    """
-
-    def __init__(self, stop: Sequence[str], decode: Decode) -> None:
-        self.stop, self.decode = tuple(stop), decode
-        self.window = max((len(s.encode("utf-8")) for s in self.stop), default=0) + 4
-        self._renders = functools.cache(lambda token: decode([token]) != "")
-
-    def completed(self, tokens: Sequence[int], first: int = 0) -> bool:
-        """Whether `tokens[first:]` (a row's new tokens, oldest first) hold a stop string."""
-        start, need = len(tokens), self.window
-        while start > first and need > 0:
-            start -= 1
-            need -= self._renders(tokens[start])
-        return self.index(self.decode(list(tokens[start:]))) is not None
-
-    def index(self, text: str) -> int | None:
-        """Where the first of the stop strings found in `text` starts, or None."""
-        return min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=None)
-
-    def cut(self, text: str) -> str:
-        """The text before its first stop string: what a finished continuation shows."""
-        end = self.index(text)
-        return text if end is None else text[:end]
-
-    def ready(self, text: str) -> tuple[str, bool]:
-        """What may be shown of `text`, the unshown end of a stream that may still grow, and whether a
-        stop string ended it: the text before the first stop string, else all but its longest end
-        that is the start of a stop string (shown, or dropped, once the next text tells which)."""
-        end = self.index(text)
-        if end is not None:
-            return text[:end], True
-        keep = max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
-        return text[: len(text) - keep], False
-
-
-def decode_rows(
-    session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None = None
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Greedy or sampled decoding of a session, one step at a time.
+def decode_rows(session: Session, config: GenerationConfig, eos_id: int | None) -> Iterator[tuple[Tensor, Tensor]]:
+    """Greedy or sampled decoding of a session (an encoder-decoder's), one step at a time.
 
     Yields:
         (rows, tokens), both (R,) long: the session row of each still active row and its new token.
-        A row appears for the last time with its EOS, stop-string or last allowed token.
+        A row appears for the last time with its EOS or last allowed token.
     """
     generator = seeded_generator(config.seed, session.logits.device)
     rows = torch.arange(session.logits.size(0), device=session.logits.device)
     logits, history, limits = session.logits, session.history, session.limits
     ends = torch.tensor(config.end_ids(eos_id), dtype=torch.long, device=rows.device)
-    stops = StopStrings(config.stop, decode) if config.stop and decode is not None else None
-    new: list[list[int]] = [[] for _ in range(logits.size(0))] if stops is not None else []  # rows' new tokens
     for step in range(int(limits.max())):
         column = session.offset + step
         logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1)
@@ -116,39 +63,15 @@ def decode_rows(
         history[:, column] = tokens
         yield rows, tokens
         done = (limits == step + 1) | torch.isin(tokens, ends)
-        if stops is not None:
-            for row, token in zip(new, tokens.tolist(), strict=True):
-                row.append(token)
-            done |= torch.tensor([stops.completed(row) for row in new], device=done.device)
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 return
             session.cache.reorder(keep, sources=keep)
             rows, tokens, history, limits = rows[keep], tokens[keep], history[keep], limits[keep]
-            new = [new[i] for i in keep.tolist()] if stops is not None else []
         logits = decode_one_token(session.model, tokens, session.cache)
 
 
-def check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | None) -> None:
-    """Raises a GenerationError when `config` needs what the call did not give (a decode function, an EOS id)."""
-    if config.stop and decode is None:
-        raise GenerationError("stop strings need the tokenizer's decode function: pass decode=tokenizer.decode")
-    if config.force_eos and eos_id is None:
-        raise GenerationError("force_eos needs eos_id: pass the tokenizer's end-of-sequence id")
-
-
-def _collect(steps: Iterator[tuple[Tensor, Tensor]], batch: int, ends: tuple[int, ...]) -> list[list[int]]:
-    outputs: list[list[int]] = [[] for _ in range(batch)]
-    for rows, tokens in steps:
-        for row, token in zip(rows.tolist(), tokens.tolist()):
-            if token not in ends:
-                outputs[row].append(token)
-    return outputs
-
-
-@torch.inference_mode()
-@with_packed_weights
 def generate(
     model: Decoder,
     prompts: Sequence[Sequence[int]],
@@ -156,9 +79,10 @@ def generate(
     eos_id: int | None = None,
     decode: Decode | None = None,
 ) -> list[list[int]]:
-    """Continues each prompt with a decoder-only model, all prompts in one left-padded batch.
+    """Continues each prompt with a decoder-only model, all prompts in one batch.
 
-    Greedy or sampled per `config`; with `config.beam_size > 1` the best beam-search hypothesis.
+    Greedy or sampled per `config` (one generator, seeded by `config.seed`, draws every row's tokens); with
+    `config.beam_size > 1` the best beam-search hypothesis.
 
     Args:
         model: the language model, in eval mode.
@@ -181,14 +105,25 @@ def generate(
     """
     check_call(config, eos_id, decode)
     if config.beam_size > 1:
-
         return [hypotheses[0].tokens for hypotheses in beam_search(model, prompts, config, eos_id)]
-    session = start_decoder(model, prompts, config)
-    return _collect(decode_rows(session, config, eos_id, decode), len(prompts), config.end_ids(eos_id))
+    check_prompts(model, prompts)
+    limit = decoder_limit(config.max_new_tokens, max(map(len, prompts)), model.max_positions)
+    config = dataclasses.replace(config, max_new_tokens=limit)
+    batch = RunningBatch(model, eos_id, decode)
+    generator = seeded_generator(config.seed, model_device(model))
+    for key, prompt in enumerate(prompts):
+        batch.add(key, prompt, config, generator)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    ends = config.end_ids(eos_id)
+    with contextlib.closing(batch):
+        while len(batch):
+            for step in batch.step():
+                if step.token not in ends:
+                    outputs[step.key].append(step.token)
+    return outputs
 
 
-@torch.inference_mode()
-@with_packed_weights
+@in_inference
 def generate_seq2seq(
     model: EncoderDecoder,
     sources: Sequence[Sequence[int]],
@@ -215,11 +150,16 @@ def generate_seq2seq(
     """
     check_call(config, eos_id, None)
     if config.beam_size > 1:
-
         found = beam_search_seq2seq(model, sources, start_id, eos_id, pad_id, config)
         return [hypotheses[0].tokens for hypotheses in found]
     session = start_seq2seq(model, sources, start_id, pad_id, config)
-    return _collect(decode_rows(session, config, eos_id), len(sources), config.end_ids(eos_id))
+    outputs: list[list[int]] = [[] for _ in sources]
+    ends = config.end_ids(eos_id)
+    for rows, tokens in decode_rows(session, config, eos_id):
+        for row, token in zip(rows.tolist(), tokens.tolist(), strict=True):
+            if token not in ends:
+                outputs[row].append(token)
+    return outputs
 
 
 def stream(
@@ -234,22 +174,18 @@ def stream(
     The prompt is prefilled (and every argument checked) when `stream` is called; tokens are
     decoded as the iterator is consumed.
     """
-    check_call(config, eos_id, decode)
     if config.beam_size > 1:
         raise GenerationError("beam search cannot stream: its best hypothesis is known only at the end; "
                               "set beam_size=1")
-    with torch.inference_mode():
-        session = start_decoder(model, [prompt], config)
-    return _stream_tokens(session, config, eos_id, decode)
+    batch = RunningBatch(model, eos_id, decode)
+    batch.add(0, prompt, config)
+    batch.prefill()
+    return _stream_tokens(batch, config.end_ids(eos_id))
 
 
-@torch.inference_mode()
-def _stream_tokens(
-    session: Session, config: GenerationConfig, eos_id: int | None, decode: Decode | None
-) -> Iterator[int]:
-    ends = config.end_ids(eos_id)
-    with packed_weights(session.model):
-        for _, tokens in decode_rows(session, config, eos_id, decode):
-            token = int(tokens[0])
-            if token not in ends:
-                yield token
+def _stream_tokens(batch: RunningBatch, ends: tuple[int, ...]) -> Iterator[int]:
+    with contextlib.closing(batch):  # a stream left part way frees its rows and packed weights
+        while len(batch):
+            for step in batch.step():
+                if step.token not in ends:
+                    yield step.token

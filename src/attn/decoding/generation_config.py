@@ -6,11 +6,13 @@ import dataclasses
 import enum
 import math
 from collections.abc import Callable
+from typing import Any
 
 from attn.core.config import coerce_fields
 from attn.core.errors import ConfigError, GenerationError
 
 PAPER_EXTRA_LENGTH = 50  # section 6.1: "maximum output length to input length + 50"
+DEFAULT_NEW_TOKENS = 200  # a decoder-only model's continuation when nothing sets a limit
 
 Decode = Callable[[list[int]], str]
 
@@ -124,3 +126,29 @@ class GenerationConfig:
             _fail("sample", "beam search does not sample; set beam_size=1 to sample or sample=False")
         if self.beam_size > 1 and self.stop:
             _fail("stop", "beam search stops at EOS only; set beam_size=1 to use stop strings")
+
+
+def requested(temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+              **fields: Any) -> GenerationConfig:
+    """The decoding settings a user asked for (command-line flags, a request body, library arguments), in one
+    convention, OpenAI's: temperature 0 (the default) decodes greedily, and top_p and top_k then change nothing;
+    above 0 it samples at that temperature. A setting given as None takes its default.
+
+    Raises:
+        GenerationError: a setting out of range, naming its field.
+
+    Example:
+        >>> requested(temperature=0, top_p=0.9).sample, requested(temperature=0.7, top_p=0.9).top_p
+        (False, 0.9)
+    """
+    asked = {name: value for name, value in fields.items() if value is not None}
+    if temperature is not None and not (temperature >= 0 and math.isfinite(temperature)):
+        _fail("temperature", f"must be >= 0, got {temperature}; 0 decodes greedily")
+    if top_p is not None and not 0 < top_p <= 1:  # out of range is a mistake, greedy or not
+        _fail("top_p", f"must be in (0, 1], got {top_p}; 1.0 turns nucleus sampling off")
+    if top_k is not None and top_k < 0:
+        _fail("top_k", f"must be >= 0, got {top_k}; 0 turns top-k filtering off")
+    if temperature:
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        asked |= {"sample": True} | {name: value for name, value in sampling.items() if value is not None}
+    return GenerationConfig(**asked)

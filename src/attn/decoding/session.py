@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from attn.decoding.generation_config import PAPER_EXTRA_LENGTH, GenerationConfig
+from attn.decoding.generation_config import PAPER_EXTRA_LENGTH, Decode, GenerationConfig
 from attn.core.errors import GenerationError
 from attn.core.kv_cache import KVCache
 from attn.models import Decoder, EncoderDecoder
@@ -49,6 +49,12 @@ class Session:
     limits: Tensor
 
 
+def model_device(model: object) -> torch.device:
+    """Where a model's weights are (the CPU for a stand-in without parameters, which tests script)."""
+    parameters = model.parameters() if isinstance(model, torch.nn.Module) else iter(())
+    return next(parameters, torch.empty(0)).device
+
+
 def decode_one_token(model: Steppable, tokens: Tensor, cache: KVCache) -> Tensor:
     """Feeds one token per row (R,) to the cache; returns the next token's scores (R, V), float."""
     return model.decode_step(tokens[:, None], cache)[:, -1].float()
@@ -71,6 +77,14 @@ def start_decoder(model: Decoder, prompts: Sequence[Sequence[int]], config: Gene
     logits = model.decode_step(prompt.clamp(min=0), cache, prompt >= 0, last_only=True)[:, -1].float()
     limits = torch.full((len(prompts),), limit, dtype=torch.long, device=history.device)
     return Session(model, cache, logits, history, longest, limits)
+
+
+def check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | None) -> None:
+    """Raises a GenerationError when `config` needs what the call did not give (a decode function, an EOS id)."""
+    if config.stop and decode is None:
+        raise GenerationError("stop strings need the tokenizer's decode function: pass decode=tokenizer.decode")
+    if config.force_eos and eos_id is None:
+        raise GenerationError("force_eos needs eos_id: pass the tokenizer's end-of-sequence id")
 
 
 def check_prompts(model: Decoder, prompts: Sequence[Sequence[int]]) -> None:

@@ -3,13 +3,12 @@ server's chat completions call.
 
 A conversation becomes a prompt through the model's template (`Bundle.render_chat`, which ends it with the start
 of the assistant's answer); the answer is that prompt's continuation (`attn.inference.continuation`), decoded under
-`chat_config`, which ends it at the model's end of turn as well as at its EOS. `ChatSession` keeps the history of
-one conversation.
+the model's rules for a chat (`Bundle.generation_config(chat=True)`), which end it at the model's end of turn as
+well as at its EOS. `ChatSession` keeps the history of one conversation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 from attn.inference.continuation import generate_stream
@@ -20,11 +19,6 @@ from attn.decoding import GenerationConfig
 from attn.models import Decoder
 
 Message = dict[str, str]
-
-
-def chat_config(loaded: Bundle, config: GenerationConfig) -> GenerationConfig:
-    """`config` that also ends an answer at the ids that end the model's turn (`Bundle.stop_ids`)."""
-    return dataclasses.replace(config, stop_ids=tuple(sorted({*config.stop_ids, *loaded.stop_ids})))
 
 
 def conversation(text: str, system: str | None = None) -> list[Message]:
@@ -66,7 +60,7 @@ class ChatSession:
         expect_model(loaded, Decoder, "chat")
         loaded.compiled_chat_template()  # a model without a template is refused before the first message
         self.loaded = loaded
-        self.config = chat_config(loaded, config)
+        self.config = config
         self.system = system
         self.messages: list[Message] = []
         self.reset()
@@ -89,7 +83,7 @@ class ChatSession:
             TextError: `text` is not valid Unicode.
         """
         messages = [*self.messages, {"role": "user", "content": check_unicode(text, "message")}]
-        pieces = generate_stream(self.loaded, self.loaded.render_chat(messages), self.config)
+        pieces = generate_stream(self.loaded, self.loaded.render_chat(messages), self.config, chat=True)
         return self._answer(messages, pieces)
 
     def _answer(self, messages: list[Message], pieces: Iterator[str]) -> Iterator[str]:

@@ -2,51 +2,46 @@
 
 `generate_stream` and `CompletionText` give a continuation's text as its tokens arrive (`TextStream`:
 whole characters, nothing of a stop string); `continue_texts` gives whole continuations. Stop strings
-are found by `attn.decoding.generation.StopStrings`, the one that ends the decode, so a streamed
-continuation and a whole one show the same text.
+are found by `attn.decoding.text.StopStrings`, the one that ends the decode, so a streamed
+continuation and a whole one show the same text. The model's own rules and the default limit
+(`DEFAULT_NEW_TOKENS`) come from `Bundle.generation_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from torch import Tensor
 
-from attn.inference.inputs import expect_model
 from attn.artifacts import Bundle
-from attn.decoding import Decode, GenerationConfig, generate, stream
-from attn.decoding.beam_search import beam_search
-from attn.decoding.generation import StopStrings
 from attn.core.errors import GenerationError
+from attn.decoding import GenerationConfig, StopStrings, TextStream, generate, stream, text_pieces
+from attn.decoding.beam_search import beam_search
+from attn.inference.inputs import expect_model
 from attn.models import Decoder
 
-DEFAULT_NEW_TOKENS = 200  # what `generate_stream` and `continue_texts` write when the config sets no limit
-# The last tokens a stream decodes again with each new one: a UTF-8 character has at most 4 bytes and a
-# token at least one, so a character still arriving lies inside them (see `TextStream`).
-_WINDOW = 4
 
-
-def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig) -> Iterator[str]:
+def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig, chat: bool = False) -> Iterator[str]:
     """Continues a prompt with the decoder-only model, yielding text pieces as tokens arrive.
 
     Pieces hold whole characters only, and end before the first of `config.stop` (text that may
     be the start of a stop string is held back until it is known not to be one); together they are
     the continuation's text as `continue_texts` gives it for the same tokens.
 
-    The prompt is checked and prefilled when this is called, so its errors come before any text.
-    Without `config.max_new_tokens`, at most `DEFAULT_NEW_TOKENS` tokens are written, fewer when the
-    model's positions run out first.
+    The prompt is checked and prefilled when this is called, so its errors come before any text. The model's
+    rules apply (`Bundle.generation_config`: its bans, its end of turn with `chat`, and without
+    `config.max_new_tokens` at most `DEFAULT_NEW_TOKENS` new tokens).
 
     Raises:
         GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
     """
     expect_model(loaded, Decoder, "text generation")
     ids = prompt_ids(loaded, prompt)
+    config = loaded.generation_config(config, prompt_length=len(ids), chat=chat)
     decode = loaded.tokenizer.decode
-    tokens = stream(loaded.model, ids, default_limit(config, loaded, len(ids)), eos_id=loaded.eos_id, decode=decode)
-    return text_pieces(tokens, decode, config.stop)
+    return text_pieces(stream(loaded.model, ids, config, eos_id=loaded.eos_id, decode=decode), decode, config.stop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,13 +124,12 @@ class Continuation:
 
 
 def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationConfig, samples: int = 1,
-                   batch_size: int = 32) -> list[list[Continuation]]:
+                   batch_size: int = 32, chat: bool = False) -> list[list[Continuation]]:
     """Continues every prompt with the decoder-only model, in left-padded batches of similar prompt length.
 
     A prompt gets `samples` sampled continuations (`config.sample`), its `config.n_best` best
     beam-search hypotheses (`config.beam_size > 1`, best first), or its greedy continuation. Each
-    text is what `generate_stream` would show. Without `config.max_new_tokens` a batch writes at
-    most `DEFAULT_NEW_TOKENS` tokens, fewer when its longest prompt leaves less room.
+    text is what `generate_stream` would show, under the model's rules (`Bundle.generation_config`).
 
     Args:
         loaded: a decoder-only model and its tokenizer.
@@ -143,6 +137,7 @@ def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationCon
         config: the decoding settings.
         samples: continuations drawn per prompt (more than one needs sampling).
         batch_size: rows decoded together (a prompt's samples are rows).
+        chat: the prompts are conversations written by the chat template: the model's end of turn ends them.
 
     Returns:
         For every prompt, in input order, its continuations.
@@ -161,7 +156,7 @@ def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationCon
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         batch = [ids[rows[row]] for row in chunk]
-        for row, continuations in zip(chunk, _continue_batch(loaded, batch, config), strict=True):
+        for row, continuations in zip(chunk, _continue_batch(loaded, batch, config, chat), strict=True):
             found[row] = continuations
     return [[c for row in range(i * samples, (i + 1) * samples) for c in found[row]] for i in range(len(prompts))]
 
@@ -175,8 +170,9 @@ def check_samples(samples: int, config: GenerationConfig) -> None:
                               f"{samples}, or ask beam search for its n best", "samples")
 
 
-def _continue_batch(loaded: Bundle, prompts: list[list[int]], config: GenerationConfig) -> list[list[Continuation]]:
-    config = default_limit(config, loaded, max(map(len, prompts)))
+def _continue_batch(loaded: Bundle, prompts: list[list[int]], config: GenerationConfig,
+                    chat: bool) -> list[list[Continuation]]:
+    config = loaded.generation_config(config, prompt_length=max(map(len, prompts)), chat=chat)
     text = loaded.tokenizer.decode
     if config.beam_size > 1:  # beam search has no stop strings
         found = beam_search(loaded.model, prompts, config, loaded.eos_id)
@@ -194,91 +190,3 @@ def prompt_ids(loaded: Bundle, prompt: str) -> list[int]:
             raise GenerationError("empty prompt and the tokenizer has no start token: give a prompt")
         ids = [loaded.start_id]
     return ids
-
-
-def default_limit(config: GenerationConfig, loaded: Bundle, longest: int) -> GenerationConfig:
-    """`config` with `DEFAULT_NEW_TOKENS` as its limit when it sets none, fewer when the positions run out."""
-    if config.max_new_tokens is not None:
-        return config
-    room = loaded.model.max_positions - longest + 1  # as in generation: the last token is never fed back
-    return dataclasses.replace(config, max_new_tokens=max(1, min(DEFAULT_NEW_TOKENS, room)))
-
-
-def text_pieces(tokens: Iterable[int], decode: Decode, stop: Sequence[str] = ()) -> Iterator[str]:
-    """The text of a token stream in pieces, as the tokens arrive; the pieces add up to
-    `StopStrings(stop, decode).cut(decode(all tokens))`. No token after the one that completes a stop
-    string is read."""
-    text = TextStream(decode, stop)
-    for token in tokens:
-        piece = text.push(token)
-        if piece:
-            yield piece
-        if text.stopped:
-            return
-    rest = text.finish()
-    if rest:
-        yield rest
-
-
-class TextStream:
-    """The text of a token stream, pushed one token at a time: what `attn generate` prints and a server
-    streams to its clients.
-
-    `push` returns the new text of each token, in complete characters, decoding a window of the last
-    `_WINDOW` tokens only. A byte-level tokenizer (GPT-2, byte-bpe) decodes a character split across
-    tokens as U+FFFD until its last byte arrives, so a final U+FFFD is held back until the next token;
-    the earlier tokens of the window give decoders that join tokens (a metaspace or a space between
-    words) the context to render the newest one as the whole text does. What of the new text may be
-    shown is `StopStrings.ready`'s call: text that may be the start of a stop string is held back until
-    it is known not to be one; at the first stop string, `stopped` turns True and nothing more is
-    shown. The pieces of all `push` calls and `finish` add up to `StopStrings.cut(decode(all tokens))`.
-
-    Example:
-        >>> text = TextStream(lambda ids: "".join(chr(i) for i in ids), stop=["!?"])
-        >>> [text.push(ord(c)) for c in "hi!"], text.push(ord("?")), text.stopped
-        (['h', 'i', ''], '', True)
-    """
-
-    def __init__(self, decode: Decode, stop: Sequence[str] = ()) -> None:
-        self._decode = decode
-        self._stops = StopStrings(stop, decode)
-        self._window: list[int] = []
-        self._shown = ""  # the part of decode(window) already passed on
-        self._held = ""  # text passed on by the window but not yet shown (see `StopStrings.ready`)
-        self.stopped = False
-
-    def push(self, token: int) -> str:
-        """The text that `token` makes ready to show ('' when all of it is held back or the stream stopped)."""
-        if self.stopped:
-            return ""
-        self._window.append(token)
-        ready = _finished(self._decode(self._window))
-        piece = ready[len(self._shown):]
-        self._shown = ready
-        if len(self._window) > _WINDOW:
-            self._window = self._window[-_WINDOW:]
-            self._shown = _finished(self._decode(self._window))  # all of it was shown but a held-back last character
-        return self._ready(piece)
-
-    def finish(self) -> str:
-        """What is left to show when the stream ends: a held-back character or possible start of a stop string."""
-        if self.stopped:
-            return ""
-        piece = self._ready(self._decode(self._window)[len(self._shown):])
-        if self.stopped:
-            return piece
-        piece, self._held = piece + self._held, ""
-        return piece
-
-    def _ready(self, piece: str) -> str:
-        """What may be shown now that `piece` has arrived after the held text."""
-        if not piece:
-            return ""
-        shown, self.stopped = self._stops.ready(self._held + piece)
-        self._held = (self._held + piece)[len(shown):]
-        return shown
-
-
-def _finished(text: str) -> str:
-    """The text without a final U+FFFD, which may be the start of a character still to come."""
-    return text[:-1] if text.endswith("\ufffd") else text

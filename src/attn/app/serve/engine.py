@@ -38,7 +38,7 @@ from torch import nn
 
 from attn.decoding import GenerationConfig, RowToken, RunningBatch
 from attn.core.errors import AttnError
-from attn.core.linear import packed_weights
+from attn.core.linear import inference
 
 _END = object()  # closes a stream
 _LATENCY_MEMORY = 0.9  # weight of the past in the mean job latency behind Retry-After
@@ -136,7 +136,7 @@ class Engine:
             new-token room of the rows in the running batch. A job larger than the budget runs alone.
         metrics: where the queue length and batch sizes go (None: nowhere).
         model: the model the jobs run, whose linear weights stay packed while the engine runs
-            (`attn.core.linear.packed_weights`: served weights never change).
+            (`attn.core.linear.inference`: served weights never change).
     """
 
     def __init__(self, name: str, running: RunningBatch | None, batching: bool, max_queue: int,
@@ -244,7 +244,7 @@ class Engine:
     # -- the worker thread ------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        with packed_weights(self.model):
+        with inference(self.model):
             self._loop()
 
     def _loop(self) -> None:

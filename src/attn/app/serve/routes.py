@@ -22,9 +22,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST
 from torch import Tensor
 
-from attn.inference.chat import chat_config
 from attn.inference.classification import Prediction
-from attn.inference.continuation import check_samples, default_limit, prompt_ids
+from attn.inference.continuation import check_samples, prompt_ids
 from attn.app.serve.access import check_choices, held_to_cap, timed_out, token_limit
 from attn.app.serve.answers import Answer, ChatCompletion, Completion, rounded
 from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
@@ -60,7 +59,7 @@ from attn.app.serve.work import (
     embed_job,
     translate_job,
 )
-from attn.decoding import GenerationConfig
+from attn.decoding import GenerationConfig, requested
 from attn.decoding.attention_maps import layer_count
 from attn.core.errors import AttnError
 
@@ -168,13 +167,14 @@ def _invalid(error: AttnError, param: str) -> ApiError:
 # -- completions and chat completions -----------------------------------------------------------
 
 
-def _decoding_config(request: Request, body: DecodingRequest, max_tokens: int | None) -> GenerationConfig:
-    """Temperature 0 is greedy decoding (top_p and top_k then do nothing); `n` within the server's --max-n."""
+def _decoding_config(request: Request, body: DecodingRequest, served: ServedModel, max_tokens: int | None,
+                     prompt_length: int | None = None, chat: bool = False) -> GenerationConfig:
+    """What the body asks (`requested`: temperature 0 is greedy decoding, top_p and top_k then do nothing) under the
+    model's rules (`Bundle.generation_config`); `n` within the server's --max-n."""
     check_choices(_state(request).options, body.n)
-    sample = body.temperature > 0
-    config = GenerationConfig(max_new_tokens=max_tokens, sample=sample, stop=body.stops(), seed=body.seed,
-                              **({"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
-                                 if sample else {}))
+    asked = requested(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_new_tokens=max_tokens,
+                      stop=body.stops(), seed=body.seed)
+    config = served.bundle.generation_config(asked, prompt_length=prompt_length, chat=chat)
     check_samples(body.n, config)
     return config
 
@@ -200,7 +200,7 @@ def _completion(request: Request, body: CompletionRequest) -> Completion:
     options = _state(request).options
     asked = "max_tokens" in body.model_fields_set  # else its default, which the cap holds rather than refuses
     limit = token_limit(options, body.max_tokens, "max_tokens") if asked else held_to_cap(options, body.max_tokens)
-    config = _checked(lambda: _decoding_config(request, body, limit), "prompt")
+    config = _checked(lambda: _decoding_config(request, body, served, limit), "prompt")
     attention = _token_attention(served, body)
     ids = _checked(lambda: [prompt_ids(served.bundle, p) for p in body.prompts()], "prompt")
     rows = _rows(served, "completions", ids, config, body.n, body.logprobs or 0, attention)
@@ -219,10 +219,9 @@ def _chat_completion(request: Request, body: ChatCompletionRequest) -> ChatCompl
     options = _state(request).options
     asked = token_limit(options, body.limit(), "max_tokens" if body.max_completion_tokens is None
                         else "max_completion_tokens")
-    config = _checked(lambda: default_limit(_decoding_config(request, body, asked), bundle, len(prompt)), "messages")
-    if asked is None:
+    config = _checked(lambda: _decoding_config(request, body, served, asked, len(prompt), chat=True), "messages")
+    if asked is None:  # the model's default limit, held to the server's cap
         config = dataclasses.replace(config, max_new_tokens=held_to_cap(options, config.max_new_tokens))
-    config = _checked(lambda: chat_config(bundle, config), "messages")
     top = (body.top_logprobs or 0) if body.logprobs else 0
     rows = _rows(served, "chat/completions", [prompt], config, body.n, top, attention)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
