@@ -91,7 +91,7 @@ class _Trained:
     config: RunConfig
     result: RunResult
     seconds: float
-    loaded: Bundle
+    bundle: Bundle
 
 
 def _train(name: str, heading: str, run_dir: Path, smoke: bool, quiet: bool) -> _Trained:
@@ -124,7 +124,7 @@ def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
     trained = _train("translation", "1/3 translation: English -> Spanish (the paper's encoder-decoder)", run_dir,
                      smoke, quiet)
     limit = 20 if smoke else None
-    result = evaluate_translation(trained.loaded, TRANSLATION_TEST, GenerationConfig.paper(), limit=limit)
+    result = evaluate_translation(trained.bundle, TRANSLATION_TEST, GenerationConfig.paper(), limit=limit)
     print(f"test BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  (beam 4, alpha 0.6, "
           f"{result['sentences']} verses of Judges and Romans)\n  {result['bleu_signature']}")
     samples = [f"EN  {e['source']}\nES  {e['hypothesis']}\nREF {e['reference']}" for e in result["examples"][:3]]
@@ -137,14 +137,14 @@ def translation_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
 def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
     trained = _train("lm", "2/3 language model: Shakespeare, character by character (decoder-only)", run_dir,
                      smoke, quiet)
-    loaded = trained.loaded
-    result = evaluate_lm(loaded, LM_TEST, context=128)
+    bundle = trained.bundle
+    result = evaluate_lm(bundle, LM_TEST, context=128)
     config = GenerationConfig(max_new_tokens=40 if smoke else 110, sample=True, temperature=0.8, seed=0)
     prompt = "OTHELLO.\n"
-    sample = prompt + "".join(generate_stream(loaded, prompt, config))
+    sample = prompt + "".join(generate_stream(bundle, prompt, config))
     print(f"test (Othello, As You Like It): {result['nats_per_char']:.3f} nats/char = "
           f"{result['bits_per_char']:.3f} bits/char (non-overlapping 128-character windows)\n{sample}")
-    tokenizer = loaded.tokenizer
+    tokenizer = bundle.tokenizer
     test_ids = tokenizer.encode(read_text(LM_TEST))
     train_ids = tokenizer.encode(read_text(trained.config.data.train))
     check = lm_check(result["nats_per_char"], train_ids, test_ids, tokenizer.vocab_size, result["characters"] - 1,
@@ -155,7 +155,7 @@ def language_model_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
 def classifier_step(run_dir: Path, smoke: bool, quiet: bool) -> StepReport:
     trained = _train("classification", "3/3 classification: fortune-cookie topics (fine-tuned all-MiniLM-L6-v2)",
                      run_dir, smoke, quiet)
-    result = evaluate_classifier(trained.loaded, CLASSIFICATION_TEST)
+    result = evaluate_classifier(trained.bundle, CLASSIFICATION_TEST)
     result["naive_bayes"] = naive_bayes_scores(trained.config, CLASSIFICATION_TEST)
     print(f"test accuracy {result['accuracy']:.1f}%  macro-F1 {result['macro_f1']:.1f}   "
           f"(naive Bayes: {result['naive_bayes']['accuracy']:.1f}% / {result['naive_bayes']['macro_f1']:.1f})")

@@ -148,14 +148,14 @@ def _check_size(shape: tuple[int, int, int, int], max_weights: int | None) -> No
                         "mean over heads (head \"mean\"), or pool the maps (pool)")
 
 
-def alignment(loaded: Bundle, source: Sequence[int], output: Sequence[int]) -> Tensor:
+def alignment(bundle: Bundle, source: Sequence[int], output: Sequence[int]) -> Tensor:
     """(len(output), len(source)) cross-attention of the last decoder layer, mean over heads.
 
     Row i is how the decoder attended over the source ids when it chose output token i (its query
     is at decoder position i, whose input is the start token, then the output before token i).
     """
-    expect_model(loaded, EncoderDecoder, "alignment")
-    weights = attention_maps(loaded.model, source, -1, "cross", [loaded.start_id, *output[:-1]])  # (h, T, S)
+    expect_model(bundle, EncoderDecoder, "alignment")
+    weights = attention_maps(bundle.model, source, -1, "cross", [bundle.start_id, *output[:-1]])  # (h, T, S)
     return weights.mean(0)[: len(output)]  # no rows for an empty output
 
 

@@ -34,7 +34,7 @@ class ChatSession:
     """One conversation with a chat model: a system message (optional), then the user's messages and the answers.
 
     Args:
-        loaded: a decoder-only model with a chat template.
+        bundle: a decoder-only model with a chat template.
         config: the decoding settings of every answer.
         system: the system message that starts the conversation (None: the template's default, if it has one).
 
@@ -56,10 +56,10 @@ class ChatSession:
         (['user', 'assistant'], True)
     """
 
-    def __init__(self, loaded: Bundle, config: GenerationConfig, system: str | None = None) -> None:
-        expect_model(loaded, Decoder, "chat")
-        loaded.compiled_chat_template()  # a model without a template is refused before the first message
-        self.loaded = loaded
+    def __init__(self, bundle: Bundle, config: GenerationConfig, system: str | None = None) -> None:
+        expect_model(bundle, Decoder, "chat")
+        bundle.compiled_chat_template()  # a model without a template is refused before the first message
+        self.bundle = bundle
         self.config = config
         self.system = system
         self.messages: list[Message] = []
@@ -83,7 +83,7 @@ class ChatSession:
             TextError: `text` is not valid Unicode.
         """
         messages = [*self.messages, {"role": "user", "content": check_unicode(text, "message")}]
-        pieces = generate_stream(self.loaded, self.loaded.render_chat(messages), self.config, chat=True)
+        pieces = generate_stream(self.bundle, self.bundle.render_chat(messages), self.config, chat=True)
         return self._answer(messages, pieces)
 
     def _answer(self, messages: list[Message], pieces: Iterator[str]) -> Iterator[str]:

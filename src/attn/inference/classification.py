@@ -25,7 +25,7 @@ class Prediction:
 
 
 def classify(
-    loaded: Bundle, texts: Sequence[str], batch_size: int = 64, pairs: Sequence[str] | None = None
+    bundle: Bundle, texts: Sequence[str], batch_size: int = 64, pairs: Sequence[str] | None = None
 ) -> list[Prediction]:
     """The most probable label of each text (or text pair), with the class probabilities.
 
@@ -44,12 +44,12 @@ def classify(
         >>> prediction.label in {"good", "bad"}, round(sum(prediction.probabilities.values()), 5)
         (True, 1.0)
     """
-    expect_model(loaded, Encoder, "classification")
-    if not loaded.label_names:
-        raise AttnError(f"{loaded.path} is not a trained classifier (no label names); "
+    expect_model(bundle, Encoder, "classification")
+    if not bundle.label_names:
+        raise AttnError(f"{bundle.path} is not a trained classifier (no label names); "
                         "train one with task=classification")
-    probs = class_probabilities(loaded, texts, batch_size, pairs)
-    names = loaded.label_names
+    probs = class_probabilities(bundle, texts, batch_size, pairs)
+    names = bundle.label_names
     return [
         Prediction(names[int(row.argmax())], float(row.max()), {n: float(p) for n, p in zip(names, row)})
         for row in probs
@@ -57,42 +57,42 @@ def classify(
 
 
 def class_probabilities(
-    loaded: Bundle, texts: Sequence[str], batch_size: int = 64, pairs: Sequence[str] | None = None
+    bundle: Bundle, texts: Sequence[str], batch_size: int = 64, pairs: Sequence[str] | None = None
 ) -> Tensor:
     """(N, num_labels) class probabilities of each text, or of each pair (texts[i], pairs[i])."""
-    ids, segments = classifier_inputs(loaded.tokenizer, checked_texts(texts), _checked_pairs(loaded, texts, pairs),
-                                      loaded.model.stack.max_positions)
-    device = next(loaded.model.parameters()).device
+    ids, segments = classifier_inputs(bundle.tokenizer, checked_texts(texts), _checked_pairs(bundle, texts, pairs),
+                                      bundle.model.stack.max_positions)
+    device = next(bundle.model.parameters()).device
     found = []
     with torch.inference_mode():
         for rows in encoder_batches([len(row) for row in ids], batch_size, device):
-            tokens, mask = pad_batch([ids[i] for i in rows], loaded.pad_id)
+            tokens, mask = pad_batch([ids[i] for i in rows], bundle.pad_id)
             inputs = [tokens, mask]
             if segments is not None:
                 inputs.append(pad_batch([segments[i] for i in rows], 0)[0])
-            found.append((rows, loaded.model.classify(*(t.to(device) for t in inputs)).softmax(-1).cpu()))
+            found.append((rows, bundle.model.classify(*(t.to(device) for t in inputs)).softmax(-1).cpu()))
     out = torch.empty(len(ids), found[0][1].size(-1), dtype=found[0][1].dtype)
     for rows, probabilities in found:
         out[rows] = probabilities
     return out
 
 
-def _checked_pairs(loaded: Bundle, texts: Sequence[str], pairs: Sequence[str] | None) -> list[str] | None:
+def _checked_pairs(bundle: Bundle, texts: Sequence[str], pairs: Sequence[str] | None) -> list[str] | None:
     """The second texts, checked against what the model was trained on."""
-    pair_field, text_field = loaded.fields.text_pair_field, loaded.fields.text_field
+    pair_field, text_field = bundle.fields.text_pair_field, bundle.fields.text_field
     if pairs is None and pair_field:
-        raise AttnError(f"{loaded.path} classifies sentence pairs ({text_field}, {pair_field}); give the second "
+        raise AttnError(f"{bundle.path} classifies sentence pairs ({text_field}, {pair_field}); give the second "
                         "text of each pair too (pairs=, or TEXT<TAB>PAIR lines on the command line)")
     if pairs is None:
         return None
-    if not pair_field and loaded.imported is None:  # an imported model may have been trained on pairs
-        raise AttnError(f"{loaded.path} classifies single texts ({text_field}); give no second texts")
+    if not pair_field and bundle.imported is None:  # an imported model may have been trained on pairs
+        raise AttnError(f"{bundle.path} classifies single texts ({text_field}); give no second texts")
     if len(pairs) != len(texts):
         raise AttnError(f"{len(texts)} texts but {len(pairs)} second texts; give one second text per text")
     return checked_texts(pairs)
 
 
-def embed(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> Tensor:
+def embed(bundle: Bundle, texts: Sequence[str], batch_size: int = 64) -> Tensor:
     """Mean-pooled, L2-normalised sentence embeddings (N, d_model), on the CPU.
 
     Example:
@@ -104,5 +104,5 @@ def embed(loaded: Bundle, texts: Sequence[str], batch_size: int = 64) -> Tensor:
         >>> bool(vectors[0] @ vectors[1] > vectors[0] @ vectors[2])  # unit vectors: dot = cosine
         True
     """
-    expect_model(loaded, Encoder, "embedding")
-    return embed_texts(loaded.model, loaded.tokenizer, checked_texts(texts), batch_size).cpu()
+    expect_model(bundle, Encoder, "embedding")
+    return embed_texts(bundle.model, bundle.tokenizer, checked_texts(texts), batch_size).cpu()

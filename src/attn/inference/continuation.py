@@ -23,7 +23,7 @@ from attn.inference.inputs import expect_model
 from attn.models import Decoder
 
 
-def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig, chat: bool = False) -> Iterator[str]:
+def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat: bool = False) -> Iterator[str]:
     """Continues a prompt with the decoder-only model, yielding text pieces as tokens arrive.
 
     Pieces hold whole characters only, and end before the first of `config.stop` (text that may
@@ -37,11 +37,11 @@ def generate_stream(loaded: Bundle, prompt: str, config: GenerationConfig, chat:
     Raises:
         GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
     """
-    expect_model(loaded, Decoder, "text generation")
-    ids = prompt_ids(loaded, prompt)
-    config = loaded.generation_config(config, prompt_length=len(ids), chat=chat)
-    decode = loaded.tokenizer.decode
-    return text_pieces(stream(loaded.model, ids, config, eos_id=loaded.eos_id, decode=decode), decode, config.stop)
+    expect_model(bundle, Decoder, "text generation")
+    ids = prompt_ids(bundle, prompt)
+    config = bundle.generation_config(config, prompt_length=len(ids), chat=chat)
+    decode = bundle.tokenizer.decode
+    return text_pieces(stream(bundle.model, ids, config, eos_id=bundle.eos_id, decode=decode), decode, config.stop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class CompletionText:
     and top-p), so sampling settings do not change them.
 
     Args:
-        loaded: the decoder-only model's bundle (its tokenizer and EOS id).
+        bundle: the decoder-only model's bundle (its tokenizer and EOS id).
         config: the continuation's decoding settings: its stop strings, and its stop ids, which end it as the
             EOS id does and show no text.
         top_logprobs: how many of each step's most likely tokens `GeneratedToken.top` holds.
@@ -94,9 +94,9 @@ class CompletionText:
         ('', 'stop', 0.0)
     """
 
-    def __init__(self, loaded: Bundle, config: GenerationConfig, top_logprobs: int = 0) -> None:
-        self._text = TextStream(loaded.tokenizer.decode, config.stop)
-        self._ends = config.end_ids(loaded.eos_id)
+    def __init__(self, bundle: Bundle, config: GenerationConfig, top_logprobs: int = 0) -> None:
+        self._text = TextStream(bundle.tokenizer.decode, config.stop)
+        self._ends = config.end_ids(bundle.eos_id)
         self._top = top_logprobs
 
     def push(self, token: int, scores: Tensor, finish: str | None) -> GeneratedToken:
@@ -123,7 +123,7 @@ class Continuation:
     score: float | None = None
 
 
-def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationConfig, samples: int = 1,
+def continue_texts(bundle: Bundle, prompts: Sequence[str], config: GenerationConfig, samples: int = 1,
                    batch_size: int = 32, chat: bool = False) -> list[list[Continuation]]:
     """Continues every prompt with the decoder-only model, in left-padded batches of similar prompt length.
 
@@ -132,7 +132,7 @@ def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationCon
     text is what `generate_stream` would show, under the model's rules (`Bundle.generation_config`).
 
     Args:
-        loaded: a decoder-only model and its tokenizer.
+        bundle: a decoder-only model and its tokenizer.
         prompts: the prompts; an empty one starts from the start token.
         config: the decoding settings.
         samples: continuations drawn per prompt (more than one needs sampling).
@@ -145,18 +145,18 @@ def continue_texts(loaded: Bundle, prompts: Sequence[str], config: GenerationCon
     Raises:
         GenerationError: no prompts; `samples` < 1, or > 1 without sampling; a prompt too long for the model.
     """
-    expect_model(loaded, Decoder, "text generation")
+    expect_model(bundle, Decoder, "text generation")
     check_samples(samples, config)
     if not prompts:
         raise GenerationError("no prompts: give at least one, as an argument or as a non-blank line of the input file")
-    ids = [prompt_ids(loaded, prompt) for prompt in prompts]
+    ids = [prompt_ids(bundle, prompt) for prompt in prompts]
     rows = [i for i in range(len(ids)) for _ in range(samples)]  # the prompt of each row
     order = sorted(range(len(rows)), key=lambda row: len(ids[rows[row]]))
     found: list[list[Continuation]] = [[] for _ in rows]
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         batch = [ids[rows[row]] for row in chunk]
-        for row, continuations in zip(chunk, _continue_batch(loaded, batch, config, chat), strict=True):
+        for row, continuations in zip(chunk, _continue_batch(bundle, batch, config, chat), strict=True):
             found[row] = continuations
     return [[c for row in range(i * samples, (i + 1) * samples) for c in found[row]] for i in range(len(prompts))]
 
@@ -170,23 +170,23 @@ def check_samples(samples: int, config: GenerationConfig) -> None:
                               f"{samples}, or ask beam search for its n best", "samples")
 
 
-def _continue_batch(loaded: Bundle, prompts: list[list[int]], config: GenerationConfig,
+def _continue_batch(bundle: Bundle, prompts: list[list[int]], config: GenerationConfig,
                     chat: bool) -> list[list[Continuation]]:
-    config = loaded.generation_config(config, prompt_length=max(map(len, prompts)), chat=chat)
-    text = loaded.tokenizer.decode
+    config = bundle.generation_config(config, prompt_length=max(map(len, prompts)), chat=chat)
+    text = bundle.tokenizer.decode
     if config.beam_size > 1:  # beam search has no stop strings
-        found = beam_search(loaded.model, prompts, config, loaded.eos_id)
+        found = beam_search(bundle.model, prompts, config, bundle.eos_id)
         return [[Continuation(text(h.tokens), h.score) for h in hs] for hs in found]
     stops = StopStrings(config.stop, text)
-    outputs = generate(loaded.model, prompts, config, loaded.eos_id, text)
+    outputs = generate(bundle.model, prompts, config, bundle.eos_id, text)
     return [[Continuation(stops.cut(text(tokens)))] for tokens in outputs]
 
 
-def prompt_ids(loaded: Bundle, prompt: str) -> list[int]:
+def prompt_ids(bundle: Bundle, prompt: str) -> list[int]:
     """The prompt's ids; an empty prompt is the start token alone."""
-    ids = loaded.tokenizer.encode(prompt) if prompt else []
+    ids = bundle.tokenizer.encode(prompt) if prompt else []
     if not ids:
-        if loaded.start_id is None:
+        if bundle.start_id is None:
             raise GenerationError("empty prompt and the tokenizer has no start token: give a prompt")
-        ids = [loaded.start_id]
+        ids = [bundle.start_id]
     return ids

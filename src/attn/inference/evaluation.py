@@ -39,15 +39,15 @@ from attn.core.errors import AttnError, ConfigError
 
 
 def evaluate_translation(
-    loaded: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None
+    bundle: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None
 ) -> dict[str, Any]:
     """BLEU and chrF of the model's translations of a file's source field against its target field,
-    read with the fields the model was trained on (`loaded.fields`)."""
+    read with the fields the model was trained on (`bundle.fields`)."""
     _check_positive("limit", limit)
-    corpus = load_parallel(path, loaded.fields)
+    corpus = load_parallel(path, bundle.fields)
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
     started = time.perf_counter()
-    hypotheses = translate(loaded, sources, config)
+    hypotheses = translate(bundle, sources, config)
     b, c = bleu(hypotheses, references), chrf(hypotheses, references)
     return {
         "task": "translation", "file": str(path), "sentences": len(sources),
@@ -60,19 +60,19 @@ def evaluate_translation(
 
 
 def evaluate_lm(
-    loaded: Bundle, path: str | Path, context: int | None = None, stride: int | None = None
+    bundle: Bundle, path: str | Path, context: int | None = None, stride: int | None = None
 ) -> dict[str, Any]:
     """Nats per token/character over a whole text file, in non-overlapping windows of `context` tokens, or
     in a window sliding by `stride` tokens (`stream_nll`)."""
     _check_positive("context", context)
     _check_positive("stride", stride)
     text = read_text(path)
-    ids = loaded.tokenizer.encode(text)
-    context = context or loaded.model.max_positions
+    ids = bundle.tokenizer.encode(text)
+    context = context or bundle.model.max_positions
     with torch.inference_mode():
-        total = stream_nll(loaded.model, ids, context, stride=stride)
+        total = stream_nll(bundle.model, ids, context, stride=stride)
     # Characters scored: all but the first, whose own prediction has no context.
-    chars = len(text) - 1 if loaded.tokenizer.kind == "chars" else len(text)
+    chars = len(text) - 1 if bundle.tokenizer.kind == "chars" else len(text)
     m = lm_metrics(total.nll, total.tokens, n_chars=chars)
     return {
         "task": "lm", "file": str(path), "tokens": total.tokens, "characters": len(text), "context": context,
@@ -88,18 +88,18 @@ def _check_positive(name: str, value: int | None) -> None:
         raise ConfigError(name, f"is {value}, must be at least 1; leave it out to use the default")
 
 
-def evaluate_classifier(loaded: Bundle, path: str | Path) -> dict[str, Any]:
+def evaluate_classifier(bundle: Bundle, path: str | Path) -> dict[str, Any]:
     """Accuracy, macro-F1 and the confusion matrix on a labelled file (or labelled pairs), read with
-    the fields the model was trained on (`loaded.fields`)."""
-    if not loaded.label_names:
-        raise AttnError(f"{loaded.path} is not a trained classifier (no label names)")
-    corpus = load_labelled(path, loaded.fields, loaded.label_names)
-    predictions = class_probabilities(loaded, corpus.texts, pairs=corpus.pairs).argmax(-1).tolist()
-    n = len(loaded.label_names)
+    the fields the model was trained on (`bundle.fields`)."""
+    if not bundle.label_names:
+        raise AttnError(f"{bundle.path} is not a trained classifier (no label names)")
+    corpus = load_labelled(path, bundle.fields, bundle.label_names)
+    predictions = class_probabilities(bundle, corpus.texts, pairs=corpus.pairs).argmax(-1).tolist()
+    n = len(bundle.label_names)
     return {
         "task": "classification", "file": str(path), "examples": len(corpus.texts),
         "accuracy": round(100 * accuracy(predictions, corpus.labels), 2),
         "macro_f1": round(100 * macro_f1(predictions, corpus.labels, n), 2),
-        "labels": loaded.label_names,
+        "labels": bundle.label_names,
         "confusion_matrix": confusion_matrix(predictions, corpus.labels, n).tolist(),
     }

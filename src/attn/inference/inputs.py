@@ -11,10 +11,10 @@ from attn.models import Decoder, Encoder, EncoderDecoder
 _KIND_NAMES = {EncoderDecoder: "an encoder-decoder", Decoder: "a decoder-only", Encoder: "an encoder-only"}
 
 
-def expect_model(loaded: Bundle, kind: type, what: str) -> None:
-    """Raises an AttnError unless `loaded` holds a model of `kind` (EncoderDecoder, Decoder or Encoder)."""
-    if not isinstance(loaded.model, kind):
-        raise AttnError(f"{loaded.path} holds {_KIND_NAMES[type(loaded.model)]} model ({loaded.task}); "
+def expect_model(bundle: Bundle, kind: type, what: str) -> None:
+    """Raises an AttnError unless `bundle` holds a model of `kind` (EncoderDecoder, Decoder or Encoder)."""
+    if not isinstance(bundle.model, kind):
+        raise AttnError(f"{bundle.path} holds {_KIND_NAMES[type(bundle.model)]} model ({bundle.task}); "
                         f"{what} needs {_KIND_NAMES[kind]} model: give a checkpoint trained for it")
 
 

@@ -26,13 +26,13 @@ Result = TypeVar("Result")
 BATCH_TOKENS = 2048
 
 
-def translate(loaded: Bundle, texts: Sequence[str], config: GenerationConfig | None = None,
+def translate(bundle: Bundle, texts: Sequence[str], config: GenerationConfig | None = None,
               batch_tokens: int = BATCH_TOKENS) -> list[str]:
     """Translates each text with the encoder-decoder (the paper's beam 4, alpha 0.6 by default).
 
     Texts are sorted by source length and decoded in batches of at most `batch_tokens` source
     tokens, padding included (a single longer source gets a batch of its own); the translations
-    come back in the input order. The model's `loaded.rules` apply on top
+    come back in the input order. The model's `bundle.rules` apply on top
     of `config`, so an imported Marian model translates as `transformers`' `generate` does.
 
     Example (an untrained model, so the words are random; a trained one is loaded with `load_model`):
@@ -48,44 +48,44 @@ def translate(loaded: Bundle, texts: Sequence[str], config: GenerationConfig | N
         >>> len(outputs), len(outputs[0]) <= 5
         (1, True)
     """
-    return loaded.tokenizer.decode_batch(translation_ids(loaded, source_ids(loaded, texts), config, batch_tokens))
+    return bundle.tokenizer.decode_batch(translation_ids(bundle, source_ids(bundle, texts), config, batch_tokens))
 
 
-def translation_ids(loaded: Bundle, sources: list[list[int]], config: GenerationConfig | None = None,
+def translation_ids(bundle: Bundle, sources: list[list[int]], config: GenerationConfig | None = None,
                     batch_tokens: int = BATCH_TOKENS) -> list[list[int]]:
     """The output ids (no start token, no EOS) that `translate` decodes for these source ids, batched as it does."""
-    expect_model(loaded, EncoderDecoder, "translation")
-    config = loaded.generation_config(config or GenerationConfig.paper())
+    expect_model(bundle, EncoderDecoder, "translation")
+    config = bundle.generation_config(config or GenerationConfig.paper())
     return _in_length_order(sources, batch_tokens, lambda chunk: generate_seq2seq(
-        loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config))
+        bundle.model, chunk, bundle.start_id, bundle.eos_id, bundle.pad_id, config))
 
 
-def translate_n_best(loaded: Bundle, text: str, config: GenerationConfig) -> list[tuple[str, float]]:
-    """The n best translations of one text with their scores (under `loaded.rules`, as `translate`)."""
-    (hypotheses,) = translate_hypotheses(loaded, [text], config)
-    return [(loaded.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
+def translate_n_best(bundle: Bundle, text: str, config: GenerationConfig) -> list[tuple[str, float]]:
+    """The n best translations of one text with their scores (under `bundle.rules`, as `translate`)."""
+    (hypotheses,) = translate_hypotheses(bundle, [text], config)
+    return [(bundle.tokenizer.decode(h.tokens), h.score) for h in hypotheses]
 
 
-def translate_hypotheses(loaded: Bundle, texts: Sequence[str], config: GenerationConfig,
+def translate_hypotheses(bundle: Bundle, texts: Sequence[str], config: GenerationConfig,
                          batch_tokens: int = BATCH_TOKENS) -> list[list[Hypothesis]]:
     """The `config.n_best` best beam-search translations of each text (any beam size, 1 too), best first.
 
-    Batched as `translate`, under `loaded.rules`; the tokens of each hypothesis hold no start token and no EOS.
+    Batched as `translate`, under `bundle.rules`; the tokens of each hypothesis hold no start token and no EOS.
     """
-    config = loaded.generation_config(config)
-    return _in_length_order(source_ids(loaded, texts), batch_tokens, lambda chunk: beam_search_seq2seq(
-        loaded.model, chunk, loaded.start_id, loaded.eos_id, loaded.pad_id, config))
+    config = bundle.generation_config(config)
+    return _in_length_order(source_ids(bundle, texts), batch_tokens, lambda chunk: beam_search_seq2seq(
+        bundle.model, chunk, bundle.start_id, bundle.eos_id, bundle.pad_id, config))
 
 
-def source_ids(loaded: Bundle, texts: Sequence[str]) -> list[list[int]]:
+def source_ids(bundle: Bundle, texts: Sequence[str]) -> list[list[int]]:
     """The source ids of each text (without its surrounding white space) that `translate` feeds the encoder.
 
     Raises:
         AttnError: the model is not an encoder-decoder.
         GenerationError: no texts, or a blank one.
     """
-    expect_model(loaded, EncoderDecoder, "translation")
-    return loaded.encode_sources(checked_texts(texts))
+    expect_model(bundle, EncoderDecoder, "translation")
+    return bundle.encode_sources(checked_texts(texts))
 
 
 def _in_length_order(sources: list[list[int]], batch_tokens: int,

@@ -23,19 +23,19 @@ from attn.training.runconfig import RunConfig
 from attn.training.task_data import classification_task
 
 
-def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
-    return evaluate_classifier(loaded, path)
+def _evaluate(bundle: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
+    return evaluate_classifier(bundle, path)
 
 
-def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck | None:
+def _baseline(bundle: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck | None:
     """`val_accuracy` (as the trainer measured it) against naive Bayes trained on the training file."""
     if "val_accuracy" not in metrics:
         return None
     return classification_check(100 * metrics["val_accuracy"], naive_bayes_scores(config, config.data.valid), "valid")
 
 
-def _infer(loaded: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
-    return [{"label": p.label, "probability": p.probability} for p in classify(loaded, texts)]
+def _infer(bundle: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"label": p.label, "probability": p.probability} for p in classify(bundle, texts)]
 
 
 SPEC = TaskSpec(

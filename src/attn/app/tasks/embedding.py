@@ -1,4 +1,4 @@
-"""Embedding: mean-pooled, L2-normalised sentence vectors from an encoder that was loaded, not trained.
+"""Embedding: mean-pooled, L2-normalised sentence vectors from an encoder that was bundle, not trained.
 
 The task of imported sentence encoders (all-MiniLM-L6-v2, BERT directories) and of encoder
 checkpoints without a classifier; `attn train` does not train it.
@@ -14,8 +14,8 @@ from attn.app.tasks.spec import TaskSpec
 from attn.artifacts import Bundle
 
 
-def _infer(loaded: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
-    return [{"embedding": vector.tolist()} for vector in embed(loaded, texts)]
+def _infer(bundle: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"embedding": vector.tolist()} for vector in embed(bundle, texts)]
 
 
 SPEC = TaskSpec(

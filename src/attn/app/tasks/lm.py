@@ -24,24 +24,24 @@ from attn.training.runconfig import RunConfig
 from attn.training.task_data import TOKEN_CACHE_FOLDER, lm_task
 
 
-def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
-    return evaluate_lm(loaded, path, options.context, options.stride)
+def _evaluate(bundle: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
+    return evaluate_lm(bundle, path, options.context, options.stride)
 
 
-def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck | None:
+def _baseline(bundle: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck | None:
     """`val_loss` (nats per token, as the trainer measured it) against a unigram model of the training text,
     both read from the run's token caches (the corpus may be larger than memory)."""
     if "val_loss" not in metrics:
         return None
     caches = Path(config.run_dir) / TOKEN_CACHE_FOLDER
-    eval_ids = open_token_cache(caches / "valid", loaded.tokenizer)
-    train_ids = open_token_cache(caches / "train", loaded.tokenizer)
-    return lm_check(metrics["val_loss"], train_ids, eval_ids, loaded.tokenizer.vocab_size, len(eval_ids) - 1,
+    eval_ids = open_token_cache(caches / "valid", bundle.tokenizer)
+    train_ids = open_token_cache(caches / "train", bundle.tokenizer)
+    return lm_check(metrics["val_loss"], train_ids, eval_ids, bundle.tokenizer.vocab_size, len(eval_ids) - 1,
                     "token", "valid")
 
 
-def _infer(loaded: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
-    found = continue_texts(loaded, texts, GenerationConfig())
+def _infer(bundle: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
+    found = continue_texts(bundle, texts, GenerationConfig())
     return [{"prompt": prompt, "continuation": continuations[0].text} for prompt, continuations in zip(texts, found)]
 
 

@@ -7,7 +7,7 @@ in `TASKS` below.
 | lm | decoder-only | text | val_loss | nats per token/char | unigram model |
 | classification | encoder-only | text (+ pair) and label fields: TSV, CSV, JSON Lines | val_accuracy | accuracy, macro-F1 | naive Bayes |
 | mlm | encoder-only | text, or a table's text field | val_loss | - | - |
-| embedding | encoder-only (loaded) | - | - | - | - |
+| embedding | encoder-only (bundle) | - | - | - | - |
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ def get_task(name: str, trainable: bool = False, field: str = "task") -> TaskSpe
     return spec
 
 
-def evaluate(loaded: Bundle, path: str | Path, options: EvalOptions = EvalOptions()) -> dict[str, Any]:
+def evaluate(bundle: Bundle, path: str | Path, options: EvalOptions = EvalOptions()) -> dict[str, Any]:
     """Runs the metric of the model's task on a data file (`attn evaluate`).
 
     Raises:
         AttnError: the model's task has no evaluation.
     """
-    spec = TASKS.get(loaded.task)
+    spec = TASKS.get(bundle.task)
     if spec is None or spec.evaluator is None:
         *others, last = [name for name, s in TASKS.items() if s.evaluator is not None]
-        raise AttnError(f"no evaluation for task {loaded.task!r}; evaluate {', '.join(others)} or {last} models")
-    return spec.evaluator(loaded, path, options)
+        raise AttnError(f"no evaluation for task {bundle.task!r}; evaluate {', '.join(others)} or {last} models")
+    return spec.evaluator(bundle, path, options)

@@ -26,20 +26,20 @@ from attn.training.runconfig import RunConfig
 from attn.training.task_data import translation_task
 
 
-def _evaluate(loaded: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
-    return evaluate_translation(loaded, path, options.generation, options.limit)
+def _evaluate(bundle: Bundle, path: str | Path, options: EvalOptions) -> dict[str, Any]:
+    return evaluate_translation(bundle, path, options.generation, options.limit)
 
 
-def _baseline(loaded: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck:
+def _baseline(bundle: Bundle, config: RunConfig, metrics: Mapping[str, float]) -> BaselineCheck:
     """BLEU of the first `VALID_TRANSLATIONS` validation sources, decoded greedily, against copying them."""
     corpus = load_parallel(config.data.valid, config.data.fields())
     sources, references = corpus.sources[:VALID_TRANSLATIONS], corpus.targets[:VALID_TRANSLATIONS]
-    hypotheses = translate(loaded, sources, GenerationConfig())
+    hypotheses = translate(bundle, sources, GenerationConfig())
     return translation_check(bleu(hypotheses, references).value, sources, references, "valid")
 
 
-def _infer(loaded: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
-    return [{"translation": t} for t in translate(loaded, texts)]
+def _infer(bundle: Bundle, texts: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"translation": t} for t in translate(bundle, texts)]
 
 
 SPEC = TaskSpec(
