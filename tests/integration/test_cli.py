@@ -1,14 +1,14 @@
 """The `attn` command line, run as a user runs it."""
 
+import argparse
 import json
 
 import pytest
 from cli_helpers import run_cli
 
 from attn import __version__, load_model, load_run_config
-from attn.app import cli
 from attn.app.cli import build_parser, main
-from attn.app.cli_parser import command_parser
+from attn.app.commands import models
 from attn.app.runs import configure, recipe_tables
 from attn.app.tasks import get_task
 from attn.core.errors import ConfigError
@@ -43,7 +43,7 @@ def test_usage_errors_exit_2_without_traceback(args):
 
 
 def fail_presets(monkeypatch, error: Exception) -> None:
-    monkeypatch.setattr(cli, "presets_table", lambda: (_ for _ in ()).throw(error))
+    monkeypatch.setattr(models, "presets_table", lambda: (_ for _ in ()).throw(error))
 
 
 def test_an_unexpected_error_is_one_line_that_names_attn_debug(monkeypatch, capsys):
@@ -66,12 +66,18 @@ def test_attn_debug_shows_the_traceback_of_an_unexpected_error_only(monkeypatch,
     assert capsys.readouterr().err == "attn: error: --json: a user's mistake\n"
 
 
-def test_every_command_of_the_parser_has_its_handler():
+def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of the commands (or verbs) of `parser`, by name."""
+    return next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def test_every_command_of_the_parser_runs_its_function():
     parser = build_parser()
-    assert parser.parse_args(["tokenizer", "encode", "-t", "tok", "x"]).func is cli.cmd_tokenizer_encode
-    assert parser.parse_args(["presets"]).func is cli.cmd_presets
-    with pytest.raises(KeyError, match="serve"):
-        command_parser({name: handler for name, handler in cli.HANDLERS.items() if name != "serve"})
+    assert parser.parse_args(["tokenizer", "encode", "-t", "tok", "x"]).func is models.cmd_tokenizer_encode
+    assert parser.parse_args(["presets"]).func is models.cmd_presets
+    named = dict(commands(parser))
+    named.update({f"tokenizer {verb}": p for verb, p in commands(named.pop("tokenizer")).items()})
+    assert [name for name, p in named.items() if p.get_default("func").__name__ != f"cmd_{name.replace(' ', '_')}"] == []
 
 
 # -- attn train TASK: a run from the task's recipe, without a TOML --------------------------------

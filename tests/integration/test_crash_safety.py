@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.app.cli import _resume_command, build_parser
+from attn.app.cli import build_parser
+from attn.app.commands.training import _resume_command
 from attn.artifacts.checkpoint import (
     CHECKPOINTS,
     latest_checkpoint,

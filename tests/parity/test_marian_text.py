@@ -212,7 +212,7 @@ def test_attention_is_drawn_over_the_source_and_translation_that_translate_gives
     (best, *_), = translate_hypotheses(loaded, [text], GenerationConfig.paper())
     assert printed == [loaded.tokenizer.decode(best.tokens)] and printed[0]
     drawn = []
-    monkeypatch.setattr("attn.app.cli.plot_attention", lambda *view: drawn.append(view) or Path(view[-1]))
+    monkeypatch.setattr("attn.app.commands.inference.plot_attention", lambda *view: drawn.append(view) or Path(view[-1]))
     assert main(["attention", "--model", str(opus_mt), "--device", "cpu", "--kind", "cross", "-o",
                  str(tmp_path / "map.png"), text]) == 0
     (weights, queries, keys, _, _), = drawn

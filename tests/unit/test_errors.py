@@ -2,7 +2,7 @@
 
 import pytest
 
-from attn.app import cli, cli_io
+from attn.app.commands.io import flag_error
 from attn.inference.continuation import check_samples
 from attn.app.serve.routes import _invalid
 from attn.decoding import GenerationConfig
@@ -32,10 +32,10 @@ def test_decoding_errors_carry_their_argument():
 
 def test_the_cli_names_the_flag_and_the_server_the_request_field():
     error = GenerationError("must be >= 1, got 0", "max_new_tokens")
-    assert str(cli_io.flag_error(error)) == "--max-new-tokens: must be >= 1, got 0"
-    assert str(cli_io.flag_error(GenerationError("x", "samples"), {"samples": "--n"})) == "--n: x"
+    assert str(flag_error(error)) == "--max-new-tokens: must be >= 1, got 0"
+    assert str(flag_error(GenerationError("x", "samples"), {"samples": "--n"})) == "--n: x"
     unnamed = GenerationError("every prompt needs at least one token")
-    assert cli_io.flag_error(unnamed) is unnamed
+    assert flag_error(unnamed) is unnamed
     api = _invalid(error, "prompt")
     assert (api.status, api.param, api.message) == (422, "max_tokens", "max_tokens: must be >= 1, got 0")
     api = _invalid(GenerationError("a prompt of 9 tokens, but max_new_tokens=5"), "prompt")

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from attn.app import cli
+from attn.app.commands import training
 from attn.app.guard import (
     classification_check,
     likely_causes,
@@ -137,7 +138,7 @@ def test_attn_train_stays_quiet_when_a_trained_lm_beats_unigrams(tmp_path, capsy
 
 @pytest.mark.parametrize("budget, passed, code", [("full", False, 1), ("full", True, 0), ("smoke", False, 0)])
 def test_the_full_quickstart_fails_when_a_model_is_not_clearly_better(monkeypatch, capsys, budget, passed, code):
-    monkeypatch.setattr(cli, "run_quickstart",
+    monkeypatch.setattr(training, "run_quickstart",
                         lambda run_dir, budget, quiet: {"clearly_better_than_baselines": passed})
     assert cli.main(["quickstart", "--budget", budget]) == code
     assert ("not clearly better than its trivial baseline" in capsys.readouterr().err) == (code == 1)

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from attn.core.errors import AttnError, ConfigError, GenerationError
 from attn.data.text import decode_text, read_text
 from attn.decoding import GenerationConfig, requested
-from attn.core.errors import AttnError, ConfigError, GenerationError
 
 
 def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
