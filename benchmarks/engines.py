@@ -176,7 +176,7 @@ def _search(new: int) -> GenerationConfig:
 def export_translation(folder: Path) -> list[list[int]]:
     """The full-size translation workload, for a probe in one process: the marian-base model with `VOCAB` words
     exported to `folder` (as the case does), and the sources; `translate_in_process` searches them."""
-    config = dataclasses.replace(preset("marian-base"), vocab_size=VOCAB)
+    config = preset("marian-base").replace(vocab_size=VOCAB)
     _export_marian(config, folder)
     return translation_sources(TRANSLATION, VOCAB - 1)
 
@@ -244,7 +244,7 @@ def translation_sources(shape: dict[str, int], pad: int) -> list[list[int]]:
 def translation_rows(settings: Settings) -> list[Row]:
     """Workload 1: beam search of a Marian-shaped model, every contender in its own process on the same sources."""
     config = preset(preset_name("marian-base", settings))
-    config = config if settings.quick else dataclasses.replace(config, vocab_size=VOCAB)
+    config = config if settings.quick else config.replace(vocab_size=VOCAB)
     shape = QUICK_TRANSLATION if settings.quick else TRANSLATION
     pad, new = config.vocab_size - 1, shape["new"]
     sources = translation_sources(shape, pad)

@@ -84,7 +84,7 @@ class TorchTransformer(nn.Module):
         self.core = nn.Transformer(
             d_model=c.d_model, nhead=c.heads, num_encoder_layers=c.encoder_layers,
             num_decoder_layers=c.decoder_layers, dim_feedforward=c.d_ff, dropout=c.dropout,
-            activation=ACTIVATIONS[c.activation], batch_first=True, norm_first=c.norm == NormPlacement.PRE,
+            activation=ACTIVATIONS[c.activation], batch_first=True, norm_first=c.norm_placement == NormPlacement.PRE,
         )
         self.out = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.out.weight = self.embed.weight

@@ -50,7 +50,7 @@ def tiny_gqa_chat_bundle(max_positions: int = 2048, path: Path = Path("gqa-chat"
     tokenizer = chat_tokenizer()
     config = preset("gpt2-tiny").replace(
         vocab_size=tokenizer.vocab_size, dropout=0.0, attention_dropout=0.0, max_positions=max_positions,
-        output_bias=True, d_model=72, heads=9, kv_heads=3, d_ff=96, positional="rotary", normalization="rmsnorm",
+        output_bias=True, d_model=72, heads=9, kv_heads=3, d_ff=96, positional="rotary", norm="rmsnorm",
         gated_ffn=True, activation="silu", attention_bias=False, ffn_bias=False)
     return _chat_bundle(tokenizer, config, path)
 

@@ -101,7 +101,7 @@ def test_convert_exports_and_reimports(quickstart_runs, tmp_path):
     assert load_model(tmp_path / "back").task == "lm"
     # Marian is post-norm: the quickstart's pre-norm translator is refused with the reason.
     refused = run_cli("convert", "--to", "marian", str(quickstart_runs / "translation"), str(tmp_path / "m"))
-    assert refused.returncode == 1 and "norm='pre' cannot be expressed" in refused.stderr
+    assert refused.returncode == 1 and "norm_placement='pre' cannot be expressed" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "m").exists()
 
 

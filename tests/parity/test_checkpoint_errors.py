@@ -148,10 +148,10 @@ def test_export_refuses_a_family_that_cannot_express_the_model(tmp_path):
     ("qwen3-0.6b-tiny", "llama", "qk_norm='head' cannot be expressed as a llama checkpoint"),
     ("qwen2.5-0.5b-tiny", "llama", "attention_out_bias=False cannot be expressed as a llama checkpoint"),
     ("mistral-7b-tiny", "llama", "sliding_window=8 cannot be expressed as a llama checkpoint"),
-    ("gemma-2-2b-tiny", "mistral", "norm='pre-post' cannot be expressed as a mistral checkpoint"),
+    ("gemma-2-2b-tiny", "mistral", "norm_placement='pre-post' cannot be expressed as a mistral checkpoint"),
     ("gemma-2-2b-tiny", "gemma3_text", "qk_norm='none' cannot be expressed as a gemma3_text checkpoint"),
     ("gemma-3-270m-tiny", "gemma2", "local_rotary_base=10000.0 cannot be expressed as a gemma2 checkpoint"),
-    ("olmo-2-1b-tiny", "llama", "norm='output' cannot be expressed as a llama checkpoint"),
+    ("olmo-2-1b-tiny", "llama", "norm_placement='output' cannot be expressed as a llama checkpoint"),
     ("phi-3-mini-tiny", "qwen2", "attention_bias=False cannot be expressed as a qwen2 checkpoint"),
     ("llama-3.2-1b-tiny", "phi3", (r"cannot be expressed as a phi3 checkpoint \(config.json: "
                                    "rope_parameters.rope_type='llama3' is not supported")),

@@ -147,7 +147,7 @@ def test_kv_cache_sized_by_kv_heads_gives_the_full_forward_logits(family, hf_dir
         pieces = [model.decode_step(ids[:, :6], cache, mask[:, :6])]
         pieces += [model.decode_step(ids[:, t : t + 1], cache, mask[:, t : t + 1]) for t in range(6, 14)]
     kv_heads = CASES[family].fields.get("num_key_value_heads", SIZES["num_key_value_heads"])
-    assert cache.keys.shape == (2, 3, kv_heads, 14, config.head_dim)  # (layers, B, h_kv, T, d_k)
+    assert cache.keys.shape == (2, 3, kv_heads, 14, config.head_size)  # (layers, B, h_kv, T, d_k)
     torch.testing.assert_close(torch.cat(pieces, dim=1)[mask], full[mask], atol=1e-5, rtol=1e-5)
 
 

@@ -76,7 +76,7 @@ def torch_model(norm, activation, ours):
 
 
 def ours_model(norm, activation):
-    cfg = preset("paper-base-tiny").replace(norm=norm, activation=activation, final_norm=True, dropout=0.0)
+    cfg = preset("paper-base-tiny").replace(norm_placement=norm, activation=activation, final_norm=True, dropout=0.0)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     with torch.no_grad():  # non-trivial LayerNorm parameters, so a swapped norm would be caught

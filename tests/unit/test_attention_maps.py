@@ -127,7 +127,7 @@ def test_each_query_head_s_group_is_the_key_value_head_it_reads():
     assert Heads(4, 4, 8).groups == (0, 1, 2, 3) and Heads(4, 1, 8).groups == (0, 0, 0, 0)
 
 
-GQA = {"heads": 6, "kv_heads": 2, "d_model": 48, "positional": Positional.ROTARY, "normalization": "rmsnorm",
+GQA = {"heads": 6, "kv_heads": 2, "d_model": 48, "positional": Positional.ROTARY, "norm": "rmsnorm",
        "gated_ffn": True, "activation": "silu"}
 
 

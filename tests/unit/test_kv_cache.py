@@ -35,7 +35,9 @@ IDS = [f"{p.value}-{n.value}" for p, n in VARIANTS]
 
 def _build(name: str, positional: Positional, norm: NormPlacement) -> Decoder | EncoderDecoder:
     torch.manual_seed(0)
-    config: ModelConfig = preset(name).replace(positional=positional, norm=norm, dropout=0.0, attention_dropout=0.0)
+    config: ModelConfig = preset(name).replace(
+        positional=positional, norm_placement=norm, dropout=0.0, attention_dropout=0.0
+    )
     return build_model(config).eval()
 
 
@@ -63,7 +65,7 @@ def test_decoder_cached_equals_uncached(positional, norm):
 
 
 LLAMA = dict(
-    positional=Positional.ROTARY, normalization=Norm.RMS, gated_ffn=True, activation="silu", attention_bias=False,
+    positional=Positional.ROTARY, norm=Norm.RMS, gated_ffn=True, activation="silu", attention_bias=False,
     ffn_bias=False, kv_heads=2, dropout=0.0, attention_dropout=0.0,
 )
 LLAMA_VARIANTS = {
@@ -71,8 +73,8 @@ LLAMA_VARIANTS = {
     "multi-query": {"kv_heads": 1},
     "qwen2-bias": {"attention_bias": True, "attention_out_bias": False},
     "qk-norm-head": {"qk_norm": QKNorm.HEAD, "head_size": 16},
-    "qk-norm-projection": {"qk_norm": QKNorm.PROJECTION, "norm": NormPlacement.OUTPUT},
-    "gemma2": {"normalization": Norm.RMS_UNIT_OFFSET, "norm": NormPlacement.PRE_POST, "activation": "gelu-tanh",
+    "qk-norm-projection": {"qk_norm": QKNorm.PROJECTION, "norm_placement": NormPlacement.OUTPUT},
+    "gemma2": {"norm": Norm.RMS_UNIT_OFFSET, "norm_placement": NormPlacement.PRE_POST, "activation": "gelu-tanh",
                "attention_scale_dim": 24, "attention_softcap": 5.0, "logit_softcap": 3.0, "sliding_window": 4,
                "layer_types": ("sliding_attention", "full_attention"), "scale_embedding": True},
     "gemma3-local-base": {"sliding_window": 3, "layer_types": ("sliding_attention", "full_attention"),

@@ -244,7 +244,7 @@ def test_mean_pooling_with_a_pooler_is_refused():
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_first_token_classifier_reads_the_whole_stacks_first_vector(positional, norm):
     # The logits and every parameter's gradient are those of the whole stack's first vector, with a padded row.
-    model = model_for("bert-base-tiny", positional=positional, norm=norm, num_labels=3)
+    model = model_for("bert-base-tiny", positional=positional, norm_placement=norm, num_labels=3)
     tokens = torch.randint(1, 97, (3, 9))
     tokens[1, 6:] = 0
     mask = tokens != 0

@@ -26,7 +26,7 @@ def inputs(cfg, seed=0):
     tokens = torch.randint(1, cfg.vocab_size, (2, 9), generator=g)
     mask = torch.ones_like(tokens, dtype=torch.bool)
     mask[1, 6:] = False
-    src = torch.randint(1, cfg.source_vocab_size, (2, 7), generator=g)
+    src = torch.randint(1, cfg.src_vocab_size, (2, 7), generator=g)
     src_mask = torch.ones_like(src, dtype=torch.bool)
     src_mask[0, 5:] = False
     return tokens, mask, src, src_mask

@@ -102,27 +102,27 @@ def _parse_enum(field: str, kind: type[E], value: Any) -> E:
 class ModelConfig:
     """Every architectural choice of a Transformer model.
 
-    Vocabulary fields: `vocab_size` is the target / LM / encoder vocabulary; `src_vocab_size` is
-    the encoder-decoder's source vocabulary (0 means "same as vocab_size"). `pooling` is the vector
-    an encoder-only model classifies: the first token's ("first") or the mean of the real tokens'
+    Vocabulary fields: `vocab_size` is the target / LM / encoder vocabulary; `src_vocab_size` the
+    encoder-decoder's source vocabulary (derived: vocab_size). `pooling` is the vector an
+    encoder-only model classifies: the first token's ("first") or the mean of the real tokens'
     ("mean", for checkpoints trained as sentence embedders, such as all-MiniLM-L6-v2).
 
     Attention fields: `kv_heads` key/value heads shared by groups of the `heads` query heads
-    (grouped-query attention; 0 means as many as query heads); `head_size` the size d_k of a head
-    (0 means d_model / heads); `attention_scale_dim` the d in the scores' 1/sqrt(d) (0 means d_k;
-    Gemma's query_pre_attn_scalar); `attention_softcap` and `logit_softcap` cap the attention
-    scores and the output logits at c tanh(x / c) (0 means no cap); `layer_types` says which
-    decoder layers attend over a sliding window of `sliding_window` positions (empty: all layers
-    slide when sliding_window > 0, none otherwise), and those layers rotate with
-    `local_rotary_base` (0 means rotary_base) and without rope scaling.
+    (grouped-query attention; derived: as many as query heads); `head_size` the size d_k of a
+    head (derived: d_model / heads); `attention_out_bias` whether W^O has a bias (derived:
+    attention_bias); `attention_scale_dim` the d in the scores' 1/sqrt(d) (0 means d_k; Gemma's
+    query_pre_attn_scalar); `attention_softcap` and `logit_softcap` cap the attention scores and
+    the output logits at c tanh(x / c) (0 means no cap); `layer_types` says which decoder layers
+    attend over a sliding window of `sliding_window` positions (empty: all when sliding_window > 0,
+    none otherwise; see `decoder_layer_types`), and those layers rotate with `local_rotary_base` (0
+    means rotary_base) and without rope scaling. A derived field left at its default (0 or None)
+    holds the value it derives; `to_dict` writes it as set, `replace` derives it again.
 
     Example:
-        >>> from attn import ModelConfig, preset
+        >>> from attn import preset
         >>> small = preset("paper-base").replace(d_model=256, d_ff=1024)
-        >>> small.d_model, small.heads
-        (256, 8)
-        >>> isinstance(small, ModelConfig)
-        True
+        >>> small.heads, small.head_size  # d_model / heads
+        (8, 32)
     """
 
     architecture: Architecture = Architecture.ENCODER_DECODER
@@ -139,8 +139,8 @@ class ModelConfig:
     activation_dropout: float = 0.0
     activation: Activation = Activation.RELU
     gated_ffn: bool = False
-    norm: NormPlacement = NormPlacement.POST
-    normalization: Norm = Norm.LAYER
+    norm_placement: NormPlacement = NormPlacement.POST
+    norm: Norm = Norm.LAYER
     final_norm: bool = False
     norm_eps: float = 1e-5
     positional: Positional = Positional.SINUSOIDAL
@@ -182,40 +182,36 @@ class ModelConfig:
     def __post_init__(self) -> None:
         coerce_fields(self)
         self._validate_sizes()
+        self._derive()
         self._validate_rates()
         self._validate_combinations()
 
-    @property
-    def head_dim(self) -> int:
-        """d_k = d_v = d_model / h (section 3.2.2), unless `head_size` sets it."""
-        return self.head_size or self.d_model // self.heads
-
-    @property
-    def key_value_heads(self) -> int:
-        """The number of key/value heads: `kv_heads`, or one per query head."""
-        return self.kv_heads or self.heads
+    def _derive(self) -> None:
+        """Replaces each derived field left at its default with the value it stands for."""
+        derived = {
+            "src_vocab_size": self.vocab_size,
+            "kv_heads": self.heads,
+            "head_size": self.d_model // self.heads,  # d_k = d_v = d_model / h (section 3.2.2)
+            "attention_out_bias": self.attention_bias,
+        }
+        unset = frozenset(name for name in derived if getattr(self, name) == _DEFAULTS[name])
+        object.__setattr__(self, "_derived", unset)
+        for name in unset:
+            object.__setattr__(self, name, derived[name])
 
     @property
     def rotary_dims(self) -> int:
         """The features of a head that rotary positions rotate (the first `rotary_fraction` of d_k)."""
-        return int(self.head_dim * self.rotary_fraction)
-
-    @property
-    def out_bias(self) -> bool:
-        """Whether attention's output projection W^O has a bias (`attention_out_bias`, else `attention_bias`)."""
-        return self.attention_bias if self.attention_out_bias is None else self.attention_out_bias
+        return int(self.head_size * self.rotary_fraction)
 
     @property
     def decoder_layer_types(self) -> tuple[LayerType, ...]:
-        """Each decoder layer's attention: `layer_types`, or all sliding when only `sliding_window` is set."""
+        """Each decoder layer's attention: `layer_types`, or all sliding when only `sliding_window` is set.
+        Computed when read, so a config claiming 10**9 layers stays small until loading checks its size."""
         if self.layer_types:
             return self.layer_types
         kind = LayerType.SLIDING if self.sliding_window else LayerType.FULL
         return (kind,) * self.decoder_layers
-
-    @property
-    def source_vocab_size(self) -> int:
-        return self.src_vocab_size or self.vocab_size
 
     def _validate_sizes(self) -> None:
         for name in ("d_model", "heads", "d_ff", "vocab_size", "max_positions"):
@@ -227,11 +223,6 @@ class ModelConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.heads % self.key_value_heads:
-            raise ConfigError(
-                "kv_heads", f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}: each key/value "
-                "head serves an equal group of query heads"
-            )
         if not self.head_size and self.d_model % self.heads:
             raise ConfigError(
                 "d_model",
@@ -280,6 +271,9 @@ class ModelConfig:
 
     def _validate_combinations(self) -> None:
         arch = self.architecture
+        if self.heads % self.kv_heads:
+            raise ConfigError("kv_heads", f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}: "
+                              "each key/value head serves an equal group of query heads")
         needs_encoder = arch in (Architecture.ENCODER_DECODER, Architecture.ENCODER_ONLY)
         needs_decoder = arch in (Architecture.ENCODER_DECODER, Architecture.DECODER_ONLY)
         if needs_encoder != (self.encoder_layers > 0):
@@ -288,20 +282,19 @@ class ModelConfig:
         if needs_decoder != (self.decoder_layers > 0):
             fix = "set decoder_layers >= 1" if needs_decoder else "set decoder_layers = 0"
             raise ConfigError("decoder_layers", f"{arch.value} model: {fix}")
-        if self.src_vocab_size and arch != Architecture.ENCODER_DECODER:
+        if "src_vocab_size" not in self._derived and arch != Architecture.ENCODER_DECODER:
             raise ConfigError("src_vocab_size", "only an encoder-decoder has a source vocabulary; set it to 0")
-        if self.tying == Tying.ALL and arch == Architecture.ENCODER_DECODER:
-            if self.source_vocab_size != self.vocab_size:
-                raise ConfigError(
-                    "tying",
-                    f"tying='all' shares one matrix, but src_vocab_size={self.src_vocab_size} != "
-                    f"vocab_size={self.vocab_size}; use a joint vocabulary or tying='decoder'",
-                )
+        if self.tying == Tying.ALL and arch == Architecture.ENCODER_DECODER and self.src_vocab_size != self.vocab_size:
+            raise ConfigError(
+                "tying",
+                f"tying='all' shares one matrix, but src_vocab_size={self.src_vocab_size} != "
+                f"vocab_size={self.vocab_size}; use a joint vocabulary or tying='decoder'",
+            )
         if self.positional == Positional.ROTARY and self.rotary_dims % 2:
             raise ConfigError(
                 "positional",
                 f"rotary positions rotate pairs of features, but {self.rotary_dims} features of each head rotate "
-                f"(the head size {self.head_dim} times rotary_fraction={self.rotary_fraction}), an odd number; "
+                f"(the head size {self.head_size} times rotary_fraction={self.rotary_fraction}), an odd number; "
                 "choose d_model and heads (or head_size) that make it even",
             )
         self._validate_layer_types()
@@ -331,20 +324,25 @@ class ModelConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (enums as their string values)."""
-        return plain_fields(self)
+        """A JSON-ready dict (enums as their string values) of the fields as set: derived ones at their default."""
+        return plain_fields(self) | {name: _plain(_DEFAULTS[name]) for name in self._derived}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
-        """Builds a config from `to_dict` output; unknown keys are an error."""
+        """Builds a config from `to_dict` output; unknown keys are an error. A dict with a `normalization`
+        key (a checkpoint that names the norm placement `norm` and the norm kind `normalization`) reads
+        those keys as `norm_placement` and `norm`."""
+        if isinstance(data, Mapping) and "normalization" in data:
+            renamed = {"norm": "norm_placement", "normalization": "norm"}
+            data = {renamed.get(key, key): value for key, value in data.items()}
         return from_dict(cls, data)
 
     def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again); derived fields derive again from the changed ones."""
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise ConfigError(unknown[0], f"unknown field; valid fields: {', '.join(_field_names(type(self)))}")
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{name: _DEFAULTS[name] for name in self._derived} | changes)
 
     def tiny(self) -> ModelConfig:
         """The same choices at test size: 2 layers per stack, d_model 32, 4 heads, vocab 97.
@@ -354,18 +352,12 @@ class ModelConfig:
         keeps one layer of each kind.
         """
         return self.replace(
-            d_model=32,
-            heads=4,
-            d_ff=64,
-            encoder_layers=min(self.encoder_layers, 2),
-            decoder_layers=min(self.decoder_layers, 2),
-            vocab_size=97,
-            src_vocab_size=89 if self.src_vocab_size else 0,
-            max_positions=64,
-            relative_max_distance=16,
+            d_model=32, heads=4, d_ff=64, vocab_size=97, max_positions=64, relative_max_distance=16,
+            encoder_layers=min(self.encoder_layers, 2), decoder_layers=min(self.decoder_layers, 2),
             num_labels=3 if self.architecture == Architecture.ENCODER_ONLY else 0,
-            kv_heads=2 if self.key_value_heads < self.heads else 0,
-            head_size=16 if self.head_size else 0,
+            src_vocab_size=0 if "src_vocab_size" in self._derived else 89,
+            kv_heads=2 if self.kv_heads < self.heads else 0,
+            head_size=0 if "head_size" in self._derived else 16,
             attention_scale_dim=16 if self.attention_scale_dim else 0,
             sliding_window=min(self.sliding_window, 8),
             layer_types=_first_of_each_kind(self.layer_types, min(self.decoder_layers, 2)),
@@ -379,6 +371,9 @@ def _first_of_each_kind(layer_types: tuple[LayerType, ...], layers: int) -> tupl
         return ()
     kinds = tuple(dict.fromkeys(layer_types))  # each kind once, in order of appearance
     return (kinds * layers)[:layers]
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 def _divisor_hint(d_model: int, heads: int) -> int:

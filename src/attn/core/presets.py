@@ -61,7 +61,7 @@ _PRESETS: dict[str, ModelConfig] = {
         max_positions=1024,
         attention_dropout=0.1,
         activation=Activation.GELU_TANH,
-        norm=NormPlacement.PRE,
+        norm_placement=NormPlacement.PRE,
         final_norm=True,
         positional=Positional.LEARNED,
         scale_embedding=False,
@@ -96,8 +96,8 @@ _LLAMA = ModelConfig(
     dropout=0.0,
     activation=Activation.SILU,
     gated_ffn=True,
-    norm=NormPlacement.PRE,
-    normalization=Norm.RMS,
+    norm_placement=NormPlacement.PRE,
+    norm=Norm.RMS,
     final_norm=True,
     positional=Positional.ROTARY,
     scale_embedding=False,
@@ -108,7 +108,7 @@ _LLAMA = ModelConfig(
 # Gemma 2 and 3: pre- and post-norms of the form x / rms(x) * (1 + w), tanh-approximated GeGLU,
 # embeddings scaled by sqrt(d_model) (google/gemma-2-2b config.json).
 _GEMMA = _LLAMA.replace(
-    activation=Activation.GELU_TANH, norm=NormPlacement.PRE_POST, normalization=Norm.RMS_UNIT_OFFSET,
+    activation=Activation.GELU_TANH, norm_placement=NormPlacement.PRE_POST, norm=Norm.RMS_UNIT_OFFSET,
     scale_embedding=True,
 )
 _PRESETS.update({
@@ -176,7 +176,8 @@ _PRESETS.update({
     # OLMo 2 normalises each sub-layer's output and the whole query and key projections.
     "olmo-2-1b": _LLAMA.replace(
         d_model=2048, heads=16, d_ff=8192, decoder_layers=16, vocab_size=100352, max_positions=4096,
-        norm_eps=1e-6, rotary_base=500000.0, norm=NormPlacement.OUTPUT, qk_norm=QKNorm.PROJECTION, tying=Tying.NONE,
+        norm_eps=1e-6, rotary_base=500000.0, norm_placement=NormPlacement.OUTPUT, qk_norm=QKNorm.PROJECTION,
+        tying=Tying.NONE,
     ),
     # microsoft/Phi-3-mini-4k-instruct config.json: hidden 3072, 32 layers, 32 heads (as many
     # key/value heads), intermediate 8192, vocab 32064, rms_norm_eps 1e-5, rope_theta 10000, no rope

@@ -133,7 +133,7 @@ class _Parts:
             Norm.LAYER: lambda: nn.LayerNorm(size, eps=c.norm_eps),
             Norm.RMS: lambda: RMSNorm(size, c.norm_eps),
             Norm.RMS_UNIT_OFFSET: lambda: RMSNorm(size, c.norm_eps, offset=1.0),
-        }[c.normalization]()
+        }[c.norm]()
 
     def residual(self) -> nn.Module:
         c = self.c
@@ -142,28 +142,28 @@ class _Parts:
             NormPlacement.PRE: lambda: PreNorm(self.norm(), c.dropout),
             NormPlacement.PRE_POST: lambda: PrePostNorm(self.norm(), self.norm(), c.dropout),
             NormPlacement.OUTPUT: lambda: OutputNorm(self.norm(), c.dropout),
-        }[c.norm]()
+        }[c.norm_placement]()
 
     def final_norm(self) -> nn.Module:
         return self.norm() if self.c.final_norm else nn.Identity()
 
     def heads(self) -> Heads:
-        return Heads(self.c.heads, self.c.key_value_heads, self.c.head_dim)
+        return Heads(self.c.heads, self.c.kv_heads, self.c.head_size)
 
     def qk_norms(self) -> tuple[nn.Module, nn.Module] | None:
         """Norms of the query and key projections: per head over d_k, or over each whole projection."""
         c = self.c
         return {
             QKNorm.NONE: lambda: None,
-            QKNorm.HEAD: lambda: (self.norm(c.head_dim), self.norm(c.head_dim)),
-            QKNorm.PROJECTION: lambda: (self.norm(c.heads * c.head_dim), self.norm(c.key_value_heads * c.head_dim)),
+            QKNorm.HEAD: lambda: (self.norm(c.head_size), self.norm(c.head_size)),
+            QKNorm.PROJECTION: lambda: (self.norm(c.heads * c.head_size), self.norm(c.kv_heads * c.head_size)),
         }[c.qk_norm]()
 
     def self_attention(self) -> SelfAttention:
         c = self.c
         scale = c.attention_scale_dim**-0.5 if c.attention_scale_dim else None
         scores = Scores(scale, c.attention_softcap)
-        bias = (c.attention_bias, c.out_bias)
+        bias = (c.attention_bias, c.attention_out_bias)
         return SelfAttention(c.d_model, self.heads(), bias, c.attention_dropout, self.attend, scores, self.qk_norms())
 
     def ffn(self) -> FeedForward:
@@ -176,7 +176,8 @@ class _Parts:
 
     def decoder_block(self) -> DecoderBlock:
         c = self.c
-        cross = CrossAttention(c.d_model, self.heads(), (c.attention_bias, c.out_bias), c.attention_dropout, self.attend)
+        bias = (c.attention_bias, c.attention_out_bias)
+        cross = CrossAttention(c.d_model, self.heads(), bias, c.attention_dropout, self.attend)
         return DecoderBlock(self.self_attention(), cross, self.ffn(), self.residual)
 
     def lm_head(self, tokens: nn.Embedding) -> Linear:
@@ -198,7 +199,7 @@ class _Parts:
     def encoder_decoder(self) -> EncoderDecoder:
         c = self.c
         tgt_tokens = nn.Embedding(c.vocab_size, c.d_model)
-        src_tokens = tgt_tokens if c.tying == Tying.ALL else nn.Embedding(c.source_vocab_size, c.d_model)
+        src_tokens = tgt_tokens if c.tying == Tying.ALL else nn.Embedding(c.src_vocab_size, c.d_model)
         blocks = [self.decoder_block() for _ in range(c.decoder_layers)]
         return EncoderDecoder(
             self.encoder_stack(src_tokens), self.embeddings(tgt_tokens, False), blocks, self.final_norm(),

@@ -110,7 +110,7 @@ CONFIG = ConfigTable(
     fixed={
         "architecture": Architecture.ENCODER_ONLY,
         "decoder_layers": 0,
-        "norm": NormPlacement.POST,
+        "norm_placement": NormPlacement.POST,
         "positional": Positional.LEARNED,
         "scale_embedding": False,
         "embedding_norm": True,

@@ -282,9 +282,10 @@ def _check_size(config: ModelConfig, weights: Mapping[str, Tensor], path: Path) 
     allocate that much. The bound counts what every model of the config holds at least: token
     embeddings, a query projection and a feed-forward pair per layer, a position table.
     """
-    head = config.head_size or config.d_model // max(config.heads, 1)
+    head = config.head_size
     layers = config.encoder_layers + config.decoder_layers
-    least = ((config.vocab_size + config.src_vocab_size + config.type_vocab_size) * config.d_model
+    source = config.src_vocab_size if config.src_vocab_size != config.vocab_size else 0  # a vocabulary of its own
+    least = ((config.vocab_size + source + config.type_vocab_size) * config.d_model
              + layers * config.d_model * (2 * config.d_ff + config.heads * head) + config.max_positions * head)
     held = sum(tensor.numel() for tensor in weights.values())
     if least > held + SIZE_ALLOWANCE:

@@ -82,7 +82,7 @@ CONFIG = ConfigTable(
     fixed={
         "architecture": Architecture.DECODER_ONLY,
         "encoder_layers": 0,
-        "norm": NormPlacement.PRE,
+        "norm_placement": NormPlacement.PRE,
         "final_norm": True,
         "positional": Positional.LEARNED,
         "scale_embedding": False,

@@ -144,9 +144,10 @@ def same_config(ours: ModelConfig, parsed: ModelConfig, family: str) -> None:
     """Raises naming the first field of `ours` that a `family` checkpoint cannot express.
 
     `parsed` is `ours` written as that family's config.json and read back. Fields are compared by
-    what the model computes with them (`_EFFECTIVE`: kv_heads=0 and kv_heads=heads are the same
-    model). Fields that do not change the exported model are not compared: dropout rates (training
-    only) and the options of schemes the config does not use.
+    what the model computes with them (`_EFFECTIVE`: attention_scale_dim=0 and
+    attention_scale_dim=head_size are the same model). Fields that do not change the exported
+    model are not compared: dropout rates (training only) and the options of schemes the config
+    does not use.
     """
     ignored = _inert_fields(ours)
     for field in dataclasses.fields(ModelConfig):
@@ -168,10 +169,7 @@ def _shown(value: Any) -> str:
 
 # Fields whose value stands for another: 0 (or None) meaning "the default" is that default.
 _EFFECTIVE: dict[str, Callable[[ModelConfig], Any]] = {
-    "kv_heads": lambda c: c.key_value_heads,
-    "head_size": lambda c: c.head_dim,
-    "attention_out_bias": lambda c: c.out_bias,
-    "attention_scale_dim": lambda c: c.attention_scale_dim or c.head_dim,
+    "attention_scale_dim": lambda c: c.attention_scale_dim or c.head_size,
     "layer_types": lambda c: c.decoder_layer_types,
     "yarn_attention_factor": lambda c: c.yarn_attention_factor or yarn_attention_factor(c.rope_factor),
     # Sliding layers rotate with local_rotary_base and no scaling, or (at 0) as the full layers do.

@@ -91,8 +91,8 @@ FIXED = {
     "dropout": 0.0,  # none of these models drops residuals or embeddings
 }
 NAMES = {**ACTIVATION_NAMES, Activation.SILU: "silu", Activation.GELU_TANH: "gelu_pytorch_tanh"}
-LLAMA_LAYOUT = {"norm": NormPlacement.PRE, "normalization": Norm.RMS, "qk_norm": QKNorm.NONE, "scale_embedding": False}
-GEMMA_LAYOUT = {**LLAMA_LAYOUT, "norm": NormPlacement.PRE_POST, "normalization": Norm.RMS_UNIT_OFFSET,
+LLAMA_LAYOUT = {"norm_placement": NormPlacement.PRE, "norm": Norm.RMS, "qk_norm": QKNorm.NONE, "scale_embedding": False}
+GEMMA_LAYOUT = {**LLAMA_LAYOUT, "norm_placement": NormPlacement.PRE_POST, "norm": Norm.RMS_UNIT_OFFSET,
                 "scale_embedding": True}
 # transformers' defaults that all eight share.
 COMMON_DEFAULTS = {
@@ -224,7 +224,7 @@ class GemmaScores:
 
     def write(self, config: ModelConfig) -> dict[str, Any]:
         return {
-            "query_pre_attn_scalar": config.attention_scale_dim or config.head_dim,
+            "query_pre_attn_scalar": config.attention_scale_dim or config.head_size,
             "attn_logit_softcapping": config.attention_softcap or None,
             "final_logit_softcapping": config.logit_softcap or None,
         }
@@ -302,13 +302,13 @@ class Variant:
 
     def key_table(self, config: ModelConfig) -> KeyTable:
         """The family's key table for `config`."""
-        query, kv = config.heads * config.head_dim, config.key_value_heads * config.head_dim
-        norms = NORM_NAMES[self.layout["norm"]].items()
+        query, kv = config.heads * config.head_size, config.kv_heads * config.head_size
+        norms = NORM_NAMES[self.layout["norm_placement"]].items()
         rules = [
             rule("embeddings.tokens.weight", "embed_tokens.weight"),
             *_projection("attn.qkv", [f"self_attn.{n}" for n in self.attention], config.attention_bias,
                          Concat((query, kv, kv))),
-            *_projection("attn.out", ["self_attn.o_proj"], config.out_bias),
+            *_projection("attn.out", ["self_attn.o_proj"], config.attention_out_bias),
             *_projection("ffn.w1", [f"mlp.{n}" for n in self.ffn], config.ffn_bias),
             *_projection("ffn.w2", ["mlp.down_proj"], config.ffn_bias),
             *(rule(f"{OURS}{ours}.weight", f"{LAYER}{theirs}.weight") for ours, theirs in norms),
@@ -327,8 +327,8 @@ class Variant:
             "model_type": self.model_type,
             "architectures": [self.architecture],
             **self.table.write(config, ids),
-            "num_key_value_heads": config.key_value_heads,
-            "head_dim": config.head_dim,
+            "num_key_value_heads": config.kv_heads,
+            "head_dim": config.head_size,
             **self.attention_bias.write(config.attention_bias),
             **self.ffn_bias.write(config.ffn_bias),
             **self.windows.write(config),
@@ -389,7 +389,7 @@ VARIANTS = (
     Variant("olmo2", "Olmo2ForCausalLM", {
         "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
         "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-    }, layout={**LLAMA_LAYOUT, "norm": NormPlacement.OUTPUT, "qk_norm": QKNorm.PROJECTION}),
+    }, layout={**LLAMA_LAYOUT, "norm_placement": NormPlacement.OUTPUT, "qk_norm": QKNorm.PROJECTION}),
     Variant("phi3", "Phi3ForCausalLM", {
         "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
         "num_attention_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None,

@@ -120,7 +120,7 @@ CONFIG = ConfigTable(
     },
     fixed={
         "architecture": Architecture.ENCODER_DECODER,
-        "norm": NormPlacement.POST,
+        "norm_placement": NormPlacement.POST,
         "norm_eps": 1e-5,  # torch's LayerNorm default, which Marian layers use
         "positional": Positional.SINUSOIDAL,
         "sinusoidal_layout": SinusoidalLayout.CONCATENATED,
@@ -178,7 +178,7 @@ def hf_config(config: ModelConfig, ids: SpecialIds) -> dict[str, Any]:
         "architectures": ["MarianMTModel"],
         **CONFIG.write(config, ids),
         **per_stack,
-        "vocab_size": config.source_vocab_size,
+        "vocab_size": config.src_vocab_size,
         "decoder_vocab_size": config.vocab_size,
         "share_encoder_decoder_embeddings": config.tying == Tying.ALL,
         "is_encoder_decoder": True,
