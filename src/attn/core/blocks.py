@@ -26,7 +26,7 @@ from attn.core.masks import (
     positions_from_mask,
     window_mask,
 )
-from attn.core.positional import NoPositions
+from attn.core.positional import PositionScheme
 
 
 class Block(nn.Module):
@@ -86,14 +86,14 @@ class SlidingWindow(nn.Module):
     """What a decoder's sliding-window layers attend with: the keys fewer than `size` positions
     behind each query, rotated by `positions` (Gemma 3 rotates them with another base)."""
 
-    def __init__(self, size: int, positions: NoPositions) -> None:
+    def __init__(self, size: int, positions: PositionScheme) -> None:
         super().__init__()
         self.size = size
         self.positions = positions
 
 
 def self_attention_inputs(
-    positional: NoPositions,
+    positional: PositionScheme,
     positions: Tensor,
     key_positions: Tensor,
     key_tokens: Tensor | None,

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from attn.core.config import Activation
 from attn.core.linear import Linear
-from attn.core.positional import NoPositions
+from attn.core.positional import PositionScheme
 
 ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
     Activation.RELU: F.relu,
@@ -129,7 +129,7 @@ class Embeddings(nn.Module):
         self,
         tokens: nn.Embedding,
         scale: float,
-        positions: NoPositions,
+        positions: PositionScheme,
         segments: nn.Embedding | None,
         norm: nn.Module,
         dropout: float,

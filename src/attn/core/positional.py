@@ -1,6 +1,6 @@
 """Position information, behind one interface (section 3.5 of the paper and its successors).
 
-Each scheme is a module with three hooks, and each hook is a no-op unless the scheme needs it:
+Each scheme is a `PositionScheme`: a module with three hooks, each a no-op unless the scheme needs it:
 - `embed(x, positions)`: absolute schemes add a vector per position to the embeddings
   (sinusoidal, as in the paper, or learned, as in BERT and GPT-2);
 - `rotation(positions)`: rotary positions (Su et al. 2021) rotate queries and keys of
@@ -26,8 +26,8 @@ def identity(x: Tensor) -> Tensor:
     return x
 
 
-class NoPositions(nn.Module):
-    """No position information: the stack is then permutation equivariant."""
+class PositionScheme(nn.Module):
+    """The interface of every positional scheme: three hooks, each a no-op until a scheme overrides it."""
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
@@ -37,6 +37,10 @@ class NoPositions(nn.Module):
 
     def bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
         return None
+
+
+class NoPositions(PositionScheme):
+    """No position information: the stack is then permutation equivariant."""
 
 
 def sinusoidal_table(max_positions: int, d_model: int, layout: SinusoidalLayout) -> Tensor:
@@ -57,7 +61,7 @@ def sinusoidal_table(max_positions: int, d_model: int, layout: SinusoidalLayout)
     return table[:, :d_model].float()
 
 
-class SinusoidalPositions(NoPositions):
+class SinusoidalPositions(PositionScheme):
     """Fixed sinusoids added to the embeddings (the paper's choice)."""
 
     def __init__(self, max_positions: int, d_model: int, layout: SinusoidalLayout) -> None:
@@ -68,7 +72,7 @@ class SinusoidalPositions(NoPositions):
         return x + self.table[positions].to(x.dtype)  # (B, T, d_model)
 
 
-class LearnedPositions(NoPositions):
+class LearnedPositions(PositionScheme):
     """One trained vector per position (BERT, GPT-2)."""
 
     def __init__(self, max_positions: int, d_model: int) -> None:
@@ -79,7 +83,7 @@ class LearnedPositions(NoPositions):
         return x + self.table(positions)  # (B, T, d_model)
 
 
-class RotaryPositions(NoPositions):
+class RotaryPositions(PositionScheme):
     """Rotary position embedding: feature pairs (j, j + d/2) rotate by angle pos * inv_freq[j].
 
     Only the first `dims` features of a head rotate (all of them unless the model rotates a
@@ -172,7 +176,7 @@ def relative_bucket(distance: Tensor, bidirectional: bool, buckets: int, max_dis
     return offset + torch.where(n < exact, n, large)
 
 
-class RelativePositionBias(NoPositions):
+class RelativePositionBias(PositionScheme):
     """A learned scalar per (head, distance bucket), added to every layer's attention scores (T5)."""
 
     def __init__(self, heads: int, buckets: int, max_distance: int, bidirectional: bool) -> None:

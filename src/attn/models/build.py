@@ -59,6 +59,7 @@ from attn.models.encoder_decoder import EncoderDecoder
 from attn.core.positional import (
     LearnedPositions,
     NoPositions,
+    PositionScheme,
     RelativePositionBias,
     RotaryPositions,
     SinusoidalPositions,
@@ -107,7 +108,7 @@ class _Parts:
         self.c = config
         self.attend = ATTENTION_FUNCTIONS[attention]
 
-    def positions(self, bidirectional: bool) -> NoPositions:
+    def positions(self, bidirectional: bool) -> PositionScheme:
         c = self.c
         return {
             Positional.SINUSOIDAL: lambda: SinusoidalPositions(c.max_positions, c.d_model, c.sinusoidal_layout),
@@ -218,7 +219,7 @@ class _Parts:
         classifier = Linear(c.d_model, c.num_labels) if c.num_labels else None
         return Encoder(self.encoder_stack(tokens), mlm, lm_head, pooler, classifier, c.dropout)
 
-    def sliding_window(self, positions: NoPositions) -> SlidingWindow | None:
+    def sliding_window(self, positions: PositionScheme) -> SlidingWindow | None:
         """What sliding layers attend with: their window, and `positions` (the stack's own: absolute ones
         are already in the embeddings, rotary ones shared) or, with `local_rotary_base`, rotary positions
         of that base, unscaled."""
