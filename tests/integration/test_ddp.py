@@ -165,10 +165,10 @@ def gradients_of_one_update(ctx, strategy):
     from attn.core.presets import preset
     from attn.training.config_sections import Strategy
     from attn.training.distributed import wrap_model
-    from attn.training.update import Objective, TaskHead, accumulate_gradients
+    from attn.training.update import Objective, TaskForward, accumulate_gradients
 
     torch.manual_seed(0)
-    head = TaskHead(build_model(preset("paper-base-tiny").replace(dropout=0.0)), "forward")
+    head = TaskForward(build_model(preset("paper-base-tiny").replace(dropout=0.0)), "forward")
     engine = wrap_model(head, ctx, Strategy(strategy)) if ctx is not None else head
     batches = micro_batches(RANK_PAIRS[ctx.rank]) if ctx is not None else micro_batches(sum(RANK_PAIRS, []))
     accumulate_gradients(engine, Objective(0, 0.1), batches, **({"ctx": ctx} if ctx is not None else {}))

@@ -38,7 +38,7 @@ from attn.training.retention import config_difference
 from attn.training.runconfig import RunConfig
 from attn.training.task_data import TaskBuilder, TaskContext, TaskData
 from attn.training.trainer import Trainer
-from attn.training.update import Objective, TaskHead, batch_loss
+from attn.training.update import Objective, TaskForward, batch_loss
 
 
 def run_training(run_config: RunConfig, model_config: ModelConfig | None = None, *, task_builder: TaskBuilder) -> RunResult:
@@ -143,7 +143,7 @@ def set_up_trainer(
         state: the trainer state of the checkpoint the run resumes from (`Trainer.state_dict`), or None.
     """
     train = config.train
-    wrapped = wrap_model(TaskHead(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
+    wrapped = wrap_model(TaskForward(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
     # `train.compile` compiles the forward pass and the loss as one function (calling DDP's or FSDP2's wrapper).
     objective = Objective(task.ignore_id, train.label_smoothing,
                           loss_fn=torch.compile(batch_loss) if train.compile else batch_loss)

@@ -27,8 +27,12 @@ from attn.training.losses import LossSums, label_smoothed_cross_entropy
 from attn.training.precision import Precision
 
 
-class TaskHead(nn.Module):
-    """Routes `forward` to the task's model method, so DDP and FSDP see every call they must hook."""
+class TaskForward(nn.Module):
+    """The model with the task's method as its `forward` ("forward", "classify" or "mlm_logits").
+
+    DDP and FSDP hook only a module's `forward`: training wraps this module, not the model, so that
+    calling the task's method goes through their gradient synchronisation.
+    """
 
     def __init__(self, model: Model, method: str) -> None:
         super().__init__()

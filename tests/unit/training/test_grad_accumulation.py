@@ -5,7 +5,7 @@ from training_helpers import PAD, collate
 
 from attn.models import build_model
 from attn.core.presets import preset
-from attn.training.update import Objective, TaskHead, accumulate_gradients
+from attn.training.update import Objective, TaskForward, accumulate_gradients
 
 # Target lengths 2, 8, 3 (padded to 9) in the first micro-batch and 5, 5 (no padding) in the
 # second: 16 and 12 scored targets, so a per-micro-batch mean would weigh them differently.
@@ -15,7 +15,7 @@ SECOND = [([17, 18, 19, 20], [34, 35, 36, 37, 38]), ([40, 41], [42, 43, 44, 45, 
 
 def fresh_head():
     torch.manual_seed(0)
-    return TaskHead(build_model(preset("paper-base-tiny").replace(dropout=0.0)), "forward")
+    return TaskForward(build_model(preset("paper-base-tiny").replace(dropout=0.0)), "forward")
 
 
 def gradients(head):
