@@ -18,8 +18,9 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from attn.data.files import input_files
 from attn.data.readers import load_parallel
+from attn.data.tokenizer_kinds import TRAINED_KINDS
 from attn.data.tokenizer_training import train_tokenizer_files
-from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
+from attn.data.tokenizers import Tokenizer
 from attn.core.errors import CheckpointError, ConfigError, DataFormatError
 from attn.training.task_data import special_ids
 

@@ -14,8 +14,8 @@ from attn.core.config import ModelConfig, coerce_fields, plain_fields
 from attn.core.errors import ConfigError
 from attn.core.presets import preset
 from attn.data.readers import Fields
+from attn.data.tokenizer_kinds import TRAINED_KINDS
 from attn.data.tokenizer_pipelines import minimum_vocab_size
-from attn.data.tokenizers import TRAINED_KINDS
 from attn.training.precision import Precision
 
 

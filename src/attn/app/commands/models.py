@@ -13,8 +13,9 @@ from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
 from attn.core.errors import CheckpointError, ConfigError
 from attn.core.presets import preset, preset_names
+from attn.data.tokenizer_kinds import TRAINED_KINDS
 from attn.data.tokenizer_training import train_tokenizer_files
-from attn.data.tokenizers import TRAINED_KINDS, Tokenizer
+from attn.data.tokenizers import Tokenizer
 from attn.models import build_model, count_parameters
 
 
