@@ -3,7 +3,7 @@
 import pytest
 
 from attn.app.commands.io import flag_error
-from attn.inference.continuation import check_samples
+from attn.decoding import check_samples
 from attn.app.serve.routes import _invalid
 from attn.decoding import GenerationConfig
 from attn.core.errors import AttnError, ConfigError, DataFormatError, GenerationError

@@ -24,6 +24,7 @@ from attn.decoding.generation_config import (
     EarlyStopping,
     GenerationConfig,
     LengthNorm,
+    check_samples,
     requested,
 )
 from attn.decoding.continuous import RowToken, RunningBatch
@@ -41,7 +42,7 @@ from attn.decoding.text import StopStrings, TextStream, text_pieces
 __all__ = [
     "DEFAULT_NEW_TOKENS", "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
     "Session", "StopStrings", "TextStream",
-    "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention",
+    "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention", "check_samples",
     "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_top_k", "keep_top_p",
     "length_penalty", "penalize_repeats", "requested", "start_decoder", "start_seq2seq", "stream", "text_pieces",
 ]

@@ -152,3 +152,12 @@ def requested(temperature: float | None = None, top_p: float | None = None, top_
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
         asked |= {"sample": True} | {name: value for name, value in sampling.items() if value is not None}
     return GenerationConfig(**asked)
+
+
+def check_samples(samples: int, config: GenerationConfig) -> None:
+    """Raises a GenerationError unless `samples` continuations per prompt can be drawn under `config`."""
+    if samples < 1:
+        raise GenerationError(f"must be >= 1, got {samples}", "samples")
+    if samples > 1 and not config.sample:
+        raise GenerationError(f"greedy decoding and beam search give one continuation per prompt; sample to draw "
+                              f"{samples}, or ask beam search for its n best", "samples")

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attn.artifacts import Bundle
 from attn.core.errors import GenerationError
-from attn.decoding import GenerationConfig, StopStrings, TextStream, generate, stream, text_pieces
+from attn.decoding import GenerationConfig, StopStrings, TextStream, check_samples, generate, stream, text_pieces
 from attn.decoding.beam_search import beam_search
 from attn.inference.inputs import expect_model
 from attn.models import Decoder
@@ -159,15 +159,6 @@ def continue_texts(bundle: Bundle, prompts: Sequence[str], config: GenerationCon
         for row, continuations in zip(chunk, _continue_batch(bundle, batch, config, chat), strict=True):
             found[row] = continuations
     return [[c for row in range(i * samples, (i + 1) * samples) for c in found[row]] for i in range(len(prompts))]
-
-
-def check_samples(samples: int, config: GenerationConfig) -> None:
-    """Raises a GenerationError unless `samples` continuations per prompt can be drawn under `config`."""
-    if samples < 1:
-        raise GenerationError(f"must be >= 1, got {samples}", "samples")
-    if samples > 1 and not config.sample:
-        raise GenerationError(f"greedy decoding and beam search give one continuation per prompt; sample to draw "
-                              f"{samples}, or ask beam search for its n best", "samples")
 
 
 def _continue_batch(bundle: Bundle, prompts: list[list[int]], config: GenerationConfig,

@@ -29,10 +29,11 @@ from attn.app.plots import plot_attention
 from attn.artifacts import load_model
 from attn.core.errors import AttnError, ConfigError, GenerationError
 from attn.core.linear import inference
+from attn.decoding import check_samples
 from attn.inference.attention_views import attention_of
 from attn.inference.chat import ChatSession, conversation
 from attn.inference.classification import classify, embed
-from attn.inference.continuation import check_samples, continue_texts, generate_stream
+from attn.inference.continuation import continue_texts, generate_stream
 from attn.inference.translation import translate
 
 

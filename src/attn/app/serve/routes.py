@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from torch import Tensor
 
 from attn.inference.classification import Prediction
-from attn.inference.continuation import check_samples, prompt_ids
+from attn.inference.continuation import prompt_ids
 from attn.app.serve.access import check_choices, held_to_cap, timed_out, token_limit
 from attn.app.serve.answers import Answer, ChatCompletion, Completion, rounded
 from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
@@ -59,7 +59,7 @@ from attn.app.serve.work import (
     embed_job,
     translate_job,
 )
-from attn.decoding import GenerationConfig, requested
+from attn.decoding import GenerationConfig, check_samples, requested
 from attn.decoding.attention_maps import layer_count
 from attn.core.errors import AttnError
 
