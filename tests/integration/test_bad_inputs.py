@@ -267,7 +267,7 @@ CASES = [
          "diagonal", "x"), 2, "invalid choice: 'diagonal'"),
     # decoding settings: checked before the model is loaded
     Case("temperature-negative", "a temperature below 0", generate_from("--temperature", "-1", "ROMEO."), 2,
-         "--temperature: must be >= 0, got -1.0; 0 decodes greedily"),
+         "--temperature: must be a number >= 0, got -1.0; 0 decodes greedily"),
     Case("temperature-with-beam-search", "a temperature and a beam size", translate("--temperature", "0.5",
          "--beam-size", "4", "x"), 2, "--temperature: beam search does not sample"),
     Case("top-p-zero", "nucleus mass 0", generate_from("--top-p", "0", "ROMEO."), 2,

@@ -139,7 +139,7 @@ def test_generate_chat_answers_each_prompt_as_a_users_message(model: Path, loade
 
 @pytest.mark.parametrize(("args", "message"), [
     (("generate", "--system", "Be brief.", "Hi"), "--system: is the system message of a chat: give --chat as well"),
-    (("chat", "--temperature", "-1"), "--temperature: must be >= 0, got -1.0; 0 decodes greedily"),
+    (("chat", "--temperature", "-1"), "--temperature: must be a number >= 0, got -1.0; 0 decodes greedily"),
     (("chat", "--max-tokens", "0"), "--max-tokens: must be >= 1, got 0; use None for the default limit"),
 ])
 def test_flags_that_do_not_fit_are_refused_before_the_model_loads(args: tuple[str, ...], message: str,

@@ -143,7 +143,7 @@ def requested(temperature: float | None = None, top_p: float | None = None, top_
     """
     asked = {name: value for name, value in fields.items() if value is not None}
     if temperature is not None and not (temperature >= 0 and math.isfinite(temperature)):
-        _fail("temperature", f"must be >= 0, got {temperature}; 0 decodes greedily")
+        _fail("temperature", f"must be a number >= 0, got {temperature}; 0 decodes greedily")
     if top_p is not None and not 0 < top_p <= 1:  # out of range is a mistake, greedy or not
         _fail("top_p", f"must be in (0, 1], got {top_p}; 1.0 turns nucleus sampling off")
     if top_k is not None and top_k < 0:

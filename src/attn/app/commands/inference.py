@@ -118,7 +118,7 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    config = generation_config(args)  # checked before a model is loaded
+    config = generation_config(args, "--max-tokens")  # checked before a model is loaded
     bundle = load_model(args.model, args.device, quantize=args.quantize)
     session = ChatSession(bundle, config, args.system)
     with inference(bundle.model):  # weights packed once for every answer, not once for each

@@ -58,10 +58,11 @@ def write_output(output: str, write: Callable[[Path], object]) -> None:
                         "writable directory") from err
 
 
-def generation_config(args: argparse.Namespace, **defaults: object) -> GenerationConfig:
+def generation_config(args: argparse.Namespace, limit_flag: str = "--max-new-tokens",
+                      **defaults: object) -> GenerationConfig:
     """The decoding settings a command's flags ask for (`attn.decoding.requested`: --temperature 0, the default,
     decodes greedily; above 0 it samples, and a command's default beam search gives way to it), with the
-    command's `defaults` for the flags not given.
+    command's `defaults` for the flags not given; an error about the token limit names `limit_flag`.
 
     Raises:
         ConfigError: a setting out of range, naming its flag.
@@ -76,12 +77,7 @@ def generation_config(args: argparse.Namespace, **defaults: object) -> Generatio
     try:
         return requested(**fields)
     except GenerationError as error:
-        raise flag_error(error, {"sample": "--temperature", "max_new_tokens": f"--{_limit_flag(args)}"}) from None
-
-
-def _limit_flag(args: argparse.Namespace) -> str:
-    """The flag of the token limit: `attn chat` calls it --max-tokens, as the server does."""
-    return "max-tokens" if getattr(args, "command", None) == "chat" else "max-new-tokens"
+        raise flag_error(error, {"sample": "--temperature", "max_new_tokens": limit_flag}) from None
 
 
 def flag_error(error: AttnError, flags: dict[str, str] | None = None) -> AttnError:
