@@ -8,18 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn.inference.continuation import (
-    CompletionText,
-    continue_texts,
-    generate_stream,
-    text_pieces,
-)
 from attn.artifacts import Bundle
+from attn.core.presets import preset
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import GenerationConfig, generate
-from attn.decoding.text import StopStrings
+from attn.decoding.text import CompletionText, StopStrings, text_pieces
+from attn.inference.continuation import continue_texts, generate_stream
 from attn.models import build_model
-from attn.core.presets import preset
 
 # Accents (2 bytes), CJK (3 bytes), emoji (4 bytes, and a ZWJ sequence), mixed with ASCII.
 MULTI_BYTE = "Café naïve, ¿qué tal? 日本語のテキスト 👩‍🚀🎉 Ωμέγα — fin.\n"
@@ -183,7 +178,7 @@ def test_stop_strings_end_streamed_and_whole_continuations_at_the_same_text() ->
         decoding = GenerationConfig(max_new_tokens=40, stop=(stop,))
         expected = text[: text.find(stop)] if stop in text else text
         tokens = generate(loaded.model, [prompt], decoding, decode=tokenizer.decode)[0]
-        completion = CompletionText(loaded, decoding)
+        completion = CompletionText(tokenizer.decode, decoding, loaded.eos_id)
         pushed = [completion.push(t, torch.zeros(tokenizer.vocab_size), None) for t in tokens[:-1]]
         pushed.append(completion.push(tokens[-1], torch.zeros(tokenizer.vocab_size), "stop"))
         assert "".join(generate_stream(loaded, "Café", decoding)) == expected, why
@@ -220,7 +215,7 @@ def test_a_long_stop_string_of_multi_byte_characters_split_at_every_byte_still_s
     text = "ok 日本語のテキスト and more after it"
     script = one_token_per_byte(tokenizer, text)
     stop = "日本語のテキ"
-    end = len("ok 日本語のテキ".encode("utf-8"))  # the row ends with the token that completes the stop string
+    end = len("ok 日本語のテキ".encode())  # the row ends with the token that completes the stop string
     model = ScriptLM(script, tokenizer.vocab_size)
     config = GenerationConfig(max_new_tokens=len(script), stop=(stop,))
     assert generate(model, [[0]], config, decode=tokenizer.decode)[0] == script[:end]

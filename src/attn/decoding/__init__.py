@@ -1,7 +1,7 @@
 """Decoding: turning a model's scores into tokens.
 
 `generation_config` holds the settings (`GenerationConfig`, and `requested`, which makes one from what a user
-asks, temperature 0 being greedy); `text` finds stop strings and streams a decode's text; `session` prefills a
+asks, temperature 0 being greedy); `text` finds stop strings and streams a decode's text, token by token; `session` prefills a
 KV cache (`start_decoder`, `start_seq2seq`); `sampling` adjusts the scores and chooses a token; `beam_search`
 searches on the same sessions; `continuous` is the decoding loop of decoder-only models, a batch that rows join
 and leave between decode steps; `generation` holds the library's calls (`generate`, `stream`,
@@ -37,10 +37,10 @@ from attn.decoding.sampling import (
     penalize_repeats,
 )
 from attn.decoding.session import Session, start_decoder, start_seq2seq
-from attn.decoding.text import StopStrings, TextStream, text_pieces
+from attn.decoding.text import CompletionText, GeneratedToken, StopStrings, TextStream, text_pieces
 
 __all__ = [
-    "DEFAULT_NEW_TOKENS", "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
+    "CompletionText", "DEFAULT_NEW_TOKENS", "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GeneratedToken", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
     "Session", "StopStrings", "TextStream",
     "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention", "check_samples",
     "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_top_k", "keep_top_p",

@@ -3,15 +3,20 @@
 `StopStrings` says whether a row's newest token completes a stop string (every decoding loop stops through
 it) and how much of a text may be shown; `TextStream` turns tokens into whole characters as they arrive,
 holding back what may be the start of a stop string, so a streamed continuation and a whole one show the
-same text.
+same text. `CompletionText` gives each token of a continuation with its text and log-probabilities, as the
+server streams them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Iterable, Iterator, Sequence
 
-from attn.decoding.generation_config import Decode
+from torch import Tensor
+
+from attn.decoding.generation_config import Decode, GenerationConfig
 
 # The last tokens a stream decodes again with each new one: a UTF-8 character has at most 4 bytes and a
 # token at least one, so a character still arriving lies inside them (see `TextStream`).
@@ -144,6 +149,62 @@ class TextStream:
         return shown
 
 
+@dataclasses.dataclass(frozen=True)
+class GeneratedToken:
+    """One new token of a continuation, with its text and log-probabilities (see `CompletionText`).
+
+    Attributes:
+        id: the token id (the final EOS or stop id too).
+        text: the text that arrives with this token; "" while text is held back (a character not
+            yet complete, or what may be the start of a stop string: it comes with a later token).
+        logprob: the token's log-probability under the scores it was chosen from.
+        top: the most likely tokens of this step as (id, log-probability), best first.
+        finish: None, except on the last token: "stop" (EOS, a stop id or a stop string) or "length" (the limit).
+    """
+
+    id: int
+    text: str
+    logprob: float
+    top: list[tuple[int, float]]
+    finish: str | None = None
+
+
+class CompletionText:
+    """A continuation's tokens, pushed one at a time as a decoder chooses them, as `GeneratedToken`s.
+
+    The texts of all tokens add up to what `text_pieces` shows for the same tokens (whole characters,
+    nothing from the first stop string on); the EOS id and `config.stop_ids` end it and show no text.
+    Log-probabilities are the log-softmax of the scores the token was chosen from (after the logit
+    adjustments, before temperature, top-k and top-p), so sampling settings do not change them.
+
+    Example:
+        >>> import torch
+        >>> text = CompletionText(lambda ids: "".join(map(chr, ids)), GenerationConfig(stop=("lo",)), eos_id=0,
+        ...                       top_logprobs=1)
+        >>> scores = torch.zeros(128)
+        >>> [text.push(ord(c), scores, None).text for c in "hel"]
+        ['h', 'e', '']
+        >>> token = text.push(ord("o"), scores, "stop")  # uniform scores: log(1 / 128)
+        >>> token.text, token.finish, abs(token.logprob + math.log(128)) < 1e-6, token.top[0][1] == token.logprob
+        ('', 'stop', True, True)
+    """
+
+    def __init__(self, decode: Decode, config: GenerationConfig, eos_id: int | None, top_logprobs: int = 0) -> None:
+        self._text = TextStream(decode, config.stop)
+        self._ends = config.end_ids(eos_id)
+        self._top = top_logprobs
+
+    def push(self, token: int, scores: Tensor, finish: str | None) -> GeneratedToken:
+        """The next token, from its (V,) scores; `finish` is set on the continuation's last token."""
+        text = self._text.push(token) if token not in self._ends else ""
+        if finish is not None:
+            text += self._text.finish()
+        logprobs = scores.float().log_softmax(-1)
+        values, ids = logprobs.topk(min(self._top, logprobs.numel()))
+        top = [(i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -math.inf]
+        return GeneratedToken(token, text, float(logprobs[token]), top, finish)
+
+
 def _finished(text: str) -> str:
     """The text without a final U+FFFD, which may be the start of a character still to come."""
-    return text[:-1] if text.endswith("\ufffd") else text
+    return text.removesuffix("\ufffd")

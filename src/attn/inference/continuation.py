@@ -1,23 +1,27 @@
 """Continuing prompts with a decoder-only model: what `attn generate` and the server's completions call.
 
-`generate_stream` and `CompletionText` give a continuation's text as its tokens arrive (`TextStream`:
-whole characters, nothing of a stop string); `continue_texts` gives whole continuations. Stop strings
-are found by `attn.decoding.text.StopStrings`, the one that ends the decode, so a streamed
-continuation and a whole one show the same text. The model's own rules and the default limit
+`generate_stream` gives a continuation's text as its tokens arrive (`TextStream`: whole characters, nothing
+of a stop string); `continue_texts` gives whole continuations. Stop strings are found by
+`attn.decoding.text.StopStrings`, the one that ends the decode, so a streamed continuation and a whole one
+show the same text. The model's own rules and the default limit
 (`DEFAULT_NEW_TOKENS`) come from `Bundle.generation_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
-
-from torch import Tensor
 
 from attn.artifacts import Bundle
 from attn.core.errors import GenerationError
-from attn.decoding import GenerationConfig, StopStrings, TextStream, check_samples, generate, stream, text_pieces
+from attn.decoding import (
+    GenerationConfig,
+    StopStrings,
+    check_samples,
+    generate,
+    stream,
+    text_pieces,
+)
 from attn.decoding.beam_search import beam_search
 from attn.inference.inputs import expect_model
 from attn.models import Decoder
@@ -42,72 +46,6 @@ def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat:
     config = bundle.generation_config(config, prompt_length=len(ids), chat=chat)
     decode = bundle.tokenizer.decode
     return text_pieces(stream(bundle.model, ids, config, eos_id=bundle.eos_id, decode=decode), decode, config.stop)
-
-
-@dataclasses.dataclass(frozen=True)
-class GeneratedToken:
-    """One new token of a continuation, with its text and log-probabilities (see `CompletionText`).
-
-    Attributes:
-        id: the token id (the final EOS or stop id too).
-        text: the text that arrives with this token; "" while text is held back (a character not
-            yet complete, or what may be the start of a stop string: it comes with a later token).
-        logprob: the token's log-probability under the scores it was chosen from.
-        top: the most likely tokens of this step as (id, log-probability), best first.
-        finish: None, except on the last token: "stop" (EOS, a stop id or a stop string) or "length" (the limit).
-    """
-
-    id: int
-    text: str
-    logprob: float
-    top: list[tuple[int, float]]
-    finish: str | None = None
-
-
-class CompletionText:
-    """A continuation's tokens, pushed one at a time as a decoder chooses them, as `GeneratedToken`s.
-
-    The texts of all tokens add up to what `generate_stream` shows for the same tokens (whole
-    characters, nothing from the first stop string on). Log-probabilities are the log-softmax of
-    the scores the token was chosen from (after the logit adjustments, before temperature, top-k
-    and top-p), so sampling settings do not change them.
-
-    Args:
-        bundle: the decoder-only model's bundle (its tokenizer and EOS id).
-        config: the continuation's decoding settings: its stop strings, and its stop ids, which end it as the
-            EOS id does and show no text.
-        top_logprobs: how many of each step's most likely tokens `GeneratedToken.top` holds.
-
-    Example:
-        >>> import torch
-        >>> from attn import Bundle, GenerationConfig, Tokenizer, build_model, preset
-        >>> tokenizer = Tokenizer.train_chars(["hello"])
-        >>> config = preset("char-gpt-tiny").replace(vocab_size=tokenizer.vocab_size)
-        >>> bundle = Bundle(model=build_model(config).eval(), tokenizer=tokenizer, task="lm", model_config=config,
-        ...                 path=".", eos_id=tokenizer.eos_id)
-        >>> text = CompletionText(bundle, GenerationConfig(stop=("lo",)), top_logprobs=1)
-        >>> scores = torch.zeros(tokenizer.vocab_size)
-        >>> [text.push(tokenizer.token_to_id(c), scores, None).text for c in "hel"]
-        ['h', 'e', '']
-        >>> token = text.push(tokenizer.token_to_id("o"), scores, "stop")  # uniform scores: log(1 / V)
-        >>> token.text, token.finish, round(token.logprob * -1 - torch.tensor(tokenizer.vocab_size).log().item(), 5)
-        ('', 'stop', 0.0)
-    """
-
-    def __init__(self, bundle: Bundle, config: GenerationConfig, top_logprobs: int = 0) -> None:
-        self._text = TextStream(bundle.tokenizer.decode, config.stop)
-        self._ends = config.end_ids(bundle.eos_id)
-        self._top = top_logprobs
-
-    def push(self, token: int, scores: Tensor, finish: str | None) -> GeneratedToken:
-        """The next token, from its (V,) scores; `finish` is set on the continuation's last token."""
-        text = self._text.push(token) if token not in self._ends else ""
-        if finish is not None:
-            text += self._text.finish()
-        logprobs = scores.float().log_softmax(-1)
-        values, ids = logprobs.topk(min(self._top, logprobs.numel()))
-        top = [(i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -math.inf]
-        return GeneratedToken(token, text, float(logprobs[token]), top, finish)
 
 
 @dataclasses.dataclass(frozen=True)

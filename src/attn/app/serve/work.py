@@ -16,6 +16,10 @@ from typing import Any
 
 from torch import Tensor
 
+from attn.app.serve.engine import BatchJob, RowsJob
+from attn.app.serve.served_models import ServedModel
+from attn.data.framing import classifier_inputs
+from attn.decoding import CompletionText, GeneratedToken, GenerationConfig, RowToken
 from attn.inference.attention_views import (
     AttentionFollower,
     AttentionLayers,
@@ -26,12 +30,7 @@ from attn.inference.attention_views import (
     token_pieces,
 )
 from attn.inference.classification import classify, embed
-from attn.inference.continuation import CompletionText, GeneratedToken
-from attn.app.serve.engine import BatchJob, RowsJob
-from attn.app.serve.served_models import ServedModel
 from attn.inference.translation import source_ids, translate_hypotheses
-from attn.data.framing import classifier_inputs
-from attn.decoding import GenerationConfig, RowToken
 
 
 @dataclasses.dataclass(eq=False)
@@ -165,7 +164,7 @@ def completion_rows(served: ServedModel, prompts: list[list[int]], configs: list
         attention: (layer, head or None for the mean over heads) of the attention each token carries, or None.
         route: the route the rows serve (a metrics label): completions or chat/completions.
     """
-    texts = [CompletionText(served.bundle, config, logprobs) for config in configs]
+    texts = [CompletionText(served.bundle.tokenizer.decode, config, served.bundle.eos_id, logprobs) for config in configs]
     followers: list[AttentionFollower | None] = [None] * len(prompts)  # made at each row's first token
 
     def chunk(row: int, token: RowToken) -> Chunk:
