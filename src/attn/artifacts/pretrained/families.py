@@ -1,14 +1,12 @@
 """The registry of pretrained families, and the conversions that go through it.
 
-`FAMILIES` maps config.json's `model_type` to its `Family` (from the modules `gpt2`, `bert`, `marian`
-and `llama`): its key table, its config mapping, its task and its decoding rules. `load_pretrained` reads a
-Hugging Face model directory through the family its config names, `load_gguf` a llama.cpp GGUF file
-(`gguf`), and `export_pretrained` writes one of our models as a directory of a family.
+`FAMILIES` maps config.json's `model_type` to its `Family` (key table, config mapping, task, decoding rules).
+`load_pretrained` reads a Hugging Face model directory, `load_gguf` a llama.cpp GGUF file, and
+`export_pretrained` writes one of our models as a directory of a family.
 
-A directory holds `config.json` (its `model_type` names the family), the weights as
-`model.safetensors` (or shards listed in `model.safetensors.index.json`, or a
-`pytorch_model.bin` read with `torch.load(weights_only=True)`), and optionally tokenizer files.
-Nothing is downloaded: the directory must already be on disk.
+A directory holds `config.json`, the weights as `model.safetensors` (or shards listed in
+`model.safetensors.index.json`, or a `pytorch_model.bin` read with `torch.load(weights_only=True)`), and
+optionally tokenizer files. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -52,13 +50,10 @@ class PretrainedInfo:
     """What `load_pretrained` learnt besides the weights.
 
     Attributes:
-        family: its config.json's model_type, a key of `FAMILIES` ("gpt2", "llama", ...).
-        config: our config of the loaded model.
-        ids: the special ids of config.json; a Marian decoder starts from `ids.decoder_start`
-            (the pad id).
-        unused: checkpoint keys read and knowingly left out (e.g. BERT's next-sentence head),
-            each with the reason.
-        decoding: the rules `generate` decodes this model under (`attn.artifacts.pretrained.decoding`).
+        family: its config.json's model_type, a key of `FAMILIES`.
+        ids: the special ids of config.json; a Marian decoder starts from `ids.decoder_start` (the pad id).
+        unused: checkpoint keys knowingly left out (e.g. BERT's next-sentence head), each with the reason.
+        decoding: the rules `generate` decodes this model under.
     """
 
     family: str
@@ -75,18 +70,13 @@ class PretrainedInfo:
 def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Model, Tokenizer | None, PretrainedInfo]:
     """Loads a local Hugging Face directory of a family in `FAMILIES` into an `attn` model.
 
-    Args:
-        directory: the model directory (config.json, weights, optional tokenizer files).
-        attention: "fast" or "reference", as in `build_model`.
-
     Returns:
-        The model in eval mode, its tokenizer (None when the directory has no tokenizer file
-        `attn` reads: tokenizer.json, Marian's source.spm + target.spm + vocab.json, GPT-2's
-        vocab.json + merges.txt, or BERT's vocab.txt), and what else was learnt (`PretrainedInfo`).
+        The model in eval mode, its tokenizer (None when there is no file `load_tokenizer` reads), and what else
+        was learnt.
 
     Raises:
-        CheckpointError: a missing or unreadable file, an unsupported model_type or option, or a
-            key that is unknown, missing or mis-shaped (named in the message).
+        CheckpointError: a missing or unreadable file, an unsupported model_type or option, or a key that is
+            unknown, missing or mis-shaped.
     """
     folder = Path(directory)
     hf = read_hf_config(folder)
@@ -100,12 +90,11 @@ def load_gguf(path: str | Path, attention: str = "fast") -> tuple[Model, GgufMod
     """Loads a llama.cpp GGUF file into an `attn` model, through the family its architecture names.
 
     Returns:
-        The model in eval mode (weights dequantized to float32), what the file holds besides them
-        (`GgufModel`: its tokenizer, chat template, ...; its weights are dropped), and `PretrainedInfo`.
+        The model in eval mode (weights dequantized to float32), what the file holds besides them (its tokenizer,
+        chat template, ...; its weights dropped), and `PretrainedInfo`.
 
     Raises:
-        CheckpointError: the file is not a GGUF file attn reads (see `read_gguf`), or its weights and
-            metadata disagree.
+        CheckpointError: the file is not a GGUF file attn reads, or its weights and metadata disagree.
     """
     found = read_gguf(path)
     source = str(found.path)
@@ -126,12 +115,9 @@ def convert(
     """An `attn` model holding a Hugging Face checkpoint's weights, and what else the import learnt.
 
     Args:
-        family: the family that config.json's `model_type` names (`family_of`).
         hf: the config.json (or what a GGUF file's metadata says it would be).
-        weights: Hugging Face key -> tensor.
         generation: where the decoding defaults are read (generation_config.json, else config.json).
         config_path, source: the config's and the weights' file, for messages.
-        attention: "fast" or "reference", as in `build_model`.
     """
     config = _our_config(family, hf, weights, config_path)
     _check_size(config, weights, config_path)
@@ -154,18 +140,12 @@ def export_pretrained(
     """Writes `model` as a Hugging Face directory that `transformers` loads with the same weights.
 
     Args:
-        model: the model to export.
-        config: the config it was built from.
-        directory: the output folder (created if needed).
-        family: a key of `FAMILIES` ("gpt2", "bert", "marian", "llama", "qwen2", "gemma3_text", ...); the
-            config must be expressible in it.
-        tokenizer: saved alongside when given: tokenizer.json, and a tokenizer_config.json that has
-            `AutoTokenizer` load that file as it is (see `_write_tokenizer_config`).
+        directory: the output folder (created if needed); returned.
+        family: a key of `FAMILIES`; the config must be expressible in it.
+        tokenizer: saved alongside when given, with a tokenizer_config.json that has `AutoTokenizer` load it as
+            it is.
         ids: special ids for config.json; by default those of `tokenizer`, else none.
         chat_template: written as chat_template.jinja, where transformers and attn read it.
-
-    Returns:
-        The folder.
 
     Raises:
         CheckpointError: the family is unknown, or the config has an option it cannot express.
@@ -209,13 +189,10 @@ def generation_settings(folder: Path, hf: dict[str, Any]) -> dict[str, Any]:
 def _write_tokenizer_config(folder: Path, tokenizer: Tokenizer, max_length: int) -> None:
     """Has `transformers.AutoTokenizer` read our tokenizer.json exactly as `attn` does.
 
-    Without it, AutoTokenizer picks the family's own class (GPT-2's, BERT's, Marian's), which
-    rebuilds its own pipeline around our vocabulary: a character or Metaspace BPE vocabulary
-    behind GPT-2's byte-level pre-tokenizer loses every space, newline and accent, and Marian's
-    class wants SentencePiece files. `PreTrainedTokenizerFast` takes tokenizer.json whole:
-    normaliser, pre-tokenizer, model, frame and decoder. The role tokens let HF skip and add the
-    same special tokens as we do, and the clean-up that HF may apply to decoded text (removing the
-    space before punctuation) is switched off, since our decode does not do it.
+    Without it, AutoTokenizer picks the family's own class, which rebuilds its own pipeline around our
+    vocabulary (GPT-2's byte-level pre-tokenizer loses every space of a character vocabulary; Marian's wants
+    SentencePiece files). `PreTrainedTokenizerFast` takes tokenizer.json whole. HF's clean-up of decoded text is
+    switched off, since our decode does not do it.
     """
     settings: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -278,9 +255,8 @@ SIZE_ALLOWANCE = 2**22
 def _check_size(config: ModelConfig, weights: Mapping[str, Tensor], path: Path) -> None:
     """Refuses a config whose model would take far more memory than its weights fill, before it is built.
 
-    A config.json that lies (2**40 layers, positions or features) would otherwise have `build_model`
-    allocate that much. The bound counts what every model of the config holds at least: token
-    embeddings, a query projection and a feed-forward pair per layer, a position table.
+    A config.json that lies (2**40 layers) would otherwise have `build_model` allocate that much. The bound counts
+    what every model of the config holds at least.
     """
     head = config.head_size
     layers = config.encoder_layers + config.decoder_layers
@@ -343,10 +319,9 @@ def _read_torch(path: Path) -> dict[str, Tensor]:
 def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The tokenizer of a model directory, or None when it has no file attn reads.
 
-    Marian's SentencePiece files come first (source.spm + target.spm + vocab.json, what
-    `MarianTokenizer` reads, even where a tokenizer.json was added beside them); then tokenizer.json
-    (it is the whole pipeline); then GPT-2's vocab.json + merges.txt; then BERT's vocab.txt,
-    lower-cased unless tokenizer_config.json says `do_lower_case: false`.
+    Marian's SentencePiece files come first (even where a tokenizer.json was added beside them), then
+    tokenizer.json, GPT-2's vocab.json + merges.txt, BERT's vocab.txt (lower-cased unless tokenizer_config.json
+    says `do_lower_case: false`).
 
     Raises:
         CheckpointError: a file of the tokenizer it finds is missing or unreadable.

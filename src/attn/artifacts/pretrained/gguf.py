@@ -1,31 +1,22 @@
 """GGUF files (llama.cpp's format) of the Llama family: config, weights, tokenizer and chat template.
 
-`read_gguf(path)` reads one file into a `GgufModel`: the config.json that `transformers` would hold
-for the model (`gguf_config`), its weights under Hugging Face's names as float tensors (here), the
-tokenizer its metadata describes (`gguf_tokenizer`) and its chat template. The Hugging Face importer
-(`families`, `keymap`) takes it from there; nothing here knows our own model. Architectures: `llama`,
-`qwen2` and `qwen3` (Mistral's files are `llama`). Tokenizers: byte-level BPE (`tokenizer.ggml.model`
-"gpt2") with the pre-tokenizers of `gguf_tokenizer.PRE_TOKENIZERS`.
+`read_gguf(path)` reads one file into a `GgufModel`: the config.json that `transformers` would hold for the model,
+its weights under Hugging Face's names as float tensors, its tokenizer and chat template. The Hugging Face
+importer takes it from there; nothing here knows our own model. Architectures: `llama`, `qwen2` and `qwen3`
+(Mistral's files are `llama`); tokenizers: byte-level BPE.
 
 What the reader undoes of llama.cpp's conversion:
 - Names: `blk.{i}.attn_q.weight` is `model.layers.{i}.self_attn.q_proj.weight`, and so on (`_tensor_table`).
-- Dimensions: GGUF lists a tensor's dimensions innermost first, [in, out] for a linear map; the
-  arrays `gguf` gives are row-major (out, in), the layout of `torch.nn.Linear.weight`.
-- Rotary layout (`llama` only): llama.cpp rotates interleaved pairs of a head's dimensions
-  (2j, 2j+1) where Hugging Face rotates its two halves (j, j + d/2), so llama.cpp's converter
-  reorders the rows of every head of q_proj and k_proj; `_unpermute` puts them back.
-- Rope scaling: llama.cpp stores Llama 3's as per-frequency factors (`rope_freqs.weight`);
-  `gguf_config.llama3_scaling` recovers config.json's parameters from them.
-- Quantization: `gguf.quants.dequantize` turns every block format (Q4_1, Q8_0, the K-quants, ...)
-  into float32.
-- Floats: metadata floats are float32; each becomes the shortest decimal that reads back as the
-  same float32 (1e-05 rather than 9.999999747378752e-06), the value config.json held (`gguf_file.Metadata`).
+- Dimensions: GGUF lists a tensor's dimensions innermost first, [in, out] for a linear map; the arrays `gguf`
+  gives are row-major (out, in), the layout of `torch.nn.Linear.weight`.
+- Rotary layout (`llama` only): llama.cpp rotates interleaved pairs (2j, 2j+1) where Hugging Face rotates two
+  halves (j, j + d/2), so its converter reorders the rows of every head of q_proj and k_proj; `_unpermute`
+  puts them back.
+- Rope scaling: llama.cpp stores Llama 3's as per-frequency factors (`rope_freqs.weight`).
+- Floats: each metadata float32 becomes the shortest decimal that reads back as it (`gguf_file.Metadata`).
 
-Files come from strangers. Every defect is a `CheckpointError` that names the file and the fix,
-found from the header alone before any tensor is dequantized: not GGUF, cut short (no read may
-pass the end of the file, so a length field that lies cannot send the parser past it), an
-unknown architecture, tokenizer or block format, a missing or ill-typed metadata value, and a
-tensor that is missing, unknown or shaped otherwise than the hyper-parameters say.
+Files come from strangers. Every defect is a `CheckpointError` that names the file and the fix, found from the
+header alone before any tensor is dequantized; no read may pass the end of the file.
 """
 
 from __future__ import annotations
@@ -60,19 +51,14 @@ class GgufModel:
     """What a GGUF file holds, in Hugging Face's terms.
 
     Attributes:
-        path: the file.
         architecture: its `general.architecture`: "llama", "qwen2" or "qwen3".
-        hf_config: the config.json of the model (`LlamaConfig`'s fields for "llama", `Qwen2Config`'s
-            for "qwen2", `Qwen3Config`'s for "qwen3"), bos/eos/pad ids included.
-        weights: Hugging Face state-dict names (`model.layers.0.self_attn.q_proj.weight`, ...) ->
-            tensors: linear maps (out, in), norms (d,); no `lm_head.weight` when the embedding is tied.
-        tokenizer: the file's tokenizer (kind "gguf"): bos, eos, pad and unk are the file's ids,
-            control tokens are special (matched whole in a text, left out by `decode`), user-defined
-            tokens are matched whole and kept.
-        chat_template: the Jinja template of `tokenizer.chat_template`, or None.
+        hf_config: the config.json of the model, bos/eos/pad ids included.
+        weights: Hugging Face state-dict names -> tensors: linear maps (out, in), norms (d,); no
+            `lm_head.weight` when the embedding is tied.
+        tokenizer: control tokens are special (matched whole, left out by `decode`), user-defined tokens are
+            matched whole and kept.
         eot_id: the token that ends a turn (`tokenizer.ggml.eot_token_id`), or None where the file has none.
-        add_bos: whether llama.cpp puts bos before a prompt; `tokenizer.encode(text, add_special=True)`
-            does the same.
+        add_bos: whether llama.cpp puts bos before a prompt; `tokenizer.encode(text, add_special=True)` does too.
     """
 
     path: Path
@@ -89,15 +75,11 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GgufModel
     """Reads a GGUF file of the Llama family: config, dequantized weights, tokenizer, chat template.
 
     Args:
-        path: the `.gguf` file.
         dtype: the floating dtype of the weights (dequantized to float32 first).
 
-    Returns:
-        The `GgufModel`.
-
     Raises:
-        CheckpointError: the file is not GGUF, is cut short or inconsistent, or holds an architecture,
-            tokenizer, rope scaling or block format this reader does not support (named in the message).
+        CheckpointError: the file is not GGUF, is cut short or inconsistent, or holds an architecture, tokenizer,
+            rope scaling or block format this reader does not support.
         ConfigError: `dtype` is not a floating dtype.
     """
     if not dtype.is_floating_point:
@@ -160,8 +142,7 @@ def _tensor_table(
 
 def _check_tensors(meta: Metadata, tensors: Mapping[str, ReaderTensor],
                    table: Mapping[str, tuple[str, tuple[int, ...], int | None]], hyper: HyperParameters) -> None:
-    """Checks that every tensor is expected, of the expected dimensions and of a block format that
-    `gguf` dequantizes, and that every expected tensor is there (`output.weight` is absent when tied)."""
+    """Checks each tensor's name, dimensions and block format; `output.weight` is absent when tied."""
     path = meta.path
     unknown = sorted(set(tensors) - set(table))
     missing = sorted(set(table) - set(tensors) - {"output.weight"})

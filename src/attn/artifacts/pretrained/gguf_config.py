@@ -1,9 +1,6 @@
 """A GGUF file's metadata as the config.json that `transformers` would hold for the model.
 
-`ARCHITECTURES` says how each GGUF architecture (`general.architecture`) maps to its Hugging Face
-model; `hyper_parameters` reads `{architecture}.*` and checks the values against each other;
-`hf_config` writes them as config.json's fields. Rope scaling: linear position interpolation is
-read from the metadata; Llama 3's, which llama.cpp stores as per-frequency factors
+Linear rope scaling is read from the metadata; Llama 3's, which llama.cpp stores as per-frequency factors
 (`rope_freqs.weight`), is recovered from them by `llama3_scaling`.
 """
 
@@ -136,8 +133,7 @@ def llama3_scaling(meta: Metadata, tensor: ReaderTensor, hyper: HyperParameters)
 
 
 def _fit_llama3(factors: np.ndarray, wavelengths: np.ndarray) -> dict[str, Any] | None:
-    """The llama3 parameters of the line through the factors between the two ends, or None where
-    there is no such line (fewer than two such factors, or factors that are not positive numbers)."""
+    """The llama3 parameters of the line through the factors between the two ends, or None where there is none."""
     factor = float(factors.max())
     between = (factors > 1 + 1e-6) & (factors < factor - 1e-6)
     if not (np.isfinite(factors).all() and factors.min() > 0 and between.sum() >= 2):

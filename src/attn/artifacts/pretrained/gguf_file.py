@@ -1,8 +1,5 @@
 """The header of a GGUF file: opened without reading past its end, and its metadata read by type.
 
-`open_gguf(path)` parses a file's header with `gguf.GGUFReader` (the tensors stay on disk,
-memory-mapped); `Metadata` reads its key-value pairs, each checked to be of the kind asked for;
-`check_dequantizable` checks that the `gguf` package reads a tensor's block format.
 Every defect is a `CheckpointError` naming the file and the fix.
 """
 
@@ -27,8 +24,8 @@ class _CutShort(Exception):
 class _BoundedReader(GGUFReader):
     """`gguf.GGUFReader` whose every read must lie inside the file.
 
-    `GGUFReader` reads past the end as an empty array and goes on, so an array whose declared
-    length is far beyond the file would have it loop (and allocate) for as long as that length says.
+    `GGUFReader` reads past the end as an empty array and goes on, so a lying array length would have it loop
+    (and allocate) for as long as that length says.
     """
 
     def _get(self, offset: int, dtype: Any, count: int = 1, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -87,8 +84,7 @@ class Metadata:
     def get(self, key: str, kind: str, default: Any = _REQUIRED) -> Any:
         """The value of `key`: kind "int", "float", "str" or "bool", or a list of one ("int[]", "str[]").
 
-        Raises:
-            CheckpointError: the key is missing (and has no default), or holds another type.
+        Raises CheckpointError when the key is missing (and has no default) or holds another type.
         """
         field = self.reader.get_field(key)
         if field is None:

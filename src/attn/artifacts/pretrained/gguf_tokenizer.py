@@ -1,10 +1,8 @@
 """The tokenizer that a GGUF file's metadata describes (`tokenizer.ggml.*`), as a `Tokenizer` of kind "gguf".
 
-attn reads byte-level BPE vocabularies (`tokenizer.ggml.model` "gpt2") with the pre-tokenizers of
-`PRE_TOKENIZERS`: the words are cut as llama.cpp cuts them, then spelt in GPT-2's byte alphabet.
-Control tokens are special (matched whole in a text, left out by `decode`); user-defined tokens are
-matched whole and kept. bos, eos, pad and unk are the file's own ids, and `add_special=True` puts
-the bos (and eos) before (and after) a text where the file asks for them, as llama.cpp does.
+attn reads byte-level BPE vocabularies (`tokenizer.ggml.model` "gpt2"): the words are cut as llama.cpp cuts
+them, then spelt in GPT-2's byte alphabet. `add_special=True` puts bos (and eos) around a text where the file
+asks for them, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -50,8 +48,7 @@ PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
 
 
 def tokenizer_of(meta: Metadata) -> tuple[Tokenizer, dict[str, int | None], bool]:
-    """The tokenizer of the metadata, the special ids (bos, eos, pad, unk, eot) and whether bos
-    starts a prompt."""
+    """The tokenizer, the special ids (bos, eos, pad, unk, eot) and whether bos starts a prompt."""
     path = meta.path
     model = meta.get("tokenizer.ggml.model", "str")
     if model != "gpt2":

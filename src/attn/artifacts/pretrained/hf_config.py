@@ -122,11 +122,7 @@ class ConfigTable:
     names: Mapping[Activation, str] = dataclasses.field(default_factory=lambda: ACTIVATION_NAMES)
 
     def read(self, hf: Mapping[str, Any]) -> dict[str, Any]:
-        """Our config fields that config.json `hf` gives directly.
-
-        Raises:
-            CheckpointError: a value is not of its default's type (a size that is null, text or a float).
-        """
+        """Our config fields that config.json `hf` gives directly; CheckpointError for a value of the wrong type."""
         renamed = {ours: _typed(hf, theirs, default) for ours, (theirs, default) in self.renamed.items()}
         return {**self.fixed, **renamed, "activation": activation(hf, *self.activation)}
 
@@ -143,11 +139,8 @@ class ConfigTable:
 def same_config(ours: ModelConfig, parsed: ModelConfig, family: str) -> None:
     """Raises naming the first field of `ours` that a `family` checkpoint cannot express.
 
-    `parsed` is `ours` written as that family's config.json and read back. Fields are compared by
-    what the model computes with them (`_EFFECTIVE`: attention_scale_dim=0 and
-    attention_scale_dim=head_size are the same model). Fields that do not change the exported
-    model are not compared: dropout rates (training only) and the options of schemes the config
-    does not use.
+    `parsed` is `ours` written as that family's config.json and read back. Fields are compared by what the model
+    computes with them (`_EFFECTIVE`); dropout rates and the options of unused schemes are not compared.
     """
     ignored = _inert_fields(ours)
     for field in dataclasses.fields(ModelConfig):
@@ -217,12 +210,9 @@ class Family:
     Attributes:
         name: the `model_type` of its config.json.
         model_config: our config from config.json and the checkpoint's keys (which heads exist).
-        key_table: the key table for one of our configs.
-        hf_config: config.json for one of our configs and its special ids.
         prefixed: whether an exported checkpoint of that config writes the base-model prefix.
         task: what an imported model of the family is used for ("lm", "translation", "embedding").
-        decoding: the rules `generate` applies to it, from its generation settings and config.json's
-            decoder start id (`attn.artifacts.pretrained.decoding`).
+        decoding: the rules `generate` applies, from its generation settings and the decoder start id.
     """
 
     name: str

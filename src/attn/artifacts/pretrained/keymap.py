@@ -1,16 +1,12 @@
 """Declarative key tables between Hugging Face checkpoints and `attn` models.
 
-A family's converter is one `KeyTable`: `Rule`s that name one of our state-dict keys, the
-checkpoint keys it is made of and the `Transform` between them, with `{layer}`-style slots that
-expand over a stack's layers. Every transform has its inverse next to it, so one table both
-imports (`load_into`) and exports (`export_from`).
+A family's converter is one `KeyTable`: `Rule`s that name one of our state-dict keys, the checkpoint keys it is
+made of and the `Transform` between them, with `{layer}`-style slots. Every transform has its inverse, so one
+table both imports (`load_into`) and exports (`export_from`).
 
-Both directions are strict. A checkpoint key that no rule claims, a required key that is
-missing and a tensor of the wrong shape are `CheckpointError`s that name the key. The only keys
-read but not loaded are declared in the table: `Derived` keys (a fixed table or buffer that the
-config determines; its value is checked) and `Unused` keys (a head `attn` has no place for; its
-reason is given). Tied weights need no special case: every name of a shared tensor is a key of
-our state dict, and all checkpoint copies that reach one tensor must be equal.
+Both directions are strict: an unclaimed, missing or mis-shaped key is a `CheckpointError` that names it. The
+only keys read but not loaded are declared: `Derived` (determined by the config; checked) and `Unused` (with a
+reason). Tied weights need no special case: all checkpoint copies that reach one tensor must be equal.
 """
 
 from __future__ import annotations
@@ -39,9 +35,7 @@ class Transform(Protocol):
 class Concat:
     """Our fused matrix stacks its parts' rows (q, k, v -> qkv); one part is a plain copy.
 
-    `sizes` gives each part's rows when they differ (queries and the fewer key/value heads of
-    grouped-query attention); without it, or when the checkpoint holds the fused matrix as one
-    key, the rows split into equal parts.
+    `sizes` gives each part's rows when they differ (grouped-query attention); without it the rows split evenly.
     """
 
     sizes: tuple[int, ...] = ()
@@ -84,8 +78,7 @@ ROW_VECTOR = RowVector()
 class Rule:
     """Our key `ours` is `transform.to_ours` of the checkpoint keys `theirs`.
 
-    `optional` marks a redundant copy of a tensor that another rule loads (a tied output
-    matrix): it may be absent, must agree when present, and is never written.
+    `optional` marks a redundant copy (a tied output matrix): it may be absent, must agree, and is never written.
     """
 
     ours: str
@@ -130,10 +123,8 @@ class KeyTable:
     Attributes:
         rules: our keys and where they come from; slots such as `{layer}` expand over `slots`.
         slots: the count of each slot name, e.g. {"layer": 12}.
-        derived: checkpoint keys checked against the config, never loaded.
-        unused: checkpoint keys accepted and left out, with reasons.
-        prefix: the base model's prefix in checkpoints of a model with heads ("transformer.");
-            checkpoints of the bare base model omit it.
+        prefix: the base model's prefix in checkpoints of a model with heads ("transformer."); checkpoints of
+            the bare base model omit it.
         heads: key prefixes outside the base model, which never carry `prefix` ("lm_head.").
     """
 
@@ -193,18 +184,14 @@ def load_into(model: nn.Module, table: KeyTable, checkpoint: Mapping[str, Tensor
     """Loads a checkpoint's tensors into `model` through `table`, strictly.
 
     Args:
-        model: a freshly built model whose config matches the checkpoint.
-        table: the family's key table for that config.
-        checkpoint: key -> tensor, as read from the file.
         source: the file, for error messages.
 
     Returns:
-        The `Unused` checkpoint keys that were present (read and knowingly left out), each with
-        the reason.
+        The `Unused` checkpoint keys that were present, each with the reason.
 
     Raises:
-        CheckpointError: naming the key, for a missing, unknown or mis-shaped key, a derived key
-            with the wrong value, or tied copies that disagree.
+        CheckpointError: naming the key, for a missing, unknown or mis-shaped key, a derived key with the wrong
+            value, or tied copies that disagree.
     """
     prefixed = table.is_prefixed(checkpoint)
     ours = model.state_dict(keep_vars=True)
@@ -311,15 +298,10 @@ def _tied_groups(ours: Mapping[str, Tensor]) -> list[list[str]]:
 
 
 def export_from(model: nn.Module, table: KeyTable, prefixed: bool) -> dict[str, Tensor]:
-    """The checkpoint tensors of `model` under the table's names (required rules only).
+    """The checkpoint tensors of `model` under the table's names (required rules only), contiguous.
 
     Args:
-        model: the model to export.
-        table: the family's key table for the model's config.
         prefixed: whether base-model keys carry the table's prefix (a model with heads).
-
-    Returns:
-        Checkpoint key -> contiguous tensor, ready for `safetensors.torch.save_file`.
 
     Raises:
         CheckpointError: a tensor of the model that no rule writes.

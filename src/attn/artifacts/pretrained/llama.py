@@ -1,24 +1,15 @@
 """Llama-style decoder checkpoints: Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, OLMo 2 and Phi-3.
 
-The eight `*ForCausalLM` classes (Gemma 3's text-only `Gemma3ForCausalLM`, model_type
-`gemma3_text`) store one layout: `model.embed_tokens`, per layer `self_attn.{q,k,v,o}_proj` and
-`mlp.{gate,up,down}_proj` between RMSNorms, `model.norm` and `lm_head` (absent when tied). Our `qkv`
-stacks q, k and v, whose rows differ in number under grouped-query attention; our `ffn.w1` stacks
-gate and up. Phi-3 stores both already fused (`qkv_proj`, `gate_up_proj`) in the same order.
+The eight `*ForCausalLM` classes (Gemma 3's text-only one: model_type `gemma3_text`) store one layout:
+`model.embed_tokens`, per layer `self_attn.{q,k,v,o}_proj` and `mlp.{gate,up,down}_proj` between RMSNorms,
+`model.norm` and `lm_head` (absent when tied). Our `qkv` stacks q, k and v; our `ffn.w1` stacks gate and up.
+Phi-3 stores both already fused (`qkv_proj`, `gate_up_proj`) in the same order.
 
-One key table and one config reader serve all of them. What sets a family apart is data on its
-`Variant`, chosen by model_type:
-- the norms: pre-norm (Llama), pre- and post-norm with Gemma's x / rms(x) * (1 + w), or the
-  sub-layers' outputs normalised (OLMo 2); `NORM_NAMES` says which checkpoint norm is which of ours;
-- QK-norm per head (Qwen3, Gemma 3) or over each whole projection (OLMo 2);
-- the biases: config.json's `attention_bias` and `mlp_bias`, or fixed (Qwen2: q, k and v only);
-- Gemma's embeddings scaled by sqrt(d_model), score scale `query_pre_attn_scalar` and soft caps;
-- which layers slide (`NoWindows`, `EveryLayer`, `LayerTypes`, `QwenWindows`);
-- the rotary settings (`attn.artifacts.pretrained.rope`): partial rotation (Phi-3), a base per
-  layer type (Gemma 3).
-Each family reads config.json through `transformers`' defaults for the fields a file omits.
-Sizes equal to what they default to are read as 0, as the presets write them (kv_heads equal to
-heads, head_size equal to d_model / heads, a score scale of 1 / sqrt(head_size)).
+One key table and one config reader serve all of them; what sets a family apart is data on its `Variant`: the
+norms (pre-norm, Gemma's pre- and post-norm with x / rms(x) * (1 + w), OLMo 2's normalised outputs), QK-norm, the
+biases, Gemma's embedding scale, score scale and soft caps, which layers slide, and the rotary settings.
+config.json is read through `transformers`' defaults for omitted fields. Sizes equal to what they default to are
+read as 0, as the presets write them (kv_heads equal to heads, head_size equal to d_model / heads).
 """
 
 from __future__ import annotations
@@ -238,17 +229,13 @@ class Variant:
     """One Llama-style family as data (see the module docstring).
 
     Attributes:
-        model_type: config.json's `model_type`.
         architecture: the `transformers` class an export names.
         defaults: `transformers`' value of each config.json field read, where the file omits it.
         layout: our fields that every checkpoint of the family has the same value for.
-        activation: the config.json field that names the activation.
         attention_bias: whether q, k and v (and o, unless `out_bias`) have biases.
         out_bias: whether o has one, where the family fixes it apart from q, k and v.
-        ffn_bias: whether gate, up and down have biases.
         attention: the checkpoint's names of what our `qkv` stacks; `ffn`: of what `ffn.w1` stacks.
-        windows, scores, rope: how config.json states sliding layers, the score scale and caps, and
-            the rotation.
+        windows, scores, rope: how config.json states sliding layers, the score scale and caps, and the rotation.
         refused: (field, the values attn supports) of config.json options attn lacks.
     """
 

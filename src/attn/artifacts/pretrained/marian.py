@@ -1,17 +1,12 @@
 """Marian translation checkpoints (`MarianMTModel`, e.g. Helsinki-NLP/opus-mt-*).
 
-Marian is the paper's post-norm encoder-decoder with: sinusoidal positions with all sines
-before all cosines (our `SinusoidalLayout.CONCATENATED`), embeddings scaled by sqrt(d_model)
-when `scale_embedding`, swish (SiLU) activations, a final-logits bias (our `output_bias`),
-and the pad id as the decoder's start token. The position tables that older checkpoints store
-(`embed_positions.weight`) are checked to equal our sinusoids. Separate query/key/value
-matrices become our fused `qkv`, and cross-attention key/value our fused `kv`.
+Marian is the paper's post-norm encoder-decoder with: all sines before all cosines in its sinusoidal positions
+(`SinusoidalLayout.CONCATENATED`), embeddings scaled by sqrt(d_model) when `scale_embedding`, swish activations,
+a final-logits bias (our `output_bias`), and the pad id as the decoder's start token. Stored position tables
+(`embed_positions.weight`) are checked to equal our sinusoids.
 
-Embedding sharing: `share_encoder_decoder_embeddings` with tied output is our `Tying.ALL`;
-separate vocabularies with a tied output are `Tying.DECODER`; nothing tied is `Tying.NONE`.
-
-Decoding (`FAMILY.decoding`): `MarianTokenizer` ends every source with `</s>`; the pad ban and the
-forced final `</s>` come from the directory's generation settings, as `generate` reads them.
+Embedding sharing: `share_encoder_decoder_embeddings` with tied output is our `Tying.ALL`; separate
+vocabularies with a tied output are `Tying.DECODER`; nothing tied is `Tying.NONE`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Rotary position settings of Llama-style config.json files: read into our rope fields, written back.
 
-config.json spells them three ways. transformers 5 writes `rope_parameters`: `rope_type`,
-`rope_theta` and the scaling's own keys (Phi-3 adds `partial_rotary_factor`). Older files keep
-`rope_theta` (and `partial_rotary_factor`) at the top level and the scaling in `rope_scaling`, under
-`type` or `rope_type`; transformers prefers `rope_scaling` when both are present, and so do we.
-Gemma 3 keeps one entry per layer type (`rope_parameters.full_attention` and `.sliding_attention`;
-older files: `rope_theta`, `rope_local_base_freq` and a `rope_scaling` of the full layers).
+config.json spells them three ways. transformers 5 writes `rope_parameters`: `rope_type`, `rope_theta` and the
+scaling's own keys. Older files keep `rope_theta` at the top level and the scaling in `rope_scaling` (which wins
+when both are present, as in transformers). Gemma 3 keeps one entry per layer type. Exports write the
+transformers 5 form.
 
-attn has default, linear, llama3 and YaRN rotations (`attn.core.positional`); every other `rope_type`
-(dynamic NTK, longrope, ...) and a YaRN without truncation are `CheckpointError`s that name the field.
-Exports write the transformers 5 form.
+attn has default, linear, llama3 and YaRN rotations; every other `rope_type` and a YaRN without truncation are
+`CheckpointError`s that name the field.
 """
 
 from __future__ import annotations
@@ -111,7 +108,6 @@ def read_rotation(params: Params, theta: float, max_positions: int, where: str, 
     """Our rotary base and scaling fields from one rope entry of config.json.
 
     Args:
-        params: the entry (`rope_parameters`, `rope_scaling` or one layer type's entry).
         theta: the base when the entry has no `rope_theta`.
         max_positions: config.json's max_position_embeddings (the fallback of the original length).
         where: the entry's name, for messages.
@@ -142,9 +138,8 @@ class FlatRope:
     """One rotation for every layer, in `rope_parameters` (or the older `rope_theta` + `rope_scaling`).
 
     Attributes:
-        theta: the family's default base.
-        partial: whether the family rotates `partial_rotary_factor` of each head (Phi-3); elsewhere
-            transformers rotates whole heads, and a factor other than 1 is refused.
+        partial: whether the family rotates `partial_rotary_factor` of each head (Phi-3); elsewhere a factor
+            other than 1 is refused.
         supported: the rope types read (Phi-3's transformers model reads no scaling but longrope).
     """
 
