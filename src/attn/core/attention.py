@@ -1,19 +1,19 @@
 """Scaled dot-product attention and multi-head attention (section 3.2 of the paper).
 
-`scaled_dot_product_attention` is the plain reference: softmax(Q K^T / sqrt(d_k)) V written out.
-`fast_attention` computes the same through `torch.nn.functional.scaled_dot_product_attention`
-(fused kernels, no (T x T) weights kept for backward on the flash/memory-efficient paths). A
-model picks one of the two once, in the builder. Masks follow `attn.core.masks`: True = may attend.
+`scaled_dot_product_attention` is the plain reference: softmax(Q K^T / sqrt(d_k)) V written out. `fast_attention`
+computes the same through `torch.nn.functional.scaled_dot_product_attention` (fused kernels, no (T x T) weights kept
+for backward on the flash/memory-efficient paths). A model picks one of the two once, in the builder. Masks follow
+`attn.core.masks`: True = may attend.
 
-Departures from the paper: self-attention projects Q, K and V with one fused matrix, which is the
-same as three separate projections stacked; an optional additive score bias carries relative
-position information (T5), and rotary positions rotate Q and K (RoFormer). Its successors' options
-are here too: fewer key/value heads than query heads, each shared by a group of query heads
-(grouped-query attention, Ainslie et al. 2023), a head size other than d_model / h, normalised
-queries and keys (QK-norm), another score scale and a soft cap on the scores (`Scores`).
+Departures from the paper: self-attention projects Q, K and V with one fused matrix, which is the same as three
+separate projections stacked; an optional additive score bias carries relative position information (T5), and rotary
+positions rotate Q and K (RoFormer). Its successors' options are here too: fewer key/value heads than query heads,
+each shared by a group of query heads (grouped-query attention, Ainslie et al. 2023), a head size other than
+d_model / h, normalised queries and keys (QK-norm), another score scale and a soft cap on the scores (`Scores`).
 
-Attention maps are opt-in: inside `module.capture()` an attention module computes its weights with
-the written-out formula and records them; outside it, `forward` never forms them on the fast path.
+Attention maps are opt-in: inside `module.capture()` an attention module computes its weights with the written-out
+formula, from the inputs its own forward prepared, and records them; outside it, `forward` never forms them on the
+fast path. What `forward` returns is the same function either way.
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ def attention_weights(
         k: (B, h_kv, Tk, d_k) keys; h_kv divides h (grouped-query attention).
         mask: bool, broadcastable to (B, h, Tq, Tk), True = may attend; or `CAUSAL`.
         bias: float, broadcastable to (B, h, Tq, Tk), added to the scores.
-        scores: the scale and soft cap of Q K^T.
 
     Returns:
         (B, h, Tq, Tk) attention weights; each row sums to 1, or to 0 if all its keys are masked.
@@ -88,9 +87,8 @@ def attention_weights(
 def empty_rows(mask: Tensor) -> Tensor:
     """(..., Tq, Tk) bool mask -> (..., Tq, 1) bool: the queries that may attend no key at all.
 
-    Such rows (the padding of a left-padded prompt, a source of padding only) have no defined
-    attention; both attention functions set their output to exactly 0, so no kernel's NaN can
-    reach the next layer or, through 0 * NaN, the KV cache.
+    Such rows (the padding of a left-padded prompt) have no defined attention; both attention functions set their
+    output to exactly 0, so no kernel's NaN can reach the next layer or, through 0 * NaN, the KV cache.
     """
     return ~mask.any(dim=-1, keepdim=True)
 
@@ -107,11 +105,9 @@ def scaled_dot_product_attention(
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, equation (1) of the paper.
 
     Args:
-        q: (B, h, Tq, d_k); k: (B, h_kv, Tk, d_k); v: (B, h_kv, Tk, d_v), h_kv dividing h.
-        mask: bool, broadcastable to (B, h, Tq, Tk), True = may attend; or `CAUSAL`.
-        bias: optional additive score bias, broadcastable to (B, h, Tq, Tk).
+        q, k, mask, bias: as for `attention_weights`.
+        v: (B, h_kv, Tk, d_v).
         dropout: dropout probability on the attention weights (0 in eval mode).
-        scores: the scale and soft cap of Q K^T.
 
     Returns:
         (B, h, Tq, d_v).
@@ -133,10 +129,9 @@ def fast_attention(
     A query row whose keys are all masked gives exactly 0, as in the reference, whatever the kernel.
     Soft-capped scores have no fused kernel: they take the reference's written-out path.
 
-    Under bf16 autocast on a CPU the kernel runs in fp32 (and returns the autocast dtype): PyTorch's
-    CPU flash-attention backward in bf16 is several times slower than in fp32, while the matmuls around
-    it gain from bf16, so a bf16 training step is shorter with its attention in fp32 (steps with either
-    attention: `benchmarks/results/precision/`).
+    Under bf16 autocast on a CPU the kernel runs in fp32 (and returns the autocast dtype): PyTorch's CPU
+    flash-attention backward in bf16 is several times slower than in fp32, so a bf16 training step is shorter with
+    its attention in fp32 (`benchmarks/results/precision/`).
     """
     if q.is_cpu and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
@@ -168,10 +163,8 @@ def fast_attention(
 def _one_query_grouped(q: Tensor, k: Tensor, v: Tensor, mask: Mask, dropout: float, scores: Scores) -> Tensor:
     """Grouped-query attention of one query per row (a decode step) as h_kv heads of g = h / h_kv queries.
 
-    The g query heads that share a key/value head become g queries of that head: the same products,
-    with no copy of the keys and values per query head: a batched decode step of a grouped-query
-    model (SmolLM2-135M) is shorter than with SDPA's `enable_gqa`, and one row's is as short. A lone
-    query's mask never depends on the query, so it broadcasts.
+    The same products with no copy of the keys and values per query head, so a batched decode step is shorter than
+    with SDPA's `enable_gqa`. A lone query's mask never depends on the query, so it broadcasts.
     """
     b, h, _, d = q.shape
     grouped = q.view(b, k.size(1), h // k.size(1), d)  # (B, h_kv, g, d)
@@ -283,11 +276,7 @@ class MultiHead(nn.Module):
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[list[AttentionCapture]]:
-        """Records every forward pass of this module inside the block, in a list it yields.
-
-        The recorded passes compute the written-out weights (the fast kernels never form them), from
-        the inputs the module's own forward prepared; what `forward` returns is the same function.
-        """
+        """Records every forward pass of this module inside the block, in a list it yields."""
         self._captures = captures = []
         try:
             yield captures
@@ -358,9 +347,9 @@ class CrossAttention(MultiHead):
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
         """x (B, T, d_model), memory k/v (M, h_kv, S, d_k), mask (M, 1, 1, S) -> (B, T, d_model).
 
-        B is a multiple of M: the rows come in runs of B / M that read one memory row (the beams of
-        a sentence). A run's queries are attended as one sequence of (B / M) T queries, so the
-        memory is read once per run: every query attends to the memory alone, so this is exact.
+        B is a multiple of M: the rows come in runs of B / M that read one memory row (the beams of a sentence). A
+        run's queries are attended as one sequence of (B / M) T queries, reading the memory once per run; this is
+        exact, as every query attends to the memory alone.
         """
         k, v = memory_kv
         runs = x.reshape(k.size(0), -1, x.size(-1))  # (M, (B / M) T, d_model)

@@ -1,9 +1,8 @@
 """Transformer layers built from the parts in `attn.core.attention` and `attn.core.layers`.
 
-`Block` is self-attention + FFN: an encoder layer (section 3.1), and with a causal mask the
-layer of a decoder-only model. `DecoderBlock` adds attention over the encoder output between the
-two (the paper's decoder layer). Each sub-layer is wrapped by the residual arrangement the builder
-chose (post- or pre-norm).
+`Block` is self-attention + FFN: an encoder layer (section 3.1), and with a causal mask the layer of a decoder-only
+model. `DecoderBlock` adds attention over the encoder output between the two (the paper's decoder layer). Each
+sub-layer is wrapped by the residual arrangement the builder chose.
 """
 
 from __future__ import annotations

@@ -102,21 +102,18 @@ def _parse_enum(field: str, kind: type[E], value: Any) -> E:
 class ModelConfig:
     """Every architectural choice of a Transformer model.
 
-    Vocabulary fields: `vocab_size` is the target / LM / encoder vocabulary; `src_vocab_size` the
-    encoder-decoder's source vocabulary (derived: vocab_size). `pooling` is the vector an
-    encoder-only model classifies: the first token's ("first") or the mean of the real tokens'
-    ("mean", for checkpoints trained as sentence embedders, such as all-MiniLM-L6-v2).
+    Vocabulary fields: `vocab_size` is the target / LM / encoder vocabulary; `src_vocab_size` the encoder-decoder's
+    source vocabulary (derived: vocab_size). `pooling` is the vector an encoder-only model classifies: the first
+    token's ("first") or the mean of the real tokens' ("mean", for sentence embedders such as all-MiniLM-L6-v2).
 
-    Attention fields: `kv_heads` key/value heads shared by groups of the `heads` query heads
-    (grouped-query attention; derived: as many as query heads); `head_size` the size d_k of a
-    head (derived: d_model / heads); `attention_out_bias` whether W^O has a bias (derived:
-    attention_bias); `attention_scale_dim` the d in the scores' 1/sqrt(d) (0 means d_k; Gemma's
-    query_pre_attn_scalar); `attention_softcap` and `logit_softcap` cap the attention scores and
-    the output logits at c tanh(x / c) (0 means no cap); `layer_types` says which decoder layers
-    attend over a sliding window of `sliding_window` positions (empty: all when sliding_window > 0,
-    none otherwise; see `decoder_layer_types`), and those layers rotate with `local_rotary_base` (0
-    means rotary_base) and without rope scaling. A derived field left at its default (0 or None)
-    holds the value it derives; `to_dict` writes it as set, `replace` derives it again.
+    Attention fields: `kv_heads` key/value heads shared by groups of the `heads` query heads (grouped-query
+    attention; derived: as many as query heads); `head_size` the size d_k of a head (derived: d_model / heads);
+    `attention_out_bias` whether W^O has a bias (derived: attention_bias); `attention_scale_dim` the d in the scores'
+    1/sqrt(d) (0 means d_k; Gemma's query_pre_attn_scalar); `attention_softcap` and `logit_softcap` cap the scores
+    and the output logits at c tanh(x / c) (0 means no cap); `layer_types` says which decoder layers attend over a
+    sliding window of `sliding_window` positions (empty: all when sliding_window > 0, none otherwise), and those
+    layers rotate with `local_rotary_base` (0 means rotary_base) and without rope scaling. A derived field left at
+    its default (0 or None) holds the value it derives; `to_dict` writes it as set, `replace` derives it again.
 
     Example:
         >>> from attn import preset
@@ -347,9 +344,7 @@ class ModelConfig:
     def tiny(self) -> ModelConfig:
         """The same choices at test size: 2 layers per stack, d_model 32, 4 heads, vocab 97.
 
-        Grouped-query attention stays grouped (2 key/value heads), a head size or score scale of
-        its own becomes 16, sliding windows 8 positions, and a stack of sliding and full layers
-        keeps one layer of each kind.
+        Grouped-query attention stays grouped, and a stack of sliding and full layers keeps one layer of each kind.
         """
         return self.replace(
             d_model=32, heads=4, d_ff=64, vocab_size=97, max_positions=64, relative_max_distance=16,
@@ -400,11 +395,8 @@ def _field_names(cls: type) -> list[str]:
 
 
 def coerce_fields(obj: Any) -> None:
-    """Checks each field of a frozen config dataclass against its annotation, in place.
-
-    Enums parse from their string values and ints widen to floats; anything else of the wrong
-    type is a `ConfigError` naming the field.
-    """
+    """Checks each field of a frozen config dataclass against its annotation, in place: enums parse from their
+    string values and ints widen to floats; anything else of the wrong type is a `ConfigError` naming the field."""
     hints = typing.get_type_hints(type(obj))
     for field in dataclasses.fields(obj):
         value = _coerce(field.name, hints[field.name], getattr(obj, field.name))

@@ -1,9 +1,9 @@
 """The error hierarchy of `attn`.
 
-Every error a user can cause derives from `AttnError`. Messages say what was wrong, where
-(field, file and line, tensor shape) and what to do about it; the CLI prints them on one line
-and exits non-zero without a traceback. An error about one setting carries its name in `field`,
-so the CLI can name the flag and the server the request field without reading the message.
+Every error a user can cause derives from `AttnError`. Messages say what was wrong, where (field, file and line,
+tensor shape) and what to do about it; the CLI prints them on one line and exits non-zero without a traceback. An
+error about one setting carries its name in `field`, so the CLI can name the flag and the server the request field
+without reading the message.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ from __future__ import annotations
 class AttnError(Exception):
     """Base class of every error `attn` raises for a user's mistake.
 
-    Args:
-        message: what was wrong and what to do.
-        field: the setting at fault (a config field, a function's argument), if one is; the
-            message then reads "field: message".
-
     Attributes:
-        field: the setting at fault, or None.
-        detail: the message without the field's name.
+        field: the setting at fault (a config field, a function's argument), or None; the message then reads
+            "field: message".
+        detail: the message without the field's name: what was wrong and what to do.
     """
 
     def __init__(self, message: str, field: str | None = None) -> None:
@@ -68,7 +64,6 @@ class ChatTemplateError(AttnError, ValueError):
 
 
 class TextError(AttnError, ValueError):
-    """Text that is not valid Unicode: it holds a lone surrogate, from an unpaired JSON escape
-    (`"\\ud800"`) or from bytes that are not UTF-8 (Python decodes command-line arguments and the
-    terminal's input with `surrogateescape`, so byte 0xE9 arrives as U+DCE9). Names the field and
-    the character."""
+    """Text that is not valid Unicode: it holds a lone surrogate, from an unpaired JSON escape (`"\\ud800"`) or from
+    bytes that are not UTF-8 (Python decodes command-line arguments and the terminal's input with `surrogateescape`,
+    so byte 0xE9 arrives as U+DCE9). Names the field and the character."""

@@ -1,14 +1,12 @@
 """An explicit, preallocated key/value cache for decoder self-attention.
 
-Lifecycle: a model's `new_cache(batch, max_length)` allocates it (and, for the encoder-decoder,
-computes every layer's cross-attention keys and values once per source); each `decode_step`
-appends the new tokens' keys and values; `follow` keeps up with beam search, `reorder` with sentences
-that leave the batch; `reset` empties it for
-reuse with the same shapes. The rows read the cross-attention memory in equal runs: with B rows and
-M memory rows, row i reads memory row i // (B / M), so the beams of one sentence share their
-source's keys and values instead of holding copies. Continuous batching changes the rows of a
-running cache: `stack_rows` joins two caches (their tokens end-aligned, the shorter rows left-padded), `reorder` drops rows,
-and `trim_padding` then frees the leading columns that only padding holds.
+Lifecycle: a model's `new_cache(batch, max_length)` allocates it (and, for the encoder-decoder, computes every
+layer's cross-attention keys and values once per source); each `decode_step` appends the new tokens' keys and
+values; `follow` keeps up with beam search, `reorder` with sentences that leave the batch; `reset` empties it for
+reuse with the same shapes. The rows read the cross-attention memory in equal runs: with B rows and M memory rows,
+row i reads memory row i // (B / M), so the beams of one sentence share their source's keys and values instead of
+holding copies. Continuous batching changes the rows of a running cache: `stack_rows` joins two caches, `reorder`
+drops rows, and `trim_padding` then frees the leading columns that only padding holds.
 """
 
 from __future__ import annotations
@@ -106,11 +104,9 @@ class KVCache:
     def reorder(self, index: Tensor, sources: Tensor | None = None) -> None:
         """Keeps rows `index` (B',) of the batch, e.g. the surviving beams; B' may differ from B.
 
-        The filled part of the keys and values is copied into a second buffer, which then becomes the
-        cache's while the first waits for the next reorder: a fresh allocation at every beam step
-        costs several times the copy in page faults. `sources` (M',) keeps those rows of the
-        cross-attention memory (each kept row then reads the memory row of its run, see the module
-        docstring); None leaves the memory as it is.
+        `sources` (M',) keeps those rows of the cross-attention memory; None leaves the memory as it is. The filled
+        keys and values are copied into a spare buffer that the next reorder reuses: a fresh allocation at every
+        beam step costs several times the copy in page faults.
 
         Raises:
             GenerationError: B' is not a multiple of the memory's rows.
@@ -131,12 +127,11 @@ class KVCache:
     def follow(self, parents: Tensor) -> Tensor:
         """Row j of the batch continues row `parents[j]` (B,), as `reorder(parents)` would make it, moving the least.
 
-        A row that some new row continues stays where it is and holds the first of them; the rows that no
-        new row continues are overwritten, each with a copy of a parent that several new rows continue. So
-        the cache's rows are no longer in the order of `parents`: the returned `rows` (B,) says which row
-        holds new row j. Beam search feeds row `rows[j]` beam j's token and reads beam j's scores there.
-        `reorder` copies every row. On a GPU, where reading which rows to copy would wait for the device at
-        every step, `follow` is `reorder` (rows in beam order).
+        A row that some new row continues stays where it is and holds the first of them; the rows that no new row
+        continues are overwritten, each with a copy of a parent that several new rows continue. The returned `rows`
+        (B,) says which row holds new row j: beam search feeds row `rows[j]` beam j's token and reads beam j's scores
+        there. On a GPU, where reading which rows to copy would wait for the device, `follow` is `reorder` (rows in
+        beam order).
 
         Raises:
             GenerationError: `parents` is not B rows, or a new row would continue a row of another run of
@@ -207,19 +202,11 @@ def _whole_buffer(x: Tensor) -> Tensor:
 
 
 def stack_rows(first: KVCache, second: KVCache, max_length: int) -> KVCache:
-    """A new cache with the rows of `first` then those of `second`, for a batch that new rows join.
+    """A new cache of `max_length` columns with the rows of `first` (nothing pending) then those of `second`.
 
-    Each cache's tokens are placed to end at the same column, max(first.length, second.length);
-    the columns before a row's own tokens are padding (mask False), which attention skips and
-    positions do not count, so every row decodes on as it would alone.
-
-    Args:
-        first: a cache of B1 rows (the running batch), nothing pending (`start == length`).
-        second: a cache of B2 rows (the new ones), of the same model.
-        max_length: the new cache's capacity, at least the longer of the two lengths.
-
-    Returns:
-        A cache of B1 + B2 rows holding every token of both.
+    Each cache's tokens end at the same column, max(first.length, second.length); the columns before a row's own
+    tokens are padding (mask False), which attention skips and positions do not count, so every row decodes on as
+    it would alone.
 
     Raises:
         GenerationError: a cache with cross-attention memory (an encoder-decoder's), or max_length too small.

@@ -1,10 +1,8 @@
 """The paper's small parts and their successors: FFNs, norms, residual wrappers, embeddings.
 
-Post-norm (section 3.1: Norm(x + Dropout(Sublayer(x)))), pre-norm (x + Dropout(Sublayer(Norm(x)))),
-pre-and-post-norm (Gemma) and output-norm (OLMo 2) are small wrappers with one interface; the
-builder picks one, and the norm inside (LayerNorm or RMSNorm). Dropout sits where section 5.4 puts
-it: on every sub-layer output before the residual add, and on the sum of embeddings and positional
-encodings.
+Post-norm (section 3.1), pre-norm, pre-and-post-norm (Gemma) and output-norm (OLMo 2) are small residual wrappers
+with one interface; the builder picks one, and the norm inside (LayerNorm or RMSNorm). Dropout sits where section
+5.4 puts it: on every sub-layer output before the residual add, and on the sum of embeddings and positions.
 """
 
 from __future__ import annotations
@@ -62,9 +60,8 @@ class GatedFeedForward(FeedForward):
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * (offset + w) over groups of `size` features (Zhang & Sennrich 2019).
 
-    `offset` is 0 for Llama's form and 1 for Gemma's, whose weight starts at 0. With `size` smaller
-    than the input's last dimension each group of `size` features is normalised alone: the heads of
-    a query or key projection (QK-norm).
+    `offset` is 0 for Llama's form and 1 for Gemma's, whose weight starts at 0. With `size` smaller than the input's
+    last dimension each group of `size` features is normalised alone: the heads of a query or key projection.
     """
 
     def __init__(self, size: int, eps: float, offset: float = 0.0) -> None:
@@ -92,10 +89,7 @@ class PostNorm(nn.Module):
 
 
 class PreNorm(PostNorm):
-    """x + Dropout(Sublayer(Norm(x))): trains deep stacks without warmup tricks (GPT-2, Llama).
-
-    The same norm and dropout as `PostNorm`, arranged the other way round.
-    """
+    """x + Dropout(Sublayer(Norm(x))): trains deep stacks without warmup tricks (GPT-2, Llama)."""
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         return x + self.dropout(sublayer(self.norm(x)))

@@ -1,26 +1,19 @@
 """The model's one linear layer: `nn.Linear`, whose float32 inference on a CPU runs through oneDNN.
 
-Without autograd, PyTorch's CPU `F.linear` in float32 calls MKL's sgemm; oneDNN (which PyTorch ships
-and already uses for bfloat16) multiplies the same matrices faster for the row counts of a decode step
-and a prefill (`benchmarks/results/linear-cpu/`), which makes a greedy SmolLM2 decode step shorter at
-batch 1 and 8 (case 9 of `benchmarks/` times it). So `Linear` calls oneDNN's linear there:
-`torch.ops.mkldnn._linear_pointwise`, the operator Inductor's CPU passes emit. It is a private operator
-(no deprecation notice in torch 2.13; the version is pinned), taken only when PyTorch was built with
-oneDNN and `torch.backends.mkldnn` is enabled (`torch.backends.mkldnn.flags(enabled=False)` turns it
-off), and `F.linear` serves every other case: training (autograd), autocast, other dtypes and devices,
-and `torch.compile`, which chooses its own kernels.
+Without autograd, PyTorch's CPU `F.linear` in float32 calls MKL's sgemm; oneDNN (which PyTorch ships) multiplies the
+same matrices faster at the row counts of a decode step and a prefill (`benchmarks/results/linear-cpu/`). So
+`Linear` calls oneDNN's linear there: `torch.ops.mkldnn._linear_pointwise`, the private operator Inductor's CPU
+passes emit (the torch version is pinned), taken only when PyTorch was built with oneDNN and `torch.backends.mkldnn`
+is enabled (`torch.backends.mkldnn.flags(enabled=False)` turns it off). `F.linear` serves every other case:
+training (autograd), autocast, other dtypes and devices, and `torch.compile`, which chooses its own kernels.
 
-oneDNN multiplies by a weight in its own blocked layout; given the plain (out, in) matrix, it reorders
-the matrix into that layout at every call with several rows. Inside `packed_weights(model)` each `Linear`
-keeps the reordered copy (`torch.ops.mkldnn._reorder_linear_weight`, the weight prepacking of Inductor's
-CPU passes) from its second call with several rows on, and drops it at the end; one row (a decode step at
-batch 1) multiplies the plain matrix, as fast. The decoding functions (`attn.decoding`), `attn chat` and
-the server's engines run inside it: greedy decoding of SmolLM2-135M at batch 8 makes the same tokens
-faster packed than plain, while at batch 1 and in beam search the two are close (the served routes each
-way: `benchmarks/results/serving/`). It is a scope, not a cache that follows the weights, because a
-weight can change without a trace: torch's fused AdamW updates parameters in place without moving their
-version counters. While it lasts the weights must not change, and each packed layer holds its weight
-twice.
+oneDNN multiplies by a weight in its own blocked layout, and reorders a plain (out, in) matrix into it at every call
+with several rows. Inside `packed_weights(model)` each `Linear` keeps the reordered copy
+(`torch.ops.mkldnn._reorder_linear_weight`) from its second call with several rows on, and drops it at the end; one
+row (a decode step at batch 1) multiplies the plain matrix, as fast. The decoding functions, `attn chat` and the
+server's engines run inside it (`benchmarks/results/serving/`). It is a scope, not a cache that follows the weights,
+because a weight can change without a trace: torch's fused AdamW updates parameters in place without moving their
+version counters. While it lasts the weights must not change, and each packed layer holds its weight twice.
 
 Parameters and state-dict keys are `nn.Linear`'s, so a weight can be tied to an embedding and
 `isinstance(m, nn.Linear)` holds.
@@ -102,8 +95,7 @@ class Linear(nn.Linear):
 def packed_weights(model: object) -> Iterator[None]:
     """Float32 CPU inference with the model's linear weights in oneDNN's layout (see the module's docstring).
 
-    The weights must not change inside. Nested scopes share the outer one's packed weights. A model that is
-    not an `nn.Module` (a stand-in that decodes from a table) has nothing to pack.
+    Nested scopes share the outer one's packed weights; a model that is not an `nn.Module` has nothing to pack.
     """
     modules = model.modules() if isinstance(model, nn.Module) else ()
     layers = [m for m in modules if isinstance(m, Linear) and not m.packing]

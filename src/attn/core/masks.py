@@ -1,18 +1,16 @@
 """The one mask convention of `attn`.
 
-A mask is a boolean tensor, **True = may attend**, broadcastable to the attention scores'
-shape (batch, heads, queries, keys). Masked scores are set to -inf before the softmax. A query
-row whose keys are all masked gets all-zero attention weights and so a zero output, set by
-`attn.core.attention` itself on both paths (what a fused SDPA kernel returns there differs between
-kernels); it never produces NaN.
+A mask is a boolean tensor, **True = may attend**, broadcastable to the attention scores' shape (batch, heads,
+queries, keys). Masked scores are set to -inf before the softmax. A query row whose keys are all masked gets all-zero
+attention weights and so a zero output, never NaN (`attn.core.attention` sets it on both paths).
 
-Token-level masks, shape (batch, length), say which tokens are real (True) and which are
-padding (False); `key_mask` lifts one to the score shape.
+Token-level masks, shape (batch, length), say which tokens are real (True) and which are padding (False);
+`key_mask` lifts one to the score shape.
 
-`CAUSAL` stands for `causal_mask(T, T)` when nothing is padded and queries and keys are the same
-T positions. Attention functions accept it wherever they accept a mask: the fast path hands it to
-PyTorch's fused kernels as `is_causal=True` (no (T, T) mask is built, kept for backward, or scored
-in its masked half), and `materialize` turns it into the boolean mask for the reference path.
+`CAUSAL` stands for `causal_mask(T, T)` when nothing is padded and queries and keys are the same T positions.
+Attention functions accept it wherever they accept a mask: the fast path hands it to PyTorch's fused kernels as
+`is_causal=True` (no (T, T) mask is built, kept for backward, or scored in its masked half), and `materialize` turns
+it into the boolean mask for the reference path.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ def key_mask(mask: Tensor) -> Tensor:
 def padded_keys(mask: Tensor | None) -> Tensor | None:
     """A (B, Tk) token mask as a key mask (B, 1, 1, Tk), or None when it marks no padding at all.
 
-    Attention without a mask computes the same as with an all-True one, and skips the masked
-    kernel path and the zeroing of empty rows (many of the quickstart translator's and classifier's
-    batches, grouped by length, have no padding). The mask is read only where `cheap_to_read`.
+    Attention without a mask computes the same as with an all-True one, and skips the masked kernel path and the
+    zeroing of empty rows. The mask is read only where `cheap_to_read`.
     """
     if mask is None or (cheap_to_read(mask) and bool(mask.all())):
         return None
@@ -85,17 +82,15 @@ def window_mask(positions: Tensor, key_positions: Tensor, window: int) -> Tensor
 def positions_from_mask(mask: Tensor) -> Tensor:
     """(B, T) bool token mask -> (B, T) long positions counted over real tokens only.
 
-    With left padding the first real token of every row gets position 0, so a row's positions
-    do not depend on how much padding the batch needed. Padding positions are clamped to 0.
+    With left padding the first real token of every row gets position 0, so a row's positions do not depend on how
+    much padding the batch needed. Padding positions are clamped to 0.
     """
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def with_bias(mask: Tensor, bias: Tensor | None) -> Tensor:
-    """Merges a boolean mask and an optional additive score bias into one `attn_mask` for SDPA.
-
-    Returns the boolean mask itself when there is no bias, else bias with -inf where masked.
-    """
+    """A boolean mask and an optional additive score bias as one `attn_mask` for SDPA: the mask itself when there is
+    no bias, else the bias with -inf where masked."""
     if bias is None:
         return mask
     return bias.masked_fill(~mask, float("-inf"))

@@ -1,14 +1,13 @@
 """Position information, behind one interface (section 3.5 of the paper and its successors).
 
 Each scheme is a `PositionScheme`: a module with three hooks, each a no-op unless the scheme needs it:
-- `embed(x, positions)`: absolute schemes add a vector per position to the embeddings
-  (sinusoidal, as in the paper, or learned, as in BERT and GPT-2);
-- `rotation(positions)`: rotary positions (Su et al. 2021) rotate queries and keys of
-  self-attention by angles proportional to their positions;
-- `bias(q_positions, k_positions)`: relative position bias (Raffel et al. 2020, T5) adds a learned
-  scalar per head and bucketed distance to the attention scores.
-`positions` are (B, T) long tensors, so every row of a batch may have its own offsets (left
-padding, cached decoding).
+- `embed(x, positions)`: absolute schemes add a vector per position to the embeddings (sinusoidal, as in the
+  paper, or learned, as in BERT and GPT-2);
+- `rotation(positions)`: rotary positions (Su et al. 2021) rotate queries and keys of self-attention by angles
+  proportional to their positions;
+- `bias(q_positions, k_positions)`: relative position bias (Raffel et al. 2020, T5) adds a learned scalar per head
+  and bucketed distance to the attention scores.
+`positions` are (B, T) long tensors, so every row of a batch may have its own offsets (left padding, cached decoding).
 """
 
 from __future__ import annotations
@@ -47,9 +46,8 @@ def sinusoidal_table(max_positions: int, d_model: int, layout: SinusoidalLayout)
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
     Returns:
-        (max_positions, d_model). INTERLEAVED puts the sin/cos pair of frequency i in columns
-        2i and 2i+1 (the paper); CONCATENATED puts all sines in the first half and all cosines
-        in the second (Marian, tensor2tensor).
+        (max_positions, d_model). INTERLEAVED puts the sin/cos pair of frequency i in columns 2i and 2i+1 (the
+        paper); CONCATENATED puts all sines in the first half and all cosines in the second (Marian, tensor2tensor).
     """
     pos = torch.arange(max_positions, dtype=torch.float64)[:, None]  # (P, 1)
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
@@ -155,14 +153,8 @@ def yarn_attention_factor(factor: float) -> float:
 
 
 def relative_bucket(distance: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
-    """T5's bucketing of key-minus-query distances: exact for small ones, logarithmic up to max_distance.
-
-    Args:
-        distance: long tensor of k_pos - q_pos.
-
-    Returns:
-        Long tensor of the same shape with values in [0, buckets).
-    """
+    """T5's bucketing of key-minus-query distances (long, k_pos - q_pos) into [0, buckets), elementwise: exact for
+    small ones, logarithmic up to max_distance."""
     offset = torch.zeros_like(distance)
     if bidirectional:
         buckets //= 2

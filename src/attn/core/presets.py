@@ -112,76 +112,61 @@ _GEMMA = _LLAMA.replace(
     scale_embedding=True,
 )
 _PRESETS.update({
-    # meta-llama/Llama-3.2-1B config.json: hidden 2048, 16 layers, 32 heads, 8 key/value heads,
-    # intermediate 8192, vocab 128256, rms_norm_eps 1e-5, rope_theta 500000 with llama3 scaling
-    # (factor 32, low/high_freq_factor 1/4, original_max_position_embeddings 8192), 131072 positions, tied.
+    # meta-llama/Llama-3.2-1B config.json: rope_theta 500000 with llama3 scaling (factor 32, low/high_freq_factor
+    # 1/4, original_max_position_embeddings 8192), tied.
     "llama-3.2-1b": _LLAMA.replace(
         d_model=2048, heads=32, kv_heads=8, d_ff=8192, decoder_layers=16, vocab_size=128256, max_positions=131072,
         norm_eps=1e-5, rotary_base=500000.0, rope_scaling=RopeScaling.LLAMA3, rope_factor=32.0,
         rope_original_positions=8192, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
     ),
-    # Qwen/Qwen2.5-0.5B config.json: hidden 896, 24 layers, 14 heads, 2 key/value heads, intermediate
-    # 4864, vocab 151936, rms_norm_eps 1e-6, rope_theta 1000000, 32768 positions, use_sliding_window
-    # false, tied; Qwen2 biases q, k and v but not o.
+    # Qwen/Qwen2.5-0.5B config.json: use_sliding_window false, tied; Qwen2 biases q, k and v but not o.
     "qwen2.5-0.5b": _LLAMA.replace(
         d_model=896, heads=14, kv_heads=2, d_ff=4864, decoder_layers=24, vocab_size=151936, max_positions=32768,
         norm_eps=1e-6, rotary_base=1000000.0, attention_bias=True, attention_out_bias=False,
     ),
-    # Qwen/Qwen3-0.6B config.json: hidden 1024, 28 layers, 16 heads of head_dim 128, 8 key/value
-    # heads, intermediate 3072, vocab 151936, rms_norm_eps 1e-6, rope_theta 1000000, 40960 positions,
-    # tied; QK-norm per head.
+    # Qwen/Qwen3-0.6B config.json: head_dim 128 (not hidden / heads), tied; QK-norm per head.
     "qwen3-0.6b": _LLAMA.replace(
         d_model=1024, heads=16, kv_heads=8, head_size=128, d_ff=3072, decoder_layers=28, vocab_size=151936,
         max_positions=40960, norm_eps=1e-6, rotary_base=1000000.0, qk_norm=QKNorm.HEAD,
     ),
-    # HuggingFaceTB/SmolLM2-135M config.json (LlamaForCausalLM): hidden 576, 30 layers, 9 heads,
-    # 3 key/value heads, intermediate 1536, vocab 49152, rms_norm_eps 1e-5, rope_theta 100000, 8192 positions, tied.
+    # HuggingFaceTB/SmolLM2-135M config.json (LlamaForCausalLM): rope_theta 100000, tied.
     "smollm2-135m": _LLAMA.replace(
         d_model=576, heads=9, kv_heads=3, d_ff=1536, decoder_layers=30, vocab_size=49152, max_positions=8192,
         norm_eps=1e-5, rotary_base=100000.0,
     ),
-    # HuggingFaceTB/SmolLM2-360M config.json: hidden 960, 32 layers, 15 heads, 5 key/value heads,
-    # intermediate 2560, otherwise as SmolLM2-135M.
+    # HuggingFaceTB/SmolLM2-360M config.json: wider and deeper, otherwise as SmolLM2-135M.
     "smollm2-360m": _LLAMA.replace(
         d_model=960, heads=15, kv_heads=5, d_ff=2560, decoder_layers=32, vocab_size=49152, max_positions=8192,
         norm_eps=1e-5, rotary_base=100000.0,
     ),
-    # google/gemma-2-2b config.json: hidden 2304, 26 layers, 8 heads of head_dim 256, 4 key/value
-    # heads, intermediate 9216, vocab 256000, rms_norm_eps 1e-6, rope_theta 10000, 8192 positions,
-    # query_pre_attn_scalar 256 (= head_dim), attn_logit_softcapping 50, final_logit_softcapping 30,
-    # sliding_window 4096 on every other layer from the first, tied.
+    # google/gemma-2-2b config.json: head_dim 256, query_pre_attn_scalar 256 (= head_dim), attn_logit_softcapping
+    # 50, final_logit_softcapping 30, sliding_window 4096 on every other layer from the first, tied.
     "gemma-2-2b": _GEMMA.replace(
         d_model=2304, heads=8, kv_heads=4, head_size=256, d_ff=9216, decoder_layers=26, vocab_size=256000,
         max_positions=8192, norm_eps=1e-6, attention_softcap=50.0, logit_softcap=30.0, sliding_window=4096,
         layer_types=(LayerType.SLIDING, LayerType.FULL) * 13,
     ),
-    # google/gemma-3-270m config.json (Gemma3ForCausalLM): hidden 640, 18 layers, 4 heads of head_dim
-    # 256, 1 key/value head, intermediate 2048, vocab 262144, rms_norm_eps 1e-6, 32768 positions,
-    # query_pre_attn_scalar 256, QK-norm, sliding_window 512 on five layers of every six, rope_theta
-    # 1000000 on the full layers and rope_local_base_freq 10000 on the sliding ones, no soft caps, tied.
+    # google/gemma-3-270m config.json (Gemma3ForCausalLM): head_dim 256, query_pre_attn_scalar 256, QK-norm,
+    # sliding_window 512 on five layers of every six, rope_theta 1000000 on the full layers and
+    # rope_local_base_freq 10000 on the sliding ones, no soft caps, tied.
     "gemma-3-270m": _GEMMA.replace(
         d_model=640, heads=4, kv_heads=1, head_size=256, d_ff=2048, decoder_layers=18, vocab_size=262144,
         max_positions=32768, norm_eps=1e-6, qk_norm=QKNorm.HEAD, rotary_base=1000000.0, local_rotary_base=10000.0,
         sliding_window=512, layer_types=(*(LayerType.SLIDING,) * 5, LayerType.FULL) * 3,
     ),
-    # mistralai/Mistral-7B-v0.1 config.json: hidden 4096, 32 layers, 32 heads, 8 key/value heads,
-    # intermediate 14336, vocab 32000, rms_norm_eps 1e-5, rope_theta 10000, 32768 positions,
-    # sliding_window 4096 on every layer, untied.
+    # mistralai/Mistral-7B-v0.1 config.json: sliding_window 4096 on every layer, untied.
     "mistral-7b": _LLAMA.replace(
         d_model=4096, heads=32, kv_heads=8, d_ff=14336, decoder_layers=32, vocab_size=32000, max_positions=32768,
         norm_eps=1e-5, sliding_window=4096, tying=Tying.NONE,
     ),
-    # allenai/OLMo-2-0425-1B config.json: hidden 2048, 16 layers, 16 heads (as many key/value heads),
-    # intermediate 8192, vocab 100352, rms_norm_eps 1e-6, rope_theta 500000, 4096 positions, untied;
-    # OLMo 2 normalises each sub-layer's output and the whole query and key projections.
+    # allenai/OLMo-2-0425-1B config.json: untied; OLMo 2 normalises each sub-layer's output and the whole query and
+    # key projections.
     "olmo-2-1b": _LLAMA.replace(
         d_model=2048, heads=16, d_ff=8192, decoder_layers=16, vocab_size=100352, max_positions=4096,
         norm_eps=1e-6, rotary_base=500000.0, norm_placement=NormPlacement.OUTPUT, qk_norm=QKNorm.PROJECTION,
         tying=Tying.NONE,
     ),
-    # microsoft/Phi-3-mini-4k-instruct config.json: hidden 3072, 32 layers, 32 heads (as many
-    # key/value heads), intermediate 8192, vocab 32064, rms_norm_eps 1e-5, rope_theta 10000, no rope
-    # scaling, 4096 positions, sliding_window 2047, untied.
+    # microsoft/Phi-3-mini-4k-instruct config.json: no rope scaling, sliding_window 2047, untied.
     "phi-3-mini": _LLAMA.replace(
         d_model=3072, heads=32, d_ff=8192, decoder_layers=32, vocab_size=32064, max_positions=4096, norm_eps=1e-5,
         sliding_window=2047, tying=Tying.NONE,

@@ -1,35 +1,27 @@
 """int8 and int4 weights for CPU inference: a quarter or an eighth of float32's bytes per weight read.
 
 `quantize(model)` replaces, in place, each linear layer by an `Int8Linear` and each token embedding by an
-`Int8Embedding`. Both keep a matrix W as int8 rows with one float32 scale per row (per output channel,
-symmetric): s_i = max_j |W_ij| / 127, Q_ij = round(W_ij / s_i), so W_ij ~ s_i Q_ij with an error of at
-most s_i / 2. A tied embedding and output projection share one int8 matrix, as they shared one float
-matrix. `Int8Linear` keeps its input in float32 and multiplies it by the int8 rows with PyTorch's
-weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`, vectorised for AVX2 and AVX-512):
-y = (x Q^T) s + b. That kernel (as the int4 one) reads the weights once for every 4 input rows, so
-for more rows (a batch of 8, beams, a prompt) the layer multiplies by the dequantized float32 weight
-instead (`attn.core.linear.linear`).
+`Int8Embedding`. Both keep a matrix W as int8 rows with one float32 scale per row (per output channel, symmetric):
+s_i = max_j |W_ij| / 127, Q_ij = round(W_ij / s_i), so W_ij ~ s_i Q_ij with an error of at most s_i / 2. A tied
+embedding and output projection share one int8 matrix, as they shared one float matrix. `Int8Linear` multiplies its
+float32 input by the int8 rows with PyTorch's weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`):
+y = (x Q^T) s + b. That kernel (as the int4 one) reads the weights once for every `KERNEL_ROWS` input rows, so more
+rows (a batch, beams, a prompt) are multiplied by the dequantized float32 weight instead.
 
-`quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per token at run time (as
-CTranslate2's int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8 and one scale r_t
-per row, y = (P Q^T) r s + b, the product summed in int32 by `torch._int_mm` (oneDNN with VNNI; on
-CPUs without VNNI, where its sums are not exact, in float32: correct, not faster): faster than float32
-at the row counts of decoding (`benchmarks/results/engines-cpu/`).
-Its error grows with the spread of a row's magnitudes, so models whose activations have outlier channels
-lose more: SmolLM2-135M's answers leave float32's sooner than under weight-only int8
-(`benchmarks/results/quantized-quality/`); `benchmarks/quantized.py` measures each scheme against
-float32 on the shipped models.
+`quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per row at run time (as CTranslate2's
+int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8, y = (P Q^T) r s + b, the product summed in
+int32 by `torch._int_mm` (oneDNN with VNNI; without VNNI, where its sums are not exact, in float32: correct, not
+faster). It is faster than float32 at the row counts of decoding (`benchmarks/results/engines-cpu/`), but its error
+grows with the spread of a row's magnitudes, so models whose activations have outlier channels lose more
+(`benchmarks/results/quantized-quality/`; `benchmarks/quantized.py` measures each scheme against float32).
 
-`quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of 32
-weights along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in
-0..15, s = (max - min) / 15, m = min), multiplied by PyTorch's CPU int4 kernel
-(`torch.ops.aten._weight_int4pack_mm_for_cpu`). A GGUF file's Q4_1 blocks are such groups, so
-re-quantizing its dequantized weights recovers them. The token embedding (and an output projection tied
-to it) stays int8, and so does a layer the kernel cannot take: an input size that is not a multiple of 32 or an
-output size that is not a multiple of 16.
+`quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of `GROUP` weights
+along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in 0..15,
+s = (max - min) / 15, m = min), multiplied by `torch.ops.aten._weight_int4pack_mm_for_cpu`; re-quantizing a GGUF
+file's dequantized Q4_1 blocks recovers them. The token embedding (and an output projection tied to it) stays int8,
+as does a layer whose input size is not a multiple of 32 or output size not a multiple of 16 (the kernel's limits).
 
-A quantized model is for inference: it has no gradients. Gemma 2's soft-capped output projection stays
-in float32.
+A quantized model is for inference: it has no gradients. Gemma 2's soft-capped output projection stays in float32.
 """
 
 from __future__ import annotations
@@ -56,10 +48,8 @@ KERNEL_ROWS = 4  # the int8 and int4 kernels read the weights once per this many
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(..., n) float -> int8 (..., n) and float32 scales (..., 1): x ~ q * scale, per row, symmetric.
-
-    A row of zeros gets scale 1 (and zeros), so nothing divides by zero.
-    """
+    """(..., n) float -> int8 (..., n) and float32 scales (..., 1): x ~ q * scale, per row, symmetric; a row of
+    zeros gets scale 1, so nothing divides by zero."""
     x = x.float()
     scale = x.abs().amax(dim=-1, keepdim=True).div_(127)
     scale.masked_fill_(scale == 0, 1.0)
@@ -111,22 +101,14 @@ class Int8Linear(QuantizedLinear):
 
 @functools.cache
 def int8_products_are_exact() -> bool:
-    """Whether `torch._int_mm` sums int8 products exactly on this CPU.
-
-    Without VNNI (AVX2 and older, or oneDNN capped there), oneDNN adds pairs of products in saturating
-    int16 (after shifting the signed input to unsigned), so large inputs come out wrong: 16 products of
-    100 x 100 summed to 57,336 instead of 160,000 (`ONEDNN_MAX_CPU_ISA=AVX2` on an AVX-512 CPU).
-    """
+    """Whether `torch._int_mm` sums int8 products exactly on this CPU: without VNNI (AVX2 and older, or oneDNN capped
+    there) oneDNN adds pairs of products in saturating int16, so large inputs come out wrong."""
     ones = torch.full((1, 64), 127, dtype=torch.int8)
     return int(torch._int_mm(ones, torch.full((64, 8), 127, dtype=torch.int8))[0, 0]) == 127 * 127 * 64
 
 
 class DynamicInt8Linear(Int8Linear):
-    """y = x W^T + b with W in int8 rows and x quantized per row at run time (see the module's docstring).
-
-    Where `torch._int_mm` is not exact (`int8_products_are_exact`), the same integer products are summed
-    in float32 instead: the same numbers, without the speed.
-    """
+    """y = x W^T + b with W in int8 rows and x quantized per row at run time (see the module's docstring)."""
 
     def forward(self, x: Tensor) -> Tensor:
         q, scale = quantize_rows(x.reshape(-1, self.in_features))
@@ -142,10 +124,8 @@ class DynamicInt8Linear(Int8Linear):
 
 def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
     """(out, in) float, in a multiple of GROUP -> 4-bit codes two to a byte (out, in / 2) uint8 (even columns in
-    the low nibble) and (out, in / GROUP, 2) float32 [scale, minimum] per group: W ~ scale q + minimum.
-
-    A group whose weights are all equal gets scale 1 (and codes 0).
-    """
+    the low nibble) and (out, in / GROUP, 2) float32 [scale, minimum] per group: W ~ scale q + minimum. A group
+    whose weights are all equal gets scale 1."""
     out, size = w.shape
     groups = w.float().view(out, size // GROUP, GROUP)
     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
