@@ -1,14 +1,12 @@
 """What the trainer consumes: micro-batches, and the stateful sources that deal them to ranks.
 
-The trainer knows nothing about tasks. A task turns its data into `Batch`es: the positional
-inputs of one model method (the task's "head": `forward`, `classify` or `mlm_logits`), the
-class ids those logits are scored against, and two counts. A `BatchSource` deals this rank's
-share of every global batch, in an order fixed by a seed, and can save and restore its position
-so that a resumed run continues with exactly the batch it would have seen.
+The trainer knows nothing about tasks. A task turns its data into `Batch`es: the positional inputs of one model
+method (the task's "head": `forward`, `classify` or `mlm_logits`), the class ids those logits are scored against,
+and two counts. A `BatchSource` deals this rank's share of every global batch, in an order fixed by a seed, and
+can save and restore its position so that a resumed run continues with exactly the batch it would have seen.
 
-Sharding: every rank draws the same global batch and keeps its own rows (`rows[rank::world]`),
-so a run on N ranks sees the same examples per update as a one-process run with the same
-global batch sizes.
+Sharding: every rank draws the same global batch and keeps its own rows (`rows[rank::world]`), so a run on N
+ranks sees the same examples per update as a one-process run with the same global batch sizes.
 """
 
 from __future__ import annotations
@@ -53,8 +51,8 @@ class Batch:
     def stand_in(self) -> Batch:
         """A copy that scores nothing (weight 0), for a rank whose share of a global batch is empty.
 
-        The rank still runs the forward and backward pass, so it joins the gradient all-reduce,
-        but adds zero to the loss and to the gradient.
+        The rank still runs the forward and backward pass, so it joins the gradient all-reduce, but adds zero to
+        the loss and to the gradient.
         """
         return dataclasses.replace(self, n_targets=0, n_tokens=0, weight=0.0)
 
@@ -78,9 +76,9 @@ class BatchSource(Protocol):
 class IndexedBatches:
     """Batches of dataset indices from a `TokenBudgetSampler`, epoch after epoch.
 
-    A global batch with fewer examples than ranks leaves some ranks without rows; they get a
-    stand-in copy of its first example that scores nothing (`Batch.stand_in`), so every rank
-    still takes part in the update and the result equals the one-process run.
+    A global batch with fewer examples than ranks leaves some ranks without rows; they get a stand-in copy of its
+    first example that scores nothing (`Batch.stand_in`), so every rank still takes part in the update and the
+    result equals the one-process run.
     """
 
     def __init__(
@@ -94,10 +92,8 @@ class IndexedBatches:
 
         Args:
             sampler: decides the global batches and their order; its state is this source's state.
-            make_batch: (example indices, epoch) -> Batch; the epoch lets a task draw fresh
-                random choices (masked-LM masks) every epoch, reproducibly.
-            rank: this process's rank.
-            world_size: number of ranks.
+            make_batch: (example indices, epoch) -> Batch; the epoch lets a task draw fresh random choices
+                (masked-LM masks) every epoch, reproducibly.
         """
         if len(sampler) == 0:
             raise ConfigError("data.train", "the training set yields no batches; check the file and max_length")
@@ -129,8 +125,6 @@ class WindowBatches:
         Args:
             stream: the training stream; its generator's state is this source's state.
             batch_size: windows per global batch (at least `world_size`).
-            rank: this process's rank.
-            world_size: number of ranks.
         """
         if batch_size < world_size:
             raise ConfigError("batch.batch_size", f"is {batch_size}, below the {world_size} ranks; raise it")

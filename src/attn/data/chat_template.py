@@ -1,27 +1,24 @@
 """Chat templates: a conversation rendered into a model's prompt by the Jinja template the model ships with.
 
-`ChatTemplate(source, special_tokens).render(messages, add_generation_prompt)` gives the text that transformers'
-`tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` gives for the same template
-and special tokens (tests/parity/test_chat_templates_as_transformers.py compares them):
+`ChatTemplate(source, special_tokens).render(messages, add_generation_prompt)` gives the text of transformers'
+`tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` for the same template and
+special tokens (tests/parity/test_chat_templates_as_transformers.py compares them):
 
-- Jinja as transformers sets it up: `trim_blocks` and `lstrip_blocks` on, the `loopcontrols` extension
-  (`{% break %}`, `{% continue %}`);
-- the helpers that templates call: `raise_exception(message)`, `strftime_now(format)` (the local time now), and a
-  `tojson` filter that writes JSON as `json.dumps` does (non-ASCII text and `<>&'` kept as they are) and takes
-  `indent`, `separators` and `sort_keys`;
+- Jinja as transformers sets it up: `trim_blocks`, `lstrip_blocks`, the `loopcontrols` extension;
+- the helpers templates call: `raise_exception(message)`, `strftime_now(format)` (local time) and a `tojson` filter
+  that writes JSON as `json.dumps` does (non-ASCII and `<>&'` kept) and takes `indent`, `separators`, `sort_keys`;
 - the variables: `messages` (plain dicts and lists; keys whose value is None left out), `add_generation_prompt`,
-  `tools` and `documents` (None: attn passes no tools or documents) and the special tokens given
-  (`bos_token`, `eos_token`, ...).
+  `tools` and `documents` (always None) and the special tokens given (`bos_token`, `eos_token`, ...).
 
-A template is code that comes with a model, so it runs in Jinja's immutable sandbox: no Python internals (reading
-one, a name that starts with "_", is an error at once), no changes to the messages, no names starting with "_" stored on a `namespace`, and one
-`*` or `**` may not build a string, list or number beyond `MAX_ITEMS` items or an exponent of `MAX_EXPONENT`.
-No text may grow past `MAX_CHARS` characters: not the prompt, not a value stored on a namespace or passed to a
-call, not what `+`, `%`, a string method or a filter that pads, indents, joins, replaces or formats would build
-(bounded from its inputs before it runs), so a template cannot fill the memory within its time. `lipsum` is
-left out of the globals (it writes as many paragraphs as asked). Rendering stops after `RENDER_SECONDS` (a loop of loops that would not end in any useful time); the template's
-own lines are timed through a trace function, so a debugger or coverage tool does not see them. Every failure
-is a `ChatTemplateError` naming the cause.
+A template is code that comes with a model, so it runs in Jinja's immutable sandbox: reading a Python internal (a
+name that starts with "_") is an error at once, the messages cannot be changed, a `namespace` holds no "_" names,
+and `*` or `**` may not build a string, list or number beyond `MAX_ITEMS` items or an exponent of `MAX_EXPONENT`.
+No text may grow past `MAX_CHARS` characters: not the prompt, a value stored on a namespace or passed to a call,
+nor what `+`, `%`, a string method or a filter that pads, indents, joins, replaces or formats would build (bounded
+from its inputs before it runs), so a template cannot fill the memory within its time. `lipsum` is left out (it
+writes as many paragraphs as asked). Rendering stops after `RENDER_SECONDS` (a loop of loops that would not end
+in any useful time); only the template's own lines are timed, through a trace function, so a debugger or coverage
+tool does not see them. Every failure is a `ChatTemplateError` naming the cause.
 """
 
 from __future__ import annotations
@@ -145,8 +142,7 @@ def _bounded_filter(name: str, function: Any) -> Any:
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, with `*`, `**`, `+`, `%`, calls and the filters that grow text bounded (see the
-    module docstring)."""
+    """The immutable sandbox, with `*`, `**`, `+`, `%`, calls and the filters that grow text bounded."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
@@ -234,14 +230,13 @@ class ChatTemplate:
         """The conversation as the template writes it.
 
         Args:
-            messages: the conversation, oldest first: mappings with "role" and "content" (and whatever else the
-                template reads), made of strings, numbers, booleans, None, lists and mappings.
+            messages: oldest first: mappings with "role" and "content" (and whatever else the template reads), made
+                of strings, numbers, booleans, None, lists and mappings.
             add_generation_prompt: end with the start of an assistant's turn (what a model continues to answer).
 
         Raises:
-            ChatTemplateError: the messages are not such mappings (field "messages"); the template refuses the
-                conversation (`raise_exception`, field "messages"); it breaks the sandbox's rules, fails, or runs
-                longer than `RENDER_SECONDS`.
+            ChatTemplateError: the messages are not such mappings or the template refuses them (`raise_exception`),
+                both with field "messages"; the template breaks the sandbox's rules, fails, or runs too long.
         """
         variables = {**self.special_tokens, "messages": _plain_messages(messages), "tools": None, "documents": None,
                      "add_generation_prompt": add_generation_prompt}
@@ -312,9 +307,10 @@ def _plain(value: Any, number: int) -> Any:
 
 
 def end_of_turn_id(template: ChatTemplate, tokenizer: Tokenizer) -> int | None:
-    """The special token that the template writes right after an assistant's message (ChatML's `<|im_end|>`,
-    Llama 3's `<|eot_id|>`): where a model's answer ends. None when the template writes no special token
-    there or refuses a user message followed by an assistant's.
+    """The special token the template writes right after an assistant's message: where a model's answer ends.
+
+    ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>`; None when the template writes no special token there or refuses
+    a user message followed by an assistant's.
 
     Example:
         >>> import tokenizers

@@ -1,7 +1,6 @@
 """Padding examples into batches: translation pairs for teacher forcing, classified texts.
 
-Masks are boolean with True = real token, built once here from the sequence lengths; padding is
-on the right.
+Masks are boolean with True = real token, built once here from the sequence lengths; padding is on the right.
 """
 
 from __future__ import annotations
@@ -53,9 +52,6 @@ def collate_translation(pairs: Sequence[Pair], pad_id: int, bos_id: int, eos_id:
 
     Args:
         pairs: (source ids, target ids) per example; neither holds bos or eos yet.
-        pad_id: padding id.
-        bos_id: id put before each target in `tgt_in`.
-        eos_id: id put after each target in `tgt_out`.
 
     Returns:
         The batch; S is the longest source, T the longest target + 1.
@@ -71,12 +67,10 @@ def filter_long(
 ) -> tuple[list[Pair], int]:
     """Bound pair lengths to what a model with `max_positions` positions takes.
 
-    A source may have `max_positions` tokens; a target `max_positions - 1`, because
-    `collate_translation` adds bos or eos to it.
+    A source may have `max_positions` tokens; a target `max_positions - 1`, because `collate_translation` adds bos
+    or eos to it.
 
     Args:
-        examples: (source ids, target ids) pairs.
-        max_positions: the model's longest sequence.
         mode: "truncate" keeps the first tokens of a long side; "drop" removes the pair.
 
     Returns:
@@ -105,8 +99,6 @@ def collate_classification(
 
     Args:
         ids_list: token ids per text (with [CLS]/[SEP] if the model wants them).
-        labels: class index per text.
-        pad_id: padding id.
 
     Returns:
         (tokens (B, L), mask (B, L) True at real tokens, labels (B,) long).

@@ -9,14 +9,13 @@ Formats (chosen from the file name, `.gz` stripped, unless `attn.data.readers.Fi
 | `jsonl` | `*.jsonl`, `*.json` | one JSON object per line; the fields read must be strings |
 | `text` | anything else | a path prefix: field `de` of `corpus/train` is the file `corpus/train.de` (as in fairseq) |
 
-Every file may be gzipped (`x.tsv.gz`, `train.de.gz`) and is read whole through
-`attn.data.text.read_text` (which drops a byte-order mark and names the line of a UTF-8
-error); a `\\r` before a line end is dropped, and a line over `max_line_chars` is an error.
-Blank lines (blank in every file, for `text`) are skipped and counted.
+Every file may be gzipped (`x.tsv.gz`, `train.de.gz`) and is read whole through `attn.data.text.read_text`; a
+`\\r` before a line end is dropped, and a line over `max_line_chars` is an error. Blank lines (blank in every
+file, for `text`) are skipped and counted.
 
-A defect of the file's structure is a `DataFormatError` naming the file, the 1-based line and the
-fix: a header naming a field twice, a ragged row, a line that is not a JSON object, line-aligned
-files of different lengths, a missing file. The fields' values are checked by `attn.data.readers`.
+A defect of the file's structure is a `DataFormatError` naming the file, the 1-based line and the fix: a header
+naming a field twice, a ragged row, a line that is not a JSON object, line-aligned files of different lengths, a
+missing file. The fields' values are checked by `attn.data.readers`.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ _SUFFIXES = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 
 
 def resolve_format(path: str | Path, chosen: str = "auto") -> str:
-    """The format of `path`: `chosen` unless it is "auto", else the one its name ends in (see the module)."""
+    """The format of `path`: `chosen` unless it is "auto", else the one its name ends in."""
     if chosen != "auto":
         return chosen
     return _SUFFIXES.get(Path(Path(path).name.removesuffix(".gz")).suffix.lower(), "text")

@@ -34,9 +34,10 @@ def read_tokenizer_file(loader: Callable[[], T], *paths: str | Path) -> T:
 
 
 def library_call(call: Callable[[], T], failed: Callable[[BaseException], Exception]) -> T:
-    """`call()`, a compiled library's failure raised as `failed(err)`: an Exception (the Rust side of
-    `tokenizers` raises plain Exception for every failure) or a Rust panic (pyo3's PanicException,
-    which derives from BaseException, so `except Exception` lets it through)."""
+    """`call()`, a compiled library's Exception or Rust panic raised as `failed(err)`.
+
+    `tokenizers` raises plain Exception for every failure, and pyo3's PanicException derives from BaseException,
+    so `except Exception` alone would let a panic through."""
     try:
         return call()
     except BaseException as err:
@@ -69,13 +70,8 @@ def read_sentencepiece(path: Path) -> Any:  # a sentencepiece.SentencePieceProce
 
 
 def _check_pieces(processor: Any, path: Path) -> None:
-    """Refuses a SentencePiece model with a piece that is not UTF-8 text. SentencePiece loads such a model, and
-    then every call that returns the piece as a `str` (`id_to_piece`, which finds the special tokens) fails
-    with a UnicodeDecodeError.
-
-    Raises:
-        CheckpointError: naming the file and the first such piece.
-    """
+    """Refuses a model with a piece that is not UTF-8: SentencePiece loads it, but then `id_to_piece` (which
+    finds the special tokens) fails with a UnicodeDecodeError."""
     for piece_id in range(processor.get_piece_size()):
         try:
             processor.id_to_piece(piece_id)
@@ -85,22 +81,14 @@ def _check_pieces(processor: Any, path: Path) -> None:
 
 
 def input_files(patterns: Sequence[str], key: str = "inputs") -> list[Path]:
-    """The files that paths, directories and glob patterns name, in the order given.
+    """The files that paths, directories and glob patterns name, in the order given; one named twice comes once.
 
-    A directory stands for every file below it that is not hidden (name starting with "."), a
-    glob (`*`, `?`, `[...]`, `**` for any depth) for the files it matches, each group sorted by name.
-    A `data/...` path names the shipped corpus file when the working directory lacks it.
-
-    Args:
-        patterns: the paths, directories and globs.
-        key: the setting that names them, for messages (e.g. "data.train").
-
-    Returns:
-        The files; one named twice is read once.
+    A directory stands for every file below it that is not hidden (name starting with "."), a glob (`*`, `?`,
+    `[...]`, `**` for any depth) for the files it matches, each group sorted by name. A `data/...` path names the
+    shipped corpus file when the working directory lacks it. `key` names the setting in messages ("data.train").
 
     Raises:
-        ConfigError: no pattern given, a path that does not exist, or a directory or glob that
-            holds no file.
+        ConfigError: no pattern given, a path that does not exist, or a directory or glob that holds no file.
     """
     if not patterns:
         raise ConfigError(key, "no input files given; name text files, directories or glob patterns")
@@ -137,20 +125,12 @@ def _hidden(relative: Path) -> bool:
 
 
 def write_directory(path: Path, write: Callable[[Path], None], fault: str) -> Path:
-    """Writes the directory `path` so that it appears whole or not at all.
+    """Writes the directory `path` so that it appears whole or not at all; returns `path`.
 
-    `write` fills a temporary sibling directory, whose files are flushed to disk before it is
-    renamed to `path`; a directory already at `path` is replaced only then. Whatever happens
-    before the rename (an error, an interruption) leaves `path` as it was and no temporary
-    directory (a killed process leaves a `.tmp-*` sibling, never a half-written `path`).
-
-    Args:
-        path: the directory to write; its parent is created.
-        write: fills the folder it is given.
-        fault: the crash-test point reached once every file is written (`attn.core.faults`).
-
-    Returns:
-        `path`.
+    `write` fills a temporary sibling directory, whose files are flushed to disk before it is renamed to `path`; a
+    directory already at `path` is replaced only then. Whatever happens before the rename leaves `path` as it was
+    and no temporary directory (a killed process leaves a `.tmp-*` sibling, never a half-written `path`). The parent
+    of `path` is created; `fault` is the crash-test point reached once every file is written (`attn.core.faults`).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
@@ -169,19 +149,12 @@ def write_directory(path: Path, write: Callable[[Path], None], fault: str) -> Pa
 
 
 def write_file(path: Path, write: Callable[[IO[bytes]], T], fault: str = "") -> T:
-    """Writes the file `path` so that it appears whole or not at all.
+    """Writes the file `path` so that it appears whole or not at all; returns what `write` returned.
 
-    `write` fills a temporary file in the same folder (`.NAME.*.tmp`), which is flushed to disk and
-    then renamed to `path`, and the folder is flushed too. Whatever happens before the rename leaves
-    `path` as it was and no temporary file (a killed process leaves the temporary file).
-
-    Args:
-        path: the file to write; its folder must exist.
-        write: fills the binary file it is given.
-        fault: the crash-test point reached once the file is flushed, before the rename (`attn.core.faults`).
-
-    Returns:
-        What `write` returned.
+    `write` fills a temporary file in the same, existing folder (`.NAME.*.tmp`), which is flushed to disk and then
+    renamed to `path`, and the folder is flushed too. Whatever happens before the rename leaves `path` as it was and
+    no temporary file (a killed process leaves the temporary file). `fault` is the crash-test point reached once the
+    file is flushed, before the rename (`attn.core.faults`).
     """
     handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
@@ -208,8 +181,8 @@ def fsync(path: Path) -> None:
 
 
 def _move_into_place(staging: Path, path: Path) -> None:
-    # A directory can only be renamed onto an empty one, so an existing directory of the same
-    # name is first moved aside; it is deleted only once the new one is in place.
+    # A directory can only be renamed onto an empty one, so an existing one is first moved aside; it is deleted
+    # only once the new one is in place.
     old = None
     if path.exists():
         old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"

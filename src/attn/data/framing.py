@@ -1,5 +1,4 @@
-"""An encoder classifier's inputs: single texts in the tokenizer's frame, sentence pairs framed as
-BERT reads them."""
+"""An encoder classifier's inputs: single texts in the tokenizer's frame, sentence pairs framed as BERT reads them."""
 
 from __future__ import annotations
 
@@ -13,17 +12,14 @@ from attn.core.errors import ConfigError
 def frame_pairs(
     firsts: Sequence[Sequence[int]], seconds: Sequence[Sequence[int]], cls_id: int, sep_id: int, max_length: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """BERT's sentence-pair inputs: `[CLS] a [SEP] b [SEP]` with segment ids 0 up to the first
-    `[SEP]` and 1 after it (Devlin et al., section 3, figure 2).
+    """BERT's sentence-pair inputs: `[CLS] a [SEP] b [SEP]`, segment ids 0 up to the first `[SEP]` and 1 after it.
 
-    A pair longer than `max_length` loses tokens from the end of its longer text first, as Hugging
-    Face's "longest_first" truncation does, so that both texts keep their beginnings.
+    As in Devlin et al., section 3, figure 2. A pair longer than `max_length` loses tokens from the end of its
+    longer text first, as Hugging Face's "longest_first" truncation does, so that both texts keep their beginnings.
 
     Args:
         firsts: token ids of the first texts, without special tokens.
         seconds: token ids of the second texts, as many.
-        cls_id: the [CLS] id.
-        sep_id: the [SEP] id.
         max_length: most tokens of a framed pair (at least 5: three specials and a token of each text).
 
     Returns:
@@ -45,7 +41,6 @@ def classifier_inputs(
     """Token ids of an encoder classifier's inputs, for training and inference alike.
 
     Args:
-        tokenizer: the model's tokenizer.
         texts: the texts (the first of each pair).
         pairs: the second texts, or None for single texts.
         max_length: most tokens of an input (the model's max_positions, or less).
@@ -67,8 +62,8 @@ def classifier_inputs(
 
 
 def _longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
-    """How many tokens of each text fit `budget`: the shorter text keeps up to half (rounded down),
-    the longer one the rest; on a tie the second text counts as the longer."""
+    """How many tokens of each text fit `budget`: the shorter text keeps up to half (rounded down), the longer one
+    the rest; on a tie the second text counts as the longer."""
     if first + second <= budget:
         return first, second
     if first > second:

@@ -16,9 +16,9 @@ _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 class LMStream:
     """One long token stream cut into (input, next-token target) windows of `block_size`.
 
-    The stream is held as it is given, in its own integer type: a tensor, or a NumPy array such
-    as the read-only memory map of a token cache (`attn.data.token_cache`), so a stream larger
-    than memory works too. Only the windows drawn are read, and only they are widened to int64.
+    The stream is held as it is given, in its own integer type: a tensor, or a NumPy array such as the read-only
+    memory map of a token cache (`attn.data.token_cache`), so a stream larger than memory works too. Only the
+    windows drawn are read, and only they are widened to int64.
     """
 
     def __init__(self, ids: torch.Tensor | np.ndarray, block_size: int, seed: int = 0) -> None:
@@ -27,7 +27,7 @@ class LMStream:
         Args:
             ids: the token stream, shape (N,), integer dtype (a tensor or a NumPy array / memmap).
             block_size: window length T (the model's context).
-            seed: seed of the generator that draws training windows.
+            seed: seeds the generator that draws training windows.
         """
         self.ids = _id_array(ids)
         check_at_least("block_size", block_size, 1)
@@ -40,14 +40,7 @@ class LMStream:
         return len(self.ids)
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw training windows at random starts: x = ids[i:i+T], y = ids[i+1:i+T+1].
-
-        Args:
-            batch_size: number of windows B.
-
-        Returns:
-            (x, y), each of shape (B, T), int64.
-        """
+        """Draw `batch_size` (B) windows at random starts: x = ids[i:i+T], y = ids[i+1:i+T+1], each (B, T) int64."""
         check_at_least("batch_size", batch_size, 1)
         n, t = len(self.ids), self.block_size
         if n < t + 1:
@@ -59,11 +52,7 @@ class LMStream:
     def eval_blocks(self, batch_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Non-overlapping windows covering the stream: every token after the first is a target once.
 
-        Full windows come in batches of up to `batch_size`; the remainder, if any, comes last
-        as one shorter window.
-
-        Args:
-            batch_size: full windows per batch.
+        Full windows come in batches of up to `batch_size`; the remainder, if any, comes last as one shorter window.
 
         Yields:
             (x, y), each of shape (b, T), or (1, r) for the last partial window; int64.

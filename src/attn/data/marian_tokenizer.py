@@ -1,25 +1,23 @@
 """Marian's tokenizer: SentencePiece pieces looked up in the model's own vocabulary.
 
-An opus-mt directory ships `source.spm` and `target.spm` (SentencePiece models) and `vocab.json`
-(piece -> model id). The model's ids are not SentencePiece's: a text is cut into pieces by
-`source.spm`, each piece is looked up in `vocab.json` (a piece it lacks becomes `<unk>`), and
-`</s>` ends a framed source. Decoding maps ids back to pieces through the same vocabulary and
-joins them with SentencePiece. `MarianSentencePiece` does what `transformers`' `MarianTokenizer`
-does, token for token (tests/parity/test_marian_text.py):
+An opus-mt directory ships `source.spm` and `target.spm` (SentencePiece models) and `vocab.json` (piece -> model
+id). The model's ids are not SentencePiece's: a text is cut into pieces by `source.spm`, each piece is looked up
+in `vocab.json` (a piece it lacks becomes `<unk>`), and `</s>` ends a framed source. Decoding maps ids back to
+pieces through the same vocabulary and joins them with SentencePiece. `MarianSentencePiece` does what
+`transformers`' `MarianTokenizer` does, token for token (tests/parity/test_marian_text.py):
 
-- the text of a special token (`</s>`, `<unk>`, `<pad>`) is cut out before SentencePiece sees the
-  rest, and a language code `>>xx<<` opening a chunk is one token;
-- no other normalisation happens here (`MarianTokenizer.normalize`, the Moses punctuation
-  normaliser, is not part of its encoding path); SentencePiece's own rules (NFKC, spaces) apply;
-- decoding skips the special tokens, `<unk>` included, when asked; text between two special
-  tokens is joined by SentencePiece, `▁` becomes a space and the ends are stripped;
-- with one shared vocabulary (`separate_vocabs=false`, every opus-mt model) `MarianTokenizer`
-  decodes with `source.spm` (since `transformers` 5; 4.x used `target.spm`, which joins pieces
-  the same way unless the two models' normalisation rules differ), so this does too. Separate
-  vocabularies are refused.
+- the text of a special token (`</s>`, `<unk>`, `<pad>`) is cut out before SentencePiece sees the rest, and a
+  language code `>>xx<<` opening a chunk is one token;
+- no other normalisation happens here (`MarianTokenizer.normalize`, the Moses punctuation normaliser, is not part
+  of its encoding path); SentencePiece's own rules (NFKC, spaces) apply;
+- decoding skips the special tokens, `<unk>` included, when asked; text between two special tokens is joined by
+  SentencePiece, `▁` becomes a space and the ends are stripped;
+- with one shared vocabulary (`separate_vocabs=false`, every opus-mt model) `MarianTokenizer` decodes with
+  `source.spm` (`transformers` 4.x used `target.spm`, which joins pieces the same way unless the two models'
+  normalisation rules differ), so this does too. Separate vocabularies are refused.
 
-It implements the part of `tokenizers.Tokenizer` that `attn.data.tokenizers.Tokenizer` uses, so it
-serves as that class's backend (kind `marian-spm`).
+It implements the part of `tokenizers.Tokenizer` that `attn.data.tokenizers.Tokenizer` uses, as that class's
+backend (kind `marian-spm`).
 """
 
 from __future__ import annotations
@@ -88,8 +86,8 @@ class MarianSentencePiece:
         """Reads `source.spm`, `target.spm`, `vocab.json` and the optional `tokenizer_config.json`.
 
         Raises:
-            CheckpointError: a file is missing or unreadable, vocab.json lacks a special token, or the
-                settings ask for separate vocabularies.
+            CheckpointError: a file is missing or unreadable, vocab.json lacks a special token, or the settings ask
+                for separate vocabularies.
         """
         folder = Path(folder)
         settings = _json_object(folder / SETTINGS_FILE) if (folder / SETTINGS_FILE).is_file() else {}

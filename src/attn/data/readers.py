@@ -1,15 +1,12 @@
 """Reading examples from the files people have: TSV, CSV, JSON Lines and line-aligned text files.
 
-`load_parallel` reads translation pairs, `load_labelled` labelled texts (or text pairs), both through
-`read_table`, which picks the wanted fields out of the rows of a file in any format of
-`attn.data.file_formats` (chosen from the file name unless `Fields.format` names one). Any field
-can be the source or the target: the same file read with source `es` and target `en` gives the other
-direction. `Fields.join` adds the fields of a second table, matched
-on `Fields.join_key` (a Bible corpus and a table of another translation of the same verses).
+`load_parallel` reads translation pairs, `load_labelled` labelled texts (or text pairs), both through `read_table`,
+which picks the wanted fields out of a file in any format of `attn.data.file_formats`. Any field can be the source
+or the target: source `es` and target `en` read the other direction of the same file. `Fields.join` adds the
+fields of a second table, matched on `Fields.join_key` (another translation of the same Bible verses).
 
-Every defect is a `DataFormatError` naming the file, the 1-based line and the fix, raised before
-anything is returned: a field the file lacks (listing the fields it has), an empty or non-string
-value, a ragged row, line-aligned files of different lengths, a file without rows.
+Every defect is a `DataFormatError` naming the file, the 1-based line and the fix, raised before anything is
+returned: a field the file lacks (listing those it has), an empty or non-string value, a file without rows.
 """
 
 from __future__ import annotations
@@ -81,14 +78,11 @@ class Fields:
 
 @dataclass
 class ParallelCorpus:
-    """Aligned sentence pairs of one split.
+    """Aligned sentence pairs of one split (`Fields.source_field`, `Fields.target_field`), in file order.
 
     Attributes:
-        sources: the source sentences (`Fields.source_field`).
-        targets: the target sentences (`Fields.target_field`).
-        lines: the line of each pair in the file.
+        lines: the 1-based line of each pair in the file.
         skipped_blank: blank lines skipped in the file.
-        path: the file read.
     """
 
     sources: list[str]
@@ -103,15 +97,13 @@ class ParallelCorpus:
 
 @dataclass
 class LabelledCorpus:
-    """Texts (or text pairs) with class labels of one split.
+    """Texts (or text pairs) with class labels of one split, in file order.
 
     Attributes:
         texts: the texts (`Fields.text_field`), the first of each pair for a sentence-pair task.
         labels: class index of each text, an index into `label_names`.
         label_names: the class names; sorted when inferred from the file.
         pairs: the second text of each pair (`Fields.text_pair_field`), or None for single texts.
-        skipped_blank: blank lines skipped in the file.
-        path: the file read.
     """
 
     texts: list[str]
@@ -132,12 +124,8 @@ def load_parallel(
 
     Args:
         path: the file (optionally `.gz`), or the prefix of two line-aligned text files.
-        fields: the format, `source_field`, `target_field` and join; the default reads the
-            shipped Bible's `en` and `es` columns.
-        max_line_chars: longest line accepted.
-
-    Returns:
-        The corpus, in file order.
+        fields: the format, `source_field`, `target_field` and join; the default reads the shipped Bible's `en`
+            and `es` columns.
 
     Raises:
         DataFormatError: a malformed file (see `read_table`).
@@ -165,14 +153,8 @@ def load_labelled(
     """Loads labelled texts, such as `data/fortunes-topics/train.tsv`, or labelled text pairs.
 
     Args:
-        path: the file (optionally `.gz`).
-        fields: the format, `text_field`, `label_field`, `text_pair_field` and join.
-        labels: the class names a model was trained with (at evaluation time); None infers
-            them from the file, sorted.
-        max_line_chars: longest line accepted.
-
-    Returns:
-        The corpus, in file order.
+        labels: the class names a model was trained with (at evaluation time); None infers them from the file,
+            sorted.
 
     Raises:
         DataFormatError: a malformed file (see `read_table`), or a label not in `labels`.
@@ -214,7 +196,6 @@ class Table:
         lines: the 1-based line (first line, for a CSV record) of each row.
         values: setting name (e.g. "source_field") -> the field's value in every row.
         files: setting name -> the file its values came from.
-        skipped_blank: blank lines skipped.
     """
 
     path: str
@@ -230,17 +211,13 @@ class Table:
 def read_table(
     path: str | Path, wanted: Mapping[str, str], fields: Fields = Fields(), max_line_chars: int = MAX_LINE_CHARS
 ) -> Table:
-    """Reads the `wanted` fields of every row of a data file.
+    """Reads the `wanted` fields of every row of a data file, in file order.
 
     Args:
         path: the file (optionally `.gz`), or for `text` the prefix of one file per field.
-        wanted: setting name -> field name, e.g. {"source_field": "es", "target_field": "en"}; the
-            setting names appear in messages, so that they say what to change.
+        wanted: setting name -> field name, e.g. {"source_field": "es", "target_field": "en"}; messages name the
+            setting, so that they say what to change.
         fields: the format and the join (its `*_field` entries are not read here).
-        max_line_chars: longest line accepted.
-
-    Returns:
-        The table, in file order.
 
     Raises:
         DataFormatError: a malformed file, a missing field, an empty value, or a join key without a match.

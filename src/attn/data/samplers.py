@@ -1,5 +1,5 @@
-"""Batches of examples of similar length under a token budget: `TokenBudgetSampler` for training
-and validation, `length_batches` for a batch of texts to embed."""
+"""Batches of examples of similar length under a token budget: `TokenBudgetSampler` for training and validation,
+`length_batches` for a batch of texts to embed."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from attn.core.errors import CheckpointError, ConfigError
 
 
 def budget_batches(order: Sequence[int], lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
-    """`order` cut greedily into batches whose padded size (rows x longest) stays within `max_tokens`
-    and whose rows stay within `max_rows`; a row longer than `max_tokens` forms a batch of its own.
+    """`order` cut greedily into batches of at most `max_rows` rows and `max_tokens` padded size (rows x longest).
+
+    A row longer than `max_tokens` forms a batch of its own.
 
     Example:
         >>> budget_batches([0, 1, 2, 3], [2, 3, 3, 9], max_rows=8, max_tokens=9)
@@ -42,15 +43,12 @@ def length_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> li
 class TokenBudgetSampler:
     """Batches of example indices under a token budget, in a fresh order every epoch.
 
-    Examples are sorted by length (the longer side, then source, then target) and cut greedily
-    into batches whose padded size `n_sentences * longest` stays within `max_tokens` on both
-    sides and whose size stays within `max_sentences`. The batches are formed once; each epoch
-    visits all of them in an order drawn from (seed, epoch). An example longer than `max_tokens`
-    on its own still forms a batch of one, so nothing is lost silently: run
-    `attn.data.collate.filter_long` first to bound lengths.
-
-    `draw` delivers the batches one at a time and advances the position; `state_dict` records
-    (epoch, position) so that training resumes mid-epoch exactly.
+    Examples are sorted by length (the longer side, then source, then target) and cut greedily into batches whose
+    padded size `n_sentences * longest` stays within `max_tokens` on both sides and whose size stays within
+    `max_sentences`. The batches are formed once; each epoch visits all of them in an order drawn from (seed,
+    epoch). An example longer than `max_tokens` on its own still forms a batch of one, so nothing is lost silently:
+    run `attn.data.collate.filter_long` first to bound lengths. `state_dict` records (epoch, position) so that
+    training resumes mid-epoch exactly.
     """
 
     def __init__(
@@ -66,10 +64,8 @@ class TokenBudgetSampler:
 
         Args:
             src_lengths: token count of each example's source, as padded in the batch.
-            tgt_lengths: token count of each example's target as padded in the batch: with
-                `attn.data.collate.collate_translation`, the target's length + 1 (bos or eos).
+            tgt_lengths: the same for targets: with `attn.data.collate.collate_translation`, length + 1 (bos or eos).
             max_tokens: budget per side for `n_sentences * longest` (the paper: ~25,000).
-            max_sentences: most examples per batch.
             seed: seeds the order of batches and of equal-length examples.
             shuffle: False keeps the batches in length order every epoch (for evaluation).
         """
@@ -97,25 +93,14 @@ class TokenBudgetSampler:
         return len(self._batches)
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """All batches of one epoch, in that epoch's order.
-
-        Args:
-            epoch: the epoch number (0-based).
-
-        Returns:
-            Lists of example indices; together they hold every example once.
-        """
+        """All batches of one (0-based) epoch, in that epoch's order; together they hold every example once."""
         if not self.shuffle:
             return list(self._batches)
         order = np.random.default_rng((self.seed, epoch)).permutation(len(self._batches))
         return [self._batches[i] for i in order]
 
     def draw(self) -> tuple[int, list[int]]:
-        """Deliver the next batch; after the last one of an epoch, move to the next epoch.
-
-        Returns:
-            (the epoch the batch belongs to, its example indices).
-        """
+        """Deliver (its epoch, example indices) of the next batch; after an epoch's last one, move to the next."""
         epoch = self.epoch
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, self.epoch_batches(epoch))

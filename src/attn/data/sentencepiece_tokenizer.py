@@ -2,16 +2,14 @@
 
 Ids, pieces and text are SentencePiece's own (`sentencepiece.SentencePieceProcessor`):
 
-- `encode` is the processor's `encode`; the text of a control symbol (`<s>`, `</s>`, ...) inside a
-  text is ordinary text to SentencePiece, so unlike the other kinds it does not encode to the
-  symbol's id. The frame (`add_special_tokens`) is the processor's `add_bos` / `add_eos`, for
-  whichever of bos and eos the model has.
-- the special tokens are the model's control symbols and its unknown piece; `decode` with
-  `skip_special_tokens` leaves them out and otherwise equals the processor's `decode`; without it
-  their pieces stand in the text where their ids are. Ids beyond the model are left out, as Hugging
-  Face's decoders do.
-- the roles (pad, bos, ...) are found by name, as for every kind, so SentencePiece's default pieces
-  `<unk>`, `<s>`, `</s>` and `<pad>` (and control symbols `<cls>`, `<sep>`, `<mask>`) have them.
+- `encode` is the processor's `encode`; the text of a control symbol (`<s>`, `</s>`, ...) inside a text is
+  ordinary text to SentencePiece, so unlike the other kinds it does not encode to the symbol's id. The frame
+  (`add_special_tokens`) is the processor's `add_bos` / `add_eos`, for whichever of bos and eos the model has.
+- the special tokens are the model's control symbols and its unknown piece; `decode` with `skip_special_tokens`
+  leaves them out and otherwise equals the processor's `decode`; without it their pieces stand in the text where
+  their ids are. Ids beyond the model are left out, as Hugging Face's decoders do.
+- the roles (pad, bos, ...) are found by name, as for every kind, so SentencePiece's default pieces `<unk>`,
+  `<s>`, `</s>` and `<pad>` (and control symbols `<cls>`, `<sep>`, `<mask>`) have them.
 
 It implements the part of `tokenizers.Tokenizer` that `attn.data.tokenizers.Tokenizer` uses.
 """
@@ -34,9 +32,7 @@ class SentencePieceModel:
     """One SentencePiece model. Build one with `from_file`."""
 
     def __init__(self, processor: Any) -> None:
-        """Args:
-        processor: a loaded `sentencepiece.SentencePieceProcessor`.
-        """
+        """Wrap a loaded `sentencepiece.SentencePieceProcessor`."""
         self._processor = processor
         self._size = processor.get_piece_size()
         self._specials = {i for i in range(self._size) if processor.is_control(i) or processor.is_unknown(i)}

@@ -1,8 +1,7 @@
 """Reading UTF-8 text files, whole or line by line, gunzipped when the name ends in `.gz`.
 
-A UTF-8 byte-order mark at the start is dropped, and a defect (invalid UTF-8, a binary file, broken
-gzip) is a `DataFormatError` that names the file, the 1-based line and the fix.
-`attn.data.readers` reads examples out of such files (TSV, CSV, JSON Lines, line-aligned text files).
+A UTF-8 byte-order mark at the start is dropped, and a defect (invalid UTF-8, a binary file, broken gzip) is a
+`DataFormatError` that names the file, the 1-based line and the fix.
 """
 
 from __future__ import annotations
@@ -22,18 +21,14 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_unicode(text: str, field: str | None = None) -> str:
-    """`text`, refused when it is not valid Unicode, the one policy for every input.
+    """`text`, unchanged, refused when it is not valid Unicode: the one policy for every input.
 
-    A lone surrogate cannot be encoded as UTF-8, so no tokenizer can read it. It reaches a `str` from
-    an unpaired JSON escape (`"\\ud800"`), or from bytes that are not UTF-8 in a command-line
-    argument or the terminal's input, which Python keeps as U+DC80..U+DCFF (`surrogateescape`).
+    A lone surrogate cannot be encoded as UTF-8, so no tokenizer can read it. It reaches a `str` from an unpaired
+    JSON escape (`"\\ud800"`), or from bytes that are not UTF-8 in a command-line argument or the terminal's input,
+    which Python keeps as U+DC80..U+DCFF (`surrogateescape`).
 
     Args:
-        text: the text.
         field: where it came from (a flag, a request field, "file:line field"), for the message.
-
-    Returns:
-        `text`, unchanged.
 
     Raises:
         TextError: `text` holds a lone surrogate; names the field, the character and its position.
@@ -54,8 +49,7 @@ def read_text(path: str | Path) -> str:
     """Read a whole UTF-8 text file, gunzipping it when its name ends in `.gz`.
 
     Args:
-        path: the file; a `data/...` path that the working directory lacks names the shipped
-            corpus file (`attn.shipped.locate`).
+        path: a `data/...` path that the working directory lacks names the shipped corpus file.
 
     Returns:
         The text, line ends unchanged, without a leading byte-order mark.
@@ -70,15 +64,11 @@ def read_text(path: str | Path) -> str:
 def iter_lines(path: str | Path) -> Iterator[str]:
     """The lines of a UTF-8 text file, gunzipped when its name ends in `.gz`, read one at a time.
 
-    Args:
-        path: the file (a `data/...` path as in `read_text`).
-
     Yields:
         Each line with its line end as `\n` (a `\r` before it dropped), without a leading byte-order mark.
 
     Raises:
-        DataFormatError: the file is missing, not valid gzip, or a line is not valid UTF-8 or binary;
-            names the line.
+        DataFormatError: the file is missing, not valid gzip, or a line is not valid UTF-8 or binary (names the line).
     """
     for text in read_pieces(locate(path), 1):
         yield text.removesuffix("\r\n") + "\n" if text.endswith("\r\n") else text
@@ -88,13 +78,12 @@ def read_pieces(path: Path, size: int, progress: Callable[[int], object] = lambd
     """The text of a UTF-8 file in pieces of whole lines, gunzipped when its name ends in `.gz`.
 
     Args:
-        path: the file.
         size: the bytes a piece grows to before it ends with its line (1: a line at a time).
         progress: told, after each piece, how many more bytes of the file (compressed) were read.
 
     Raises:
-        DataFormatError: the file cannot be read, is not valid gzip, or a piece is not valid UTF-8 or
-            binary; names the line.
+        DataFormatError: the file cannot be read, is not valid gzip, or a piece is not valid UTF-8 or binary (names
+            the line).
     """
     try:
         raw = open(path, "rb")  # closed by the with below, together with the gzip reader over it
@@ -121,19 +110,16 @@ def decode_text(data: bytes, source: str, line: int = 1) -> str:
     """UTF-8 bytes -> text, without a leading byte-order mark.
 
     Args:
-        data: the bytes, e.g. of a file or of standard input, or whole lines of a file read piece
-            by piece.
+        data: the bytes of a file or of standard input, or whole lines of a file read piece by piece.
         source: what they came from, for the message (a path, or "<stdin>").
-        line: the 1-based line `data` starts on, for the message; a byte-order mark is dropped only
-            at line 1 (a file's start).
+        line: the 1-based line `data` starts on; a byte-order mark is dropped only at line 1 (a file's start).
 
     Raises:
         DataFormatError: the bytes are binary (hold a NUL byte) or not valid UTF-8; names the line.
     """
     if line == 1:
         data = data.removeprefix(codecs.BOM_UTF8)
-    # Text never holds a NUL byte; checked first, so that a binary file is called binary rather
-    # than "invalid UTF-8".
+    # Text never holds a NUL byte; checked first, so that a binary file is called binary, not "invalid UTF-8".
     nul = data.find(b"\x00")
     if nul >= 0:
         message = ("contains a NUL byte, so it is binary (or UTF-16) rather than text; give a UTF-8 text file, "

@@ -1,25 +1,22 @@
 """Text corpora of many files, read as one stream in pieces: never the whole corpus in memory.
 
-A language model's `data.train` (or `data.valid`) names its corpus in one of these ways
-(`corpus_files`), mixed freely in a TOML list or a comma-separated string:
+A language model's `data.train` (or `data.valid`) names its corpus in one of these ways (`corpus_files`), mixed
+freely in a TOML list or a comma-separated string:
 
 - a file (`data/shakespeare/train.txt.gz`); `.gz` files are gunzipped as they are read;
 - a directory: every file below it, sorted by path (hidden files and folders left out);
 - a glob: `texts/*.txt`, or `texts/**/*.txt` for any depth; its matches sorted.
 
-The corpus is the files' texts one after the other, as `read_text` gives each; a file that does
-not end in a line end is followed by one, so that its last line does not run into the next
-file's first.
+The corpus is the files' texts one after the other, as `read_text` gives each; a file that does not end in a
+line end is followed by one, so that its last line does not run into the next file's first.
 
-`text_chunks` gives that text in pieces of about `CHUNK_CHARS` characters, cut only where
-tokenizing the pieces one by one gives the ids of the whole text (`safe_cut`): before a space that
-a letter or digit follows. A line end is not such a place: the Metaspace pre-tokenizer of the
-`bpe` kind starts every text it is given with a word boundary, and a piece that begins after a
-line end would gain one that the whole text does not have there; a space is where it marks a
-boundary anyway. The same holds for GPT-2's byte-level pre-tokenizer (a space before a letter or
-digit joins the word after it) and for WordPiece (it splits at every space). The `chars` kind
-may be cut anywhere. Memory is bounded by the piece size plus the longest stretch of text without
-such a place.
+`text_chunks` gives that text in pieces of about `CHUNK_CHARS` characters, cut only where tokenizing the pieces
+one by one gives the ids of the whole text (`safe_cut`): before a space that a letter or digit follows. A line
+end is not such a place: the Metaspace pre-tokenizer of the `bpe` kind starts every text it is given with a word
+boundary, and a piece that begins after a line end would gain one that the whole text does not have there; a
+space is where it marks a boundary anyway. The same holds for GPT-2's byte-level pre-tokenizer (a space before a
+letter or digit joins the word after it) and for WordPiece (it splits at every space). The `chars` kind may be
+cut anywhere. Memory is bounded by the piece size plus the longest stretch of text without such a place.
 """
 
 from __future__ import annotations
@@ -40,17 +37,15 @@ def corpus_files(spec: str | Sequence[str], key: str) -> list[Path]:
     """The files a corpus setting names, in reading order (`attn.data.files.input_files`).
 
     Args:
-        spec: a path, a directory or a glob, several of them in a list or in one string separated
-            by commas (a string that names an existing path is never split); see the module
-            docstring. A `data/...` file that the working directory lacks names the shipped one.
+        spec: a path, a directory or a glob, several of them in a list or in one string separated by commas (a
+            string that names an existing path is never split).
         key: the setting, for messages (e.g. "data.train").
 
     Returns:
         The files; one named twice is read once, where it is first named.
 
     Raises:
-        ConfigError: nothing is named, a path does not exist, a glob matches no file, or a
-            directory holds no file.
+        ConfigError: nothing is named, a path does not exist, a glob matches no file, or a directory holds no file.
     """
     entries = [spec] if isinstance(spec, str) else list(spec)
     names = [part.strip() for entry in entries for part in _split(entry)]
@@ -65,12 +60,8 @@ def _split(entry: str) -> list[str]:
 
 
 def safe_cut(text: str) -> int:
-    """The last place where `text` can be cut without changing its tokens: before a space that a
-    letter or digit follows (see the module docstring).
-
-    Returns:
-        The index of that space, or 0 when there is none.
-    """
+    """The index of the last space that a letter or digit follows (0 if none): where `text` can be cut without
+    changing its tokens."""
     end = len(text) - 1
     while (at := text.rfind(" ", 0, end)) > 0:
         if text[at + 1].isalnum():
@@ -85,7 +76,6 @@ def text_chunks(
     """The corpus text of `files` in pieces that can be tokenized one by one.
 
     Args:
-        files: the files, in order (`corpus_files`).
         cut_anywhere: cut at any character (for the `chars` tokenizer), not only at `safe_cut`.
         chunk_chars: the size a piece grows to before it is cut.
         progress: a description for a progress bar over the bytes read; "" shows none.
@@ -94,8 +84,7 @@ def text_chunks(
         Non-empty pieces whose concatenation is the corpus text.
 
     Raises:
-        DataFormatError: a file cannot be read, is not valid gzip or UTF-8, or is binary; or every
-            file is empty.
+        DataFormatError: a file cannot be read, is not valid gzip or UTF-8, or is binary; or every file is empty.
     """
     pending: list[str] = []
     size, given = 0, False
@@ -121,8 +110,8 @@ def text_chunks(
 
 
 def _texts(files: Sequence[Path], size: int, bar: tqdm) -> Iterator[str]:
-    """The text of every file in pieces of whole lines (about `size` bytes), a line end added after
-    a file that lacks one."""
+    """The text of every file in pieces of whole lines (about `size` bytes), a line end added after a file that
+    lacks one."""
     for number, path in enumerate(files):
         last = ""
         for last in read_pieces(path, size, bar.update):

@@ -2,25 +2,21 @@
 
 A cache is two files named by a stem, e.g. `RUN_DIR/data/train`:
 
-- `train.tokens`: the ids of the corpus text (`attn.data.text_files`), raw little-endian
-  integers of the smallest unsigned NumPy type that holds every id of the tokenizer (`id_dtype`:
-  uint8 up to 256 ids, uint16 up to 65,536, else uint32), read back with `np.memmap`;
-- `train.json`, the manifest: `format`, `files` (resolved path, size and modification time of
-  each file), `tokenizer` (`Tokenizer.digest`, the SHA-256 of its saved files), `vocab_size`,
-  `dtype` and `tokens` (the number of ids).
+- `train.tokens`: the ids of the corpus text (`attn.data.text_files`), raw little-endian integers of the smallest
+  unsigned NumPy type that holds every id of the tokenizer (`id_dtype`), read back with `np.memmap`;
+- `train.json`, the manifest: `format`, `files` (resolved path, size and modification time of each file),
+  `tokenizer` (`Tokenizer.digest`), `vocab_size`, `dtype` and `tokens` (the number of ids).
 
-`token_ids` reuses a cache whose manifest names the same files, sizes, modification times and
-tokenizer digest, and rebuilds it otherwise. Sizes and times rather than a hash of the contents:
-checking them costs one `stat` per file however large the corpus, where a hash would read all of
-it at every start of a run. An edit that keeps a file's size and its modification time to the
-nanosecond (a deliberate `touch -d`) goes unseen; delete the cache then.
+`token_ids` reuses a cache whose manifest names the same files, sizes, modification times and tokenizer digest,
+and rebuilds it otherwise. Sizes and times rather than a hash of the contents: one `stat` per file however large
+the corpus, where a hash would read all of it at every start of a run. An edit that keeps a file's size and its
+modification time to the nanosecond (a deliberate `touch -d`) goes unseen; delete the cache then.
 
-Crash safety: the ids are written to a temporary file in the same folder, flushed to disk and
-renamed over `.tokens`; the manifest is deleted before that rename and written the same way
-after it. So a manifest always describes the ids next to it, and a build cut short leaves none,
-which means "rebuild"; the next build deletes the temporary files a build cut short left behind.
-Processes that want the same cache at once (the ranks of a run) take turns under a lock on the
-folder, so one builds it and the others find it built.
+Crash safety: the ids are written to a temporary file in the same folder, flushed to disk and renamed over
+`.tokens`; the manifest is deleted before that rename and written the same way after it. So a manifest always
+describes the ids next to it, and a build cut short leaves none, which means "rebuild"; the next build deletes
+its temporary files. Processes that want the same cache at once (the ranks of a run) take turns under a lock on
+the folder, so one builds it and the others find it built.
 """
 
 from __future__ import annotations
@@ -59,11 +55,10 @@ def id_dtype(vocab_size: int) -> np.dtype:
 def token_ids(files: Sequence[Path], tokenizer: Tokenizer, stem: Path, progress: str = "") -> np.memmap:
     """The ids of the corpus `files` as `tokenizer` encodes its whole text, from the cache at `stem`.
 
-    The cache is built first when it is missing or stale (see the module docstring).
+    The cache is built first when it is missing or stale. No special tokens are added.
 
     Args:
         files: the corpus files, in order (`attn.data.text_files.corpus_files`).
-        tokenizer: the tokenizer; special tokens are not added.
         stem: the cache's path without suffix, e.g. RUN_DIR/data/train; its folder is created.
         progress: a description for a progress bar over the bytes read while building; "" shows none.
 
@@ -71,8 +66,8 @@ def token_ids(files: Sequence[Path], tokenizer: Tokenizer, stem: Path, progress:
         The ids, shape (N,), a read-only memory map of dtype `id_dtype(tokenizer.vocab_size)`.
 
     Raises:
-        DataFormatError: a corpus file cannot be read or holds no text; or the cache's manifest
-            contradicts its ids or the tokenizer.
+        DataFormatError: a corpus file cannot be read or holds no text; or the cache's manifest contradicts its
+            ids or the tokenizer.
     """
     stem.parent.mkdir(parents=True, exist_ok=True)
     wanted = {"format": FORMAT, "files": describe_files(files), "tokenizer": tokenizer.digest()}
@@ -84,18 +79,11 @@ def token_ids(files: Sequence[Path], tokenizer: Tokenizer, stem: Path, progress:
 
 
 def open_token_cache(stem: Path, tokenizer: Tokenizer) -> np.memmap:
-    """The ids of an existing cache, checked against the tokenizer that is to read them.
-
-    Args:
-        stem: the cache's path without suffix.
-        tokenizer: the tokenizer the ids must come from.
-
-    Returns:
-        The ids, shape (N,), a read-only memory map.
+    """The ids of an existing cache, shape (N,), a read-only memory map, checked against the tokenizer.
 
     Raises:
-        DataFormatError: no manifest, or one whose tokenizer, vocabulary size or id type is not
-            this tokenizer's, or whose count of ids does not match the size of the ids file.
+        DataFormatError: no manifest, or one whose tokenizer, vocabulary size or id type is not this tokenizer's,
+            or whose count of ids does not match the size of the ids file.
     """
     manifest = _read_manifest(stem)
     where = str(_path(stem, MANIFEST_SUFFIX))

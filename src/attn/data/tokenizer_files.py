@@ -1,7 +1,7 @@
 """A tokenizer on disk: the files `Tokenizer.save` writes and every layout `Tokenizer.load` reads.
 
-A tokenizer's kind (`attn.data.tokenizer_kinds`) says which files hold it, and is written beside
-them in `attn_tokenizer.json` with the roles its source file declared (`attn.data.tokenizer_roles`):
+A tokenizer's kind (`attn.data.tokenizer_kinds`) says which files hold it, and is written beside them in
+`attn_tokenizer.json` with the roles its source file declared (`attn.data.tokenizer_roles`):
 
 | kind | files |
 | --- | --- |
@@ -9,8 +9,8 @@ them in `attn_tokenizer.json` with the roles its source file declared (`attn.dat
 | `sentencepiece` | `sentencepiece.model` |
 | every other | `tokenizer.json`, the Hugging Face pipeline whole |
 
-Besides such a directory, `read_tokenizer` reads a Hugging Face `tokenizer.json` (or a directory
-holding one), a SentencePiece model file (`*.model`, `*.spm`) or a Marian directory.
+Besides such a directory, `read_tokenizer` reads a Hugging Face `tokenizer.json` (or a directory holding one), a
+SentencePiece model file (`*.model`, `*.spm`) or a Marian directory.
 """
 
 from __future__ import annotations
@@ -43,9 +43,6 @@ def write_tokenizer(folder: Path, backend: Backend, kind: str, roles: Mapping[st
     """Writes the files of a tokenizer of `kind` into an existing `folder`, and its `attn_tokenizer.json`.
 
     Args:
-        folder: where to write.
-        backend: the tokenizer's pipeline.
-        kind: one of `KINDS`.
         roles: the role ids its source file declared; written only when there are some.
     """
     if kind == MARIAN_KIND:
@@ -72,8 +69,7 @@ def read_tokenizer(path: Path) -> tuple[Backend, str, dict[str, int | None] | No
     """The pipeline, kind and declared roles of the tokenizer at `path` (see the module for what it reads).
 
     Returns:
-        (backend, kind, roles): the roles are those `attn_tokenizer.json` declares, checked against
-        the vocabulary, or None.
+        (backend, kind, roles): roles are those `attn_tokenizer.json` declares, checked against the vocabulary, or None.
 
     Raises:
         CheckpointError: nothing loadable there, or a file is missing or corrupt.

@@ -1,6 +1,5 @@
-"""The Hugging Face `tokenizers` pipelines that `attn.data.tokenizers.Tokenizer` wraps: those it trains
-(normaliser, pre-tokenizer, model, decoder and the frame of `add_special=True`) and those of GPT-2's
-and BERT's files.
+"""The Hugging Face `tokenizers` pipelines that `attn.data.tokenizers.Tokenizer` wraps: those it trains (normaliser,
+pre-tokenizer, model, decoder and the frame of `add_special=True`) and those of GPT-2's and BERT's files.
 
 Special-token ids of every tokenizer we *train* are fixed:
 
@@ -44,8 +43,7 @@ BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def bpe_pipeline(texts: Iterable[str], vocab_size: int, byte_level: bool) -> hf.Tokenizer:
-    """A BPE pipeline trained on `texts`: over NFC characters marked by a Metaspace `▁` (kind `bpe`), or over
-    UTF-8 bytes as GPT-2 (kind `byte-bpe`); the arguments are those of `Tokenizer.train_bpe`."""
+    """A BPE pipeline over NFC characters and Metaspace `▁` (`bpe`), or over UTF-8 bytes as GPT-2 (`byte-bpe`)."""
     alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_level else []
     check_at_least("vocab_size", vocab_size, minimum_vocab_size("byte-bpe" if byte_level else "bpe"))
     if byte_level:
@@ -66,8 +64,7 @@ def bpe_pipeline(texts: Iterable[str], vocab_size: int, byte_level: bool) -> hf.
 
 
 def unigram_pipeline(texts: Iterable[str], vocab_size: int) -> hf.Tokenizer:
-    """A Unigram language-model pipeline (SentencePiece's algorithm) trained on `texts`, over the NFC +
-    Metaspace pipeline of `bpe`; the arguments and errors are those of `Tokenizer.train_unigram`."""
+    """A Unigram language-model pipeline (SentencePiece's algorithm) over the NFC + Metaspace pipeline of `bpe`."""
     check_at_least("vocab_size", vocab_size, minimum_vocab_size("unigram"))
     backend = hf.Tokenizer(models.Unigram())
     _set_metaspace_pipeline(backend)
@@ -92,7 +89,7 @@ def unigram_pipeline(texts: Iterable[str], vocab_size: int) -> hf.Tokenizer:
 
 
 def wordpiece_pipeline(texts: Iterable[str], vocab_size: int, lowercase: bool) -> hf.Tokenizer:
-    """A BERT-style WordPiece pipeline trained on `texts`; the arguments are those of `Tokenizer.train_wordpiece`."""
+    """A BERT-style WordPiece pipeline trained on `texts`."""
     check_at_least("vocab_size", vocab_size, minimum_vocab_size("wordpiece"))
     backend = hf.Tokenizer(models.WordPiece(unk_token="[UNK]"))
     _set_bert_pipeline(backend, lowercase)
@@ -104,14 +101,12 @@ def wordpiece_pipeline(texts: Iterable[str], vocab_size: int, lowercase: bool) -
 
 
 def chars_pipeline(texts: Iterable[str]) -> hf.Tokenizer:
-    """A character pipeline: the special tokens, then every distinct character of `texts` in code-point
-    order; a character not seen here encodes to `<unk>`."""
+    """A character pipeline: the special tokens, then every distinct character of `texts` in code-point order."""
     alphabet: set[str] = set()
     for text in _non_empty(texts):
         alphabet.update(text)
     vocab = {token: i for i, token in enumerate([*SEQ_SPECIALS, *sorted(alphabet)])}
-    # A BPE model without merges is a character model, and it encodes faster than a
-    # word-level model behind a one-character split.
+    # A BPE model without merges is a character model that encodes faster than a one-character word-level split.
     backend = hf.Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
     backend.decoder = decoders.Fuse()
     # The vocabulary holds the special tokens already; they still have to be marked special.
@@ -119,11 +114,7 @@ def chars_pipeline(texts: Iterable[str]) -> hf.Tokenizer:
 
 
 def gpt2_pipeline(vocab_json: str | Path, merges_txt: str | Path) -> hf.Tokenizer:
-    """GPT-2's byte-level BPE read from its `vocab.json` and `merges.txt`; unframed, as in HF's GPT-2.
-
-    Raises:
-        CheckpointError: a file is missing or unreadable.
-    """
+    """GPT-2's byte-level BPE read from its `vocab.json` and `merges.txt`; unframed, as in HF's GPT-2."""
     model = read_tokenizer_file(lambda: models.BPE.from_file(str(vocab_json), str(merges_txt)), vocab_json, merges_txt)
     backend = hf.Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -133,11 +124,7 @@ def gpt2_pipeline(vocab_json: str | Path, merges_txt: str | Path) -> hf.Tokenize
 
 
 def bert_pipeline(vocab_txt: str | Path, lowercase: bool) -> hf.Tokenizer:
-    """BERT's WordPiece read from its `vocab.txt`, encoding like HF's `BertTokenizer`.
-
-    Raises:
-        CheckpointError: the file is missing or unreadable.
-    """
+    """BERT's WordPiece read from its `vocab.txt`, encoding like HF's `BertTokenizer`."""
     model = read_tokenizer_file(lambda: models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"), vocab_txt)
     backend = hf.Tokenizer(model)
     _set_bert_pipeline(backend, lowercase)
@@ -145,22 +132,13 @@ def bert_pipeline(vocab_txt: str | Path, lowercase: bool) -> hf.Tokenizer:
 
 
 def file_pipeline(path: str | Path) -> hf.Tokenizer:
-    """The pipeline of a Hugging Face tokenizer.json, checked (`_checked_backend`).
-
-    Raises:
-        CheckpointError: the file is missing, unreadable, or its pipeline is broken.
-    """
+    """The pipeline of a Hugging Face tokenizer.json; CheckpointError when missing, unreadable or broken."""
     return read_tokenizer_file(lambda: _checked_backend(hf.Tokenizer.from_file(str(path))), path)
 
 
 def _checked_backend(backend: hf.Tokenizer) -> hf.Tokenizer:
-    """A loaded pipeline whose ids lie inside its vocabulary and whose frame works.
-
-    Raises:
-        ValueError: an id at or past the vocabulary's size (an embedding has no row for it), in the
-            vocabulary or in the frame.
-        PanicException: the frame (post-processor) names a token it does not hold.
-    """
+    """A loaded pipeline, checked: ValueError for an id at or past its size (no embedding row for it) in the
+    vocabulary or the frame; PanicException when the frame (post-processor) names a token it does not hold."""
     backend.no_padding()  # a file's padding to 2**31 tokens would otherwise fill the memory below
     backend.no_truncation()
     size = backend.get_vocab_size(with_added_tokens=True)
@@ -175,9 +153,8 @@ def _checked_backend(backend: hf.Tokenizer) -> hf.Tokenizer:
 
 
 def minimum_vocab_size(kind: str) -> int:
-    """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of
-    `byte-bpe`, and one token more (`unigram` also needs one per character of its texts, which
-    `unigram_pipeline` checks once it has read them)."""
+    """The smallest `vocab_size` a trained kind accepts: its special tokens, the 256 byte symbols of `byte-bpe`,
+    and one token more (`unigram` also needs one per character, which `unigram_pipeline` checks)."""
     alphabet = len(pre_tokenizers.ByteLevel.alphabet()) if kind == "byte-bpe" else 0
     return len(WORDPIECE_SPECIALS if kind == "wordpiece" else SEQ_SPECIALS) + alphabet + 1
 
@@ -213,8 +190,8 @@ def _noting_alphabet(
 ) -> Iterator[str]:
     """`texts`, passed on while `alphabet` collects the characters of their pieces (normalised, split).
 
-    The normaliser and pre-tokenizer must not be those of the tokenizer that reads the stream: that
-    one holds them locked while it trains, and a call to them from the stream would wait forever.
+    The normaliser and pre-tokenizer must not be those of the tokenizer that reads the stream: it holds them
+    locked while it trains, so a call to them from the stream would wait forever.
     """
     for text in texts:
         pieces = pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))

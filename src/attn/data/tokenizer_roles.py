@@ -1,9 +1,9 @@
 """The roles of a tokenizer's special tokens (pad, unk, bos, eos, cls, sep, mask) and the id of each.
 
-A role's id is that of the first special token of the vocabulary whose text is one of the names in
-`ROLE_TOKENS` (so GPT-2's `<|endoftext|>` is both bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep);
-a role with no such token has id `None`. A file that states its roles' ids (a GGUF file: SmolLM2's
-bos is `<|im_start|>`) declares them instead; `checked_roles` checks what it declares.
+A role's id is that of the first special token of the vocabulary whose text is one of the names in `ROLE_TOKENS`
+(so GPT-2's `<|endoftext|>` is both bos and eos, BERT's `[CLS]`/`[SEP]` are cls/sep); a role with no such token
+has id `None`. A file that states its roles' ids (a GGUF file: SmolLM2's bos is `<|im_start|>`) declares them
+instead; `checked_roles` checks what it declares.
 """
 
 from __future__ import annotations
@@ -26,13 +26,10 @@ ROLE_TOKENS: dict[str, tuple[str, ...]] = {
 
 
 def find_roles(added_tokens: Mapping[int, hf.AddedToken]) -> dict[str, int | None]:
-    """The id of each role, found by name among the special tokens of a vocabulary.
+    """Role -> id for every role of `ROLE_TOKENS`, found by name among the special tokens; None where none is.
 
     Args:
         added_tokens: the vocabulary's added tokens by id (`get_added_tokens_decoder()` of a pipeline).
-
-    Returns:
-        Role -> id, for every role of `ROLE_TOKENS`; None where no special token has one of its names.
     """
     specials = {t.content: i for i, t in added_tokens.items() if t.special}
     return {

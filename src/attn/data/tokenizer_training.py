@@ -1,13 +1,12 @@
 """Training a tokenizer on text files into a directory that `tokenizer.path` loads (`attn tokenizer train`).
 
-The inputs are text files, one text per line (gzipped when the name ends in `.gz`), directories
-(every file below them) and glob patterns (`attn.data.files.input_files`). They are read line by
-line as the trainer asks for them, never whole. With `fields`, every input is a table instead (TSV,
-CSV or JSON Lines, `attn.data.readers`) and the texts are the values of those fields, one table in
-memory at a time (a joint source-target vocabulary: the source and the target field). A line keeps its line end, so a tokenizer trained
-on a text file also has a token for its line breaks (what a language model trained on the same
-file needs). The directory is written atomically: an interrupted run leaves no directory, or the
-one that was there before.
+The inputs are text files, one text per line (gzipped when the name ends in `.gz`), directories (every file below
+them) and glob patterns (`attn.data.files.input_files`). They are read line by line as the trainer asks for them,
+never whole. With `fields`, every input is a table instead (TSV, CSV or JSON Lines, `attn.data.readers`) and the
+texts are the values of those fields, one table in memory at a time (a joint source-target vocabulary: the source
+and the target field). A line keeps its line end, so a tokenizer trained on a text file also has a token for its
+line breaks (what a language model trained on the same file needs). The directory is written atomically: an
+interrupted run leaves no directory, or the one that was there before.
 """
 
 from __future__ import annotations
@@ -32,10 +31,9 @@ class TrainedTokenizer:
     """What `train_tokenizer_files` made.
 
     Attributes:
-        tokenizer: the tokenizer.
         output: the directory it was written to.
         files: the files it was trained on.
-        lines: how many lines they had.
+        lines: how many lines (or table values) they had.
     """
 
     tokenizer: Tokenizer
@@ -77,7 +75,7 @@ def train_tokenizer_files(
     """Trains a tokenizer of `kind` on the lines of `inputs` and writes it to `output` (`Tokenizer.save`).
 
     Args:
-        kind: one of `attn.data.tokenizers.TRAINED_KINDS`.
+        kind: one of `attn.data.tokenizer_kinds.TRAINED_KINDS`.
         inputs: text files, directories and glob patterns.
         vocab_size: the vocabulary size, special tokens included (`chars` has its own).
         output: the directory to write; `Tokenizer.load` and a run config's `tokenizer.path` read it.
@@ -85,12 +83,9 @@ def train_tokenizer_files(
         lowercase: `wordpiece` only: lower-case and strip accents.
         fields: read these fields of table inputs (TSV, CSV, JSON Lines) instead of lines of text files.
 
-    Returns:
-        The tokenizer, where it went and what it was trained on.
-
     Raises:
-        ConfigError: an unknown kind, a vocabulary below the kind's minimum, no input file, no text,
-            or an output directory that is in the way.
+        ConfigError: an unknown kind, a vocabulary below the kind's minimum, no input file, no text, or an output
+            directory that is in the way.
         DataFormatError: an input file that is not UTF-8 text (names the file and line).
     """
     folder = Path(output)

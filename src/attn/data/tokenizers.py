@@ -1,16 +1,9 @@
 """Tokenizers: one `Tokenizer` class over Hugging Face `tokenizers` (Rust) pipelines.
 
-Every tokenizer has a kind (`Tokenizer.kind`): how it was made, which frame `add_special=True` adds
-and when `decode(encode(x)) == x` holds are listed in `attn.data.tokenizer_kinds`.
-`Tokenizer.train(kind, ...)` trains any kind of `TRAINED_KINDS` from a stream of texts, with fixed
-special-token ids (pad 0, unk 1, bos 2, eos 3, cls 4, sep 5, mask 6; the table of their texts is in
-`attn.data.tokenizer_pipelines`). `Tokenizer.load` reads what `save` wrote (`attn tokenizer train`
-writes it too) and the files of other libraries (`attn.data.tokenizer_files`); loaded tokenizers keep
-the ids of their files. The roles of the special tokens (`bos_id`, `pad_id`, ...) are found by name or
-declared by a file (`attn.data.tokenizer_roles`).
-
-A tokenizer never pads or truncates: batching pads (`attn.data.collate`) and
-`attn.data.collate.filter_long` bounds lengths.
+Each kind (`Tokenizer.kind`) is described in `attn.data.tokenizer_kinds`. Trained tokenizers get fixed
+special-token ids (pad 0, unk 1, bos 2, eos 3, cls 4, sep 5, mask 6); loaded ones keep the ids of their files
+(`attn.data.tokenizer_files`). Special-token roles are found by name or declared by a file
+(`attn.data.tokenizer_roles`). A tokenizer never pads or truncates: `attn.data.collate` pads batches and bounds lengths.
 """
 
 from __future__ import annotations
@@ -77,12 +70,9 @@ class Tokenizer:
         """Wrap a ready pipeline; prefer the `train_*`, `from_*` and `load` constructors.
 
         Args:
-            backend: the Hugging Face pipeline (or, for `marian-spm` and `sentencepiece`, the object
-                that stands in for one); its padding and truncation are switched off.
-            kind: one of `KINDS`.
-            roles: ids that the source file states for some roles (a role of
-                `attn.data.tokenizer_roles.ROLE_TOKENS` -> an id of the vocabulary, or None for "has
-                none"); the other roles are found by name.
+            backend: the pipeline (or its stand-in for `marian-spm` and `sentencepiece`); its padding and
+                truncation are switched off.
+            roles: role -> id stated by the source file (None: "has none"); other roles are found by name.
 
         Raises:
             ConfigError: an unknown kind or role, or a role id outside the vocabulary.
@@ -100,16 +90,11 @@ class Tokenizer:
 
     @classmethod
     def train(cls, kind: str, texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
-        """Train a tokenizer of any kind of `TRAINED_KINDS`, reading `texts` once, as a stream.
+        """Train a tokenizer of any kind of `TRAINED_KINDS`, reading `texts` once, lazily, as a stream.
 
         Args:
-            kind: one of `TRAINED_KINDS`.
-            texts: training texts; an iterator is read lazily, never held in memory whole.
             vocab_size: target vocabulary size, special tokens included (`chars` has its own).
             lowercase: `wordpiece` only: lower-case and strip accents first.
-
-        Returns:
-            The trained tokenizer.
 
         Raises:
             ConfigError: an unknown kind, a vocabulary below the kind's minimum, or no text.
@@ -129,15 +114,10 @@ class Tokenizer:
         """Train a BPE tokenizer; for translation, train on the texts of both languages.
 
         Args:
-            texts: training texts, e.g. one sentence each; any iterable, read once and lazily, so
-                a generator of chunks (`attn.data.text_files.text_chunks`) trains on a corpus
-                larger than memory.
+            texts: read once and lazily, so a generator of chunks (`attn.data.text_files.text_chunks`)
+                trains on a corpus larger than memory.
             vocab_size: target vocabulary size, special tokens included.
-            byte_level: split UTF-8 bytes (kind `byte-bpe`, never unknown) instead of
-                NFC characters (kind `bpe`).
-
-        Returns:
-            The trained tokenizer, with the fixed special ids.
+            byte_level: split UTF-8 bytes (kind `byte-bpe`, never unknown) instead of NFC characters (`bpe`).
         """
         return cls(bpe_pipeline(texts, vocab_size, byte_level), "byte-bpe" if byte_level else "bpe")
 
@@ -146,12 +126,7 @@ class Tokenizer:
         """Train a Unigram language-model tokenizer (SentencePiece's algorithm) with `tokenizers`.
 
         Args:
-            texts: training texts.
-            vocab_size: the vocabulary size, special tokens included; it must hold every character
-                of `texts` besides.
-
-        Returns:
-            The trained tokenizer (kind `unigram`), with the fixed special ids.
+            vocab_size: special tokens included; it must hold every character of `texts` besides.
 
         Raises:
             ConfigError: `vocab_size` is below the minimum or cannot hold the characters of `texts`.
@@ -163,27 +138,16 @@ class Tokenizer:
         """Train a BERT-style WordPiece tokenizer (for encoder models).
 
         Args:
-            texts: training texts.
             vocab_size: target vocabulary size, special tokens included.
             lowercase: lower-case and strip accents first, as uncased BERT does.
-
-        Returns:
-            The trained tokenizer (kind `wordpiece`), with the fixed special ids.
         """
         return cls(wordpiece_pipeline(texts, vocab_size, lowercase), "wordpiece")
 
     @classmethod
     def train_chars(cls, texts: Iterable[str]) -> Tokenizer:
-        """Build a character-level tokenizer: one id per distinct character of `texts`.
+        """Build a character-level tokenizer: one id per distinct character of `texts`, read once and lazily.
 
-        Characters get ids in code-point order after the special tokens; a character not seen
-        here encodes to unk.
-
-        Args:
-            texts: training texts; any iterable, read once and lazily.
-
-        Returns:
-            The tokenizer (kind `chars`), with the fixed special ids.
+        Characters get ids in code-point order after the special tokens; an unseen character encodes to unk.
         """
         return cls(chars_pipeline(texts), "chars")
 
@@ -192,10 +156,6 @@ class Tokenizer:
     @classmethod
     def from_gpt2_files(cls, vocab_json: str | Path, merges_txt: str | Path) -> Tokenizer:
         """Load GPT-2's byte-level BPE from its `vocab.json` and `merges.txt`.
-
-        Args:
-            vocab_json: path of `vocab.json`.
-            merges_txt: path of `merges.txt`.
 
         Returns:
             The tokenizer (kind `gpt2`); `<|endoftext|>` is bos and eos, pad and unk are None.
@@ -207,14 +167,10 @@ class Tokenizer:
 
     @classmethod
     def from_bert_vocab(cls, vocab_txt: str | Path, lowercase: bool = True) -> Tokenizer:
-        """Load a BERT WordPiece tokenizer from its `vocab.txt` (one token per line).
+        """Load a BERT WordPiece tokenizer (kind `bert`, encodes like HF's `BertTokenizer`) from its `vocab.txt`.
 
         Args:
-            vocab_txt: path of `vocab.txt`.
             lowercase: whether the model is uncased (lower-cases and strips accents).
-
-        Returns:
-            The tokenizer (kind `bert`); encodes like HF's `BertTokenizer`.
 
         Raises:
             CheckpointError: the file is missing or unreadable.
@@ -223,13 +179,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, tokenizer_json: str | Path) -> Tokenizer:
-        """Load any Hugging Face `tokenizer.json`.
-
-        Args:
-            tokenizer_json: path of the file.
-
-        Returns:
-            The tokenizer (kind `file`), with its padding and truncation switched off.
+        """Load any Hugging Face `tokenizer.json` (kind `file`), with its padding and truncation switched off.
 
         Raises:
             CheckpointError: the file is missing or is not a tokenizer.
@@ -238,13 +188,7 @@ class Tokenizer:
 
     @classmethod
     def from_sentencepiece(cls, model_file: str | Path) -> Tokenizer:
-        """Load a SentencePiece model file (`*.model`, `*.spm`) with the `sentencepiece` package.
-
-        Args:
-            model_file: the file `sentencepiece.SentencePieceTrainer` wrote.
-
-        Returns:
-            The tokenizer (kind `sentencepiece`): SentencePiece's own ids and text.
+        """Load a SentencePiece model file (`*.model`, `*.spm`): kind `sentencepiece`, with its own ids and text.
 
         Raises:
             CheckpointError: the file is missing or is not a SentencePiece model.
@@ -267,11 +211,10 @@ class Tokenizer:
         return cls(MarianSentencePiece.from_directory(directory), MARIAN_KIND)
 
     def save(self, directory: str | Path) -> None:
-        """Write the tokenizer's files (`tokenizer.json` for most kinds, see `attn.data.tokenizer_files`)
-        and `attn_tokenizer.json` (the kind and declared roles) into `directory`.
+        """Write the tokenizer's files and `attn_tokenizer.json` (kind, declared roles) into `directory`.
 
         Args:
-            directory: folder, created if needed; usually the checkpoint's folder.
+            directory: created if needed; usually the checkpoint's folder.
         """
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
@@ -282,8 +225,8 @@ class Tokenizer:
         """Load a tokenizer: what `save` wrote, or a Hugging Face or SentencePiece file.
 
         Args:
-            path: a directory written by `save` (or `attn tokenizer train`), or a file or directory
-                of another library (`attn.data.tokenizer_files.read_tokenizer` lists them).
+            path: a directory written by `save` (or `attn tokenizer train`), or a file or directory of another
+                library (`attn.data.tokenizer_files.read_tokenizer` lists them).
 
         Returns:
             The tokenizer; one written by `save` gives the same ids as the one saved, on every text.
@@ -294,11 +237,7 @@ class Tokenizer:
         return cls(*read_tokenizer(Path(path)))
 
     def digest(self) -> str:
-        """SHA-256 of the files `save` writes: two tokenizers with one digest give the same ids.
-
-        Returns:
-            64 hex digits.
-        """
+        """SHA-256 (64 hex digits) of the files `save` writes: two tokenizers with one digest give the same ids."""
         return tokenizer_digest(self._backend, self._kind, self._declared)
 
     # -- use --------------------------------------------------------------------------------
@@ -319,27 +258,15 @@ class Tokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special: bool = False) -> list[int]:
-        """Token ids of one text.
+        """Token ids of one text (`encode_batch` says what it raises).
 
         Args:
-            text: the text.
-            add_special: add the tokenizer's frame (`<s> … </s>` or `[CLS] … [SEP]`, see
-                `attn.data.tokenizer_kinds`).
-
-        Returns:
-            The ids, length L (`encode_batch` says what it raises).
+            add_special: add the tokenizer's frame (`<s> … </s>` or `[CLS] … [SEP]`; see `tokenizer_kinds`).
         """
         return self.encode_batch([text], add_special)[0]
 
     def encode_batch(self, texts: Sequence[str], add_special: bool = False) -> list[list[int]]:
-        """Token ids of many texts, encoded in parallel.
-
-        Args:
-            texts: the texts.
-            add_special: as in `encode`.
-
-        Returns:
-            One id list per text.
+        """Token ids of many texts, encoded in parallel; `add_special` as in `encode`.
 
         Raises:
             TextError: a text is not valid Unicode (`attn.data.text.check_unicode`).
@@ -353,27 +280,11 @@ class Tokenizer:
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        """Text of a sequence of ids.
-
-        Args:
-            ids: token ids.
-            skip_special: leave out special tokens (pad, bos, eos, unk, ...).
-
-        Returns:
-            The text.
-        """
+        """Text of a sequence of ids; `skip_special` leaves out special tokens (pad, bos, eos, unk, ...)."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special)
 
     def decode_batch(self, batch: Sequence[Sequence[int]], skip_special: bool = True) -> list[str]:
-        """Texts of many id sequences.
-
-        Args:
-            batch: one id sequence per text.
-            skip_special: as in `decode`.
-
-        Returns:
-            One text per sequence.
-        """
+        """Texts of many id sequences; `skip_special` as in `decode`."""
         return self._backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special)
 
     def token_to_id(self, token: str) -> int | None:
