@@ -151,9 +151,8 @@ def fast_attention(
     if mask is None:
         return sdpa(q, k, v, attn_mask=bias)
     out = sdpa(q, k, v, attn_mask=with_bias(mask, bias))
-    # What a kernel returns for a fully masked row differs (0 on CPU, NaN on others): make it 0.
-    # Training batches have no row without keys; where the flags are cheap to read, the zeroing (a pass
-    # over the output and one over its gradient) runs only when a row is empty.
+    # What a kernel returns for a fully masked row differs (0 on CPU, NaN on others): make it 0. Where the flags are
+    # cheap to read, the zeroing (a pass over the output and one over its gradient) runs only when a row is empty.
     empty = empty_rows(mask)
     if not cheap_to_read(empty) or bool(empty.any()):
         out = out.masked_fill(empty, 0.0)

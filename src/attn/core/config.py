@@ -1,7 +1,6 @@
 """The model configuration: one frozen, validated dataclass (the named presets are `attn.core.presets`).
 
-Every architectural choice is a field here; `attn.models.build.build_model` reads the config
-once and picks the modules.
+Every architectural choice is a field here; `attn.models.build.build_model` reads the config once and picks modules.
 """
 
 from __future__ import annotations

@@ -38,10 +38,9 @@ class _Slot:
 class KVCache:
     """Keys and values of every past token, for every self-attention layer.
 
-    Also keeps each cached token's position and whether it is real (False for left padding),
-    so positions and masks of later steps can be built from the cache alone. `memory` holds the
-    cross-attention keys/values of an encoder-decoder (one pair per layer) and `memory_mask`
-    the source padding mask (B, 1, 1, S).
+    Also keeps each cached token's position and whether it is real (False for left padding), so positions and masks
+    of later steps can be built from the cache alone. `memory` holds the cross-attention keys/values of an
+    encoder-decoder (one pair per layer) and `memory_mask` the source padding mask (B, 1, 1, S).
     """
 
     def __init__(

@@ -15,8 +15,7 @@ server's engines run inside it (`benchmarks/results/serving/`). It is a scope, n
 because a weight can change without a trace: torch's fused AdamW updates parameters in place without moving their
 version counters. While it lasts the weights must not change, and each packed layer holds its weight twice.
 
-Parameters and state-dict keys are `nn.Linear`'s, so a weight can be tied to an embedding and
-`isinstance(m, nn.Linear)` holds.
+Parameters and state-dict keys are `nn.Linear`'s, so weights tie to embeddings and `isinstance(m, nn.Linear)` holds.
 """
 
 from __future__ import annotations

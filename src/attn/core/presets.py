@@ -1,8 +1,7 @@
 """The named presets: `ModelConfig`s of the paper's models and of the reference checkpoints.
 
-Each preset cites its source (the paper's Table 3, or the Hugging Face `config.json` of the
-reference checkpoint); `preset(name)` returns one, and every preset has a `-tiny` variant
-(`ModelConfig.tiny()`: the same choices at test size).
+Each preset cites its source (the paper's Table 3, or the Hugging Face `config.json` of the reference checkpoint);
+`preset(name)` returns one, and every preset has a `-tiny` variant (`ModelConfig.tiny()`: the same choices, test size).
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from attn.core.config import (
 from attn.core.errors import ConfigError
 
 _PRESETS: dict[str, ModelConfig] = {
-    # Vaswani et al. 2017, Table 3 "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1;
-    # shared source-target BPE vocabulary of about 37000 tokens (section 5.1), all three
-    # embedding matrices tied (section 3.4).
+    # Vaswani et al. 2017, Table 3 "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1; shared source-target BPE
+    # vocabulary of about 37000 tokens (section 5.1), all three embedding matrices tied (section 3.4).
     "paper-base": ModelConfig(),
     # Table 3 "big": d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE).
     "paper-big": ModelConfig(d_model=1024, heads=16, d_ff=4096, dropout=0.3),
@@ -87,9 +85,8 @@ _PRESETS["char-gpt"] = _PRESETS["gpt2"].replace(
     attention_dropout=0.0,
 )
 
-# The Llama family's common choices: a pre-norm decoder with RMSNorm, SwiGLU, rotary positions and no
-# biases or dropout (meta-llama/Llama-3.2-1B config.json); each preset below changes what its
-# checkpoint's config.json changes.
+# The Llama family's common choices: a pre-norm decoder with RMSNorm, SwiGLU, rotary positions and no biases or
+# dropout (meta-llama/Llama-3.2-1B config.json); each preset below changes what its checkpoint's config.json changes.
 _LLAMA = ModelConfig(
     architecture=Architecture.DECODER_ONLY,
     encoder_layers=0,

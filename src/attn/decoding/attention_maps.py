@@ -1,10 +1,7 @@
-"""Attention probabilities of one layer, captured on request (opt-in).
+"""Attention probabilities of one layer, captured on request by the module's `capture()` (`attn.core.attention`).
 
-The fast attention path (PyTorch's fused SDPA) never forms the weights, and `forward` returns
-only what it always returns. `capture_attention` runs the model once inside one attention module's
-`capture()`, where that module computes softmax(Q K^T / sqrt(d_k) + bias) written out from the
-inputs its own forward prepared, and returns what it recorded. `attention_maps` does this for one
-example and one layer; `AttentionTrail` does it for each new token of a decode, one cached step at a time.
+`attention_maps` captures them for one example and one layer; `AttentionTrail` for each new token of a decode, one
+cached step at a time.
 """
 
 from __future__ import annotations
@@ -29,12 +26,8 @@ class AttentionKind(str, enum.Enum):
 
 
 def capture_attention(module: SelfAttention | CrossAttention, run: Callable[[], object]) -> AttentionCapture:
-    """Runs `run()` once and returns the attention weights that `module` computed in it.
-
-    Args:
-        module: one attention module of the model that `run` calls.
-        run: a call of the model, e.g. `lambda: model(tokens)`.
-    """
+    """Runs `run()`, a call of the model such as `lambda: model(tokens)`, once and returns the attention weights that
+    `module` computed in it."""
     with module.capture() as captures:
         run()
     if len(captures) != 1:
@@ -94,7 +87,6 @@ def attention_maps(
     Args:
         model: any of the three models, in eval mode.
         tokens: the input token ids (the source, for an encoder-decoder).
-        layer: the layer, 0-based.
         kind: "encoder", "decoder", "cross" or "self" (see `AttentionKind`).
         target: the decoder input of an encoder-decoder; needed for "decoder" and "cross".
 
@@ -119,10 +111,8 @@ class AttentionTrail:
     """How the newest token of a growing sequence attends over all of it, in one self-attention layer of a
     decoder-only model: the attention with which the model chooses the token that follows, token after token.
 
-    The trail keeps a KV cache of its own for the sequence, so a new token costs one cached decode step with
-    the layer's attention captured, not a forward pass over the whole sequence. Its weights equal the last
-    row of `attention_maps` on the sequence so far (up to float rounding, as cached decoding equals the
-    full forward).
+    The trail keeps a KV cache of its own, so a new token costs one cached decode step, not a forward pass over the
+    whole sequence. Its weights equal the last row of `attention_maps` on the sequence so far (up to float rounding).
 
     Args:
         model: a decoder-only model, in eval mode.

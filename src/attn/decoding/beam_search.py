@@ -1,36 +1,29 @@
 """Beam search over the KV cache, for the encoder-decoder and the decoder-only model.
 
-Every sentence keeps k = `beam_size` alive beams. A step scores all k * V one-token continuations
-by their summed log-probability and takes the 2k best. A continuation that ends (EOS, or the
-sentence's length limit) becomes a finished hypothesis only if it ranks among the k best of the
-step; the k best that do not end are the next alive beams, and the cache follows them with
-`KVCache.follow`, which leaves a row in place while a beam continues it, so beam j's cache row is
-`placed[j]`, not j. Each sentence keeps its k best finished hypotheses by score; when a sentence is
-done it leaves the batch. This is the candidate rule of Hugging Face's beam search, so with the
-same settings (`huggingface_config`) both return the same hypotheses.
+Every sentence keeps k = `beam_size` alive beams. A step scores all k * V one-token continuations by their summed
+log-probability and takes the 2k best. A continuation that ends (EOS, or the sentence's length limit) becomes a
+finished hypothesis only if it ranks among the k best of the step; the k best that do not end are the next alive
+beams, and the cache follows them with `KVCache.follow`, so beam j's cache row is `placed[j]`, not j. Each sentence
+keeps its k best finished hypotheses by score; when a sentence is done it leaves the batch. This is the candidate
+rule of Hugging Face's beam search, so with the same settings (`huggingface_config`) both return the same hypotheses.
 
 Length penalty. The paper (section 6.1) uses alpha = 0.6 with the formula of GNMT (Wu et al. 2016):
     lp(Y) = ((5 + |Y|) / 6) ** alpha,        score(Y) = log P(Y) / lp(Y)       (LengthNorm.GNMT)
 Hugging Face's `length_penalty` divides by a plain power of the length:
     score(Y) = log P(Y) / |Y| ** length_penalty                                  (LengthNorm.HF)
-Both count |Y| the same way, here and in transformers v5 (`_update_finished_beams` divides by
-`cur_len + 1 - decoder_prompt_len`): the generated tokens including the final EOS, excluding the
-decoder start token (encoder-decoder) or the prompt (decoder-only). GNMT's penalty is 1 at
-|Y| = 1 and approaches HF's divided by 6 ** alpha only for |Y| >> 5; the ratio lp(Y') / lp(Y) of
-a longer to a shorter output is smaller under GNMT, so at the same alpha it rewards length less
-than HF's (0.6 under GNMT is not 0.6 under HF). alpha = 0 turns either off. log P(Y) includes
-EOS's log-probability.
+Both count |Y| as transformers does: the generated tokens including the final EOS, excluding the decoder start
+token (encoder-decoder) or the prompt (decoder-only); log P(Y) includes EOS's log-probability. At the same alpha
+GNMT's penalty rewards length less than HF's (the ratio lp(Y') / lp(Y) of a longer to a shorter output is smaller),
+so 0.6 under GNMT is not 0.6 under HF. alpha = 0 turns either off.
 
-Stopping (`GenerationConfig.early_stopping`). A sentence always stops at its length limit; before
-that, once all k finished slots are filled, it stops under
-- BOUND (the default, exact): when no alive beam can beat the worst finished hypothesis. An alive
-  beam of t tokens with log-probability l <= 0 can only finish with L in [t + 1, limit] tokens and
-  a log-probability <= l, so its score is at most l / max(lp(t + 1), lp(limit)) (lp is monotone in
-  L). Once the best alive beam's bound is <= the worst finished score, continuing cannot change
-  the k best, so BOUND returns what running to the limit (NONE) returns, sooner.
-- HEURISTIC, Hugging Face's `early_stopping=False`: compares l / lp(t), the best alive beam's score
-  were it to end now, with the worst finished score; with alpha > 0 it can stop before a longer
-  hypothesis would have won.
+Stopping (`GenerationConfig.early_stopping`). A sentence always stops at its length limit; before that, once all k
+finished slots are filled, it stops under
+- BOUND (the default, exact): when no alive beam can beat the worst finished hypothesis. An alive beam of t tokens
+  with log-probability l <= 0 can only finish with L in [t + 1, limit] tokens and a log-probability <= l, so its
+  score is at most l / max(lp(t + 1), lp(limit)) (lp is monotone in L). Once the best alive beam's bound is <= the
+  worst finished score, continuing cannot change the k best, so BOUND returns what NONE returns, sooner.
+- HEURISTIC, Hugging Face's `early_stopping=False`: compares l / lp(t), the best alive beam's score were it to end
+  now, with the worst finished score; with alpha > 0 it can stop before a longer hypothesis would have won.
 - FIRST, Hugging Face's `early_stopping=True`: as soon as the k slots are filled.
 - NONE: never; every sentence runs to its limit.
 Hugging Face's `early_stopping="never"` is BOUND for alpha > 0 and HEURISTIC otherwise.
@@ -147,7 +140,6 @@ def advance(
     Args:
         state: the state before the step; alive beams hold `step` generated tokens.
         logprobs: (B * k, V) adjusted log-probabilities of each alive beam's next token.
-        step: the number of tokens generated so far.
         offset: the history column of the first generated token.
 
     Returns:
@@ -304,9 +296,8 @@ def beam_search_seq2seq(
     pad_id: int,
     config: GenerationConfig,
 ) -> list[list[Hypothesis]]:
-    """Beam search translations of a batch of sources (right-padded, with their mask).
-
-    Each output has at most source length + 50 tokens unless `config.max_new_tokens` says otherwise.
+    """Beam search translations of a batch of sources (right-padded, with their mask), at most source length + 50
+    tokens each unless `config.max_new_tokens` says otherwise.
 
     Returns:
         For every source, its `config.n_best` best hypotheses, best first.

@@ -1,24 +1,17 @@
-"""The decoding loop of decoder-only models: rows join a running batch between decode steps and leave it as
-soon as they are done. The library's `generate` and `stream`, the command line, chat and the server's
-continuous batching all decode through it.
+"""The decoding loop of decoder-only models: rows join a running batch between decode steps and leave it as soon as
+they are done. The library's `generate` and `stream`, the command line, chat and the server's continuous batching
+all decode through it.
 
-A `RunningBatch` keeps one KV cache for all its active rows. `add` queues a prompt with its own decoding
-settings (greedy or sampled, temperature, top-k, top-p, seed, penalties, stop strings, token limit).
-Each `step`:
+A `RunningBatch` keeps one KV cache for all its active rows; `add` queues a prompt with its own decoding settings.
+Each `step` prefills the queued prompts together (one left-padded `decode_step`) and stacks their cache under the
+running one (`stack_rows`), chooses every row's next token under that row's settings, drops the rows that finished
+or were `remove`d (`KVCache.reorder`, then `KVCache.trim_padding` frees the columns only they used), and feeds the
+others' tokens in one `decode_one_token`.
 
-1. prefills the queued prompts together (one left-padded `decode_step`, as `start_decoder` does) and
-   stacks their cache under the running one (`stack_rows`: tokens end-aligned, shorter rows left-padded);
-2. chooses every row's next token under that row's own settings (`adjust_logits`, `choose_tokens`, a
-   `torch.Generator` per seeded row);
-3. drops the rows that finished (EOS or a stop id, a stop string, their limit) or were `remove`d: `KVCache.reorder`,
-   then `KVCache.trim_padding` frees the columns that only the departed rows used;
-4. feeds the remaining rows' tokens in one `decode_one_token`.
-
-Padding is masked and positions count real tokens only, so each row gets the tokens and scores it gets
-decoded alone (scores equal up to float rounding of the larger matrix products),
-whatever joins or leaves around it. Only the batch's longest row sets the cache length, so a short
-request that joins a long one attends over padding it skips, and no row ever needs more than
-`max_positions` columns.
+Padding is masked and positions count real tokens only, so each row gets the tokens and scores it gets decoded alone
+(scores equal up to float rounding of the larger matrix products), whatever joins or leaves around it. Only the
+batch's longest row sets the cache length, so a short request that joins a long one attends over padding it skips,
+and no row ever needs more than `max_positions` columns.
 """
 
 from __future__ import annotations

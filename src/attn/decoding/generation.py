@@ -1,20 +1,19 @@
 """The library's decoding calls: `generate` and `stream` for a decoder-only model, `generate_seq2seq` for an
 encoder-decoder, and beam search when `config.beam_size > 1`.
 
-A decoder-only model decodes in a `RunningBatch` (`attn.decoding.continuous`), the one loop that the library,
-the command line, chat and the server share: `generate` adds every prompt at once and collects the new tokens,
-`stream` adds one and yields them as they come. An encoder-decoder's sources are encoded once (`start_seq2seq`)
-and decoded by `decode_rows`; beam search (`attn.decoding.beam_search`) starts from the same sessions.
+A decoder-only model decodes in a `RunningBatch` (`attn.decoding.continuous`): `generate` adds every prompt at once
+and collects the new tokens, `stream` adds one and yields them as they come. An encoder-decoder's sources are
+encoded once (`start_seq2seq`) and decoded by `decode_rows`; beam search (`attn.decoding.beam_search`) starts from
+the same sessions.
 
 Conventions:
-- The lists returned hold the new tokens only: no prompt, no start token, no EOS (nor one of
-  `config.stop_ids`, which end a row as EOS does). A stop string ends its row after the token that
-  completes it; that token is kept.
-- A row stops at EOS or a stop id, at a stop string, or after its token limit, and leaves the batch
-  (`KVCache.reorder`), so the others go on with a smaller one.
-- Lengths are checked before anything runs: a prompt and its new tokens but the last, which is never fed back,
-  must fit in the model's `max_positions`; without a limit, a batch of prompts gets all the room its longest
-  one leaves. Translations default to source length + 50 tokens (section 6.1 of the paper).
+- The lists returned hold the new tokens only: no prompt, no start token, no EOS (nor one of `config.stop_ids`,
+  which end a row as EOS does). A stop string ends its row after the token that completes it; that token is kept.
+- A row stops at EOS or a stop id, at a stop string, or after its token limit, and leaves the batch, so the others
+  go on with a smaller one.
+- Lengths are checked before anything runs: a prompt and its new tokens but the last, which is never fed back, must
+  fit in the model's `max_positions`; without a limit, a batch of prompts gets all the room its longest one leaves.
+  Translations default to source length + 50 tokens (section 6.1 of the paper).
 - Call `model.eval()` first: in training mode dropout makes every decode random.
 """
 
@@ -87,7 +86,6 @@ def generate(
     Args:
         model: the language model, in eval mode.
         prompts: B lists of token ids, of any lengths >= 1.
-        config: the decoding settings.
         eos_id: the token that ends a row (None: rows end at their limit or a stop string).
         decode: token ids -> text; needed for `config.stop`.
 
@@ -135,15 +133,12 @@ def generate_seq2seq(
     """Translates a batch of sources (right-padded, with their mask) with an encoder-decoder.
 
     Greedy or sampled per `config`; with `config.beam_size > 1` the best beam-search hypothesis.
-    Each output has at most source length + 50 tokens unless `config.max_new_tokens` says otherwise.
 
     Args:
         model: the encoder-decoder, in eval mode.
         sources: B lists of source token ids.
         start_id: the decoder's first input token (BOS, or Marian's pad).
         eos_id: the token that ends an output (None: outputs end at their limit).
-        pad_id: the source padding id.
-        config: the decoding settings.
 
     Returns:
         B lists of output token ids (no start token, no EOS).

@@ -41,11 +41,10 @@ def _fail(field: str, message: str) -> None:
 class GenerationConfig:
     """How to decode. The defaults are greedy decoding; `GenerationConfig.paper()` is the paper's beam search.
 
-    `max_new_tokens=None` means: source length + 50 for translation, and as many as the model's
-    positions allow for a decoder-only model. `stop_ids` end a row as the EOS id does (a chat model's
-    end-of-turn token, `<|im_end|>` in ChatML) and, like it, are no part of the output. `seed` seeds a `torch.Generator` for sampling (None
-    uses torch's global generator). The beam fields (`beam_size`, `length_penalty`, `length_norm`,
-    `early_stopping`, `n_best`) are read by `attn.decoding.beam_search`.
+    `max_new_tokens=None` means: source length + 50 for translation, and as many as the model's positions allow for
+    a decoder-only model. `stop_ids` end a row as the EOS id does (a chat model's end-of-turn token, `<|im_end|>` in
+    ChatML) and, like it, are no part of the output. `seed` seeds a `torch.Generator` for sampling (None uses torch's
+    global generator). The beam fields (`beam_size` to `n_best`) are read by `attn.decoding.beam_search`.
 
     Example:
         >>> from attn import GenerationConfig

@@ -1,8 +1,5 @@
-"""Sessions: a prefilled KV cache and the first scores, from which every decode (greedy, sampled, beam) starts.
-
-`start_decoder` left-pads the prompts and prefills the cache in one step; `start_seq2seq` encodes the sources
-once and feeds the start token; `decode_one_token` extends a cache by one token per row.
-"""
+"""Sessions: a prefilled KV cache and the first scores, from which every decode (greedy, sampled, beam) starts, and
+the checks of prompts, sources and lengths that come before one."""
 
 from __future__ import annotations
 
@@ -95,10 +92,7 @@ def check_prompts(model: Decoder, prompts: Sequence[Sequence[int]]) -> None:
 
 
 def check_token_ids(rows: Sequence[Sequence[int]], vocab_size: int | None, what: str) -> None:
-    """Raises a GenerationError naming the first id outside [0, vocab_size) (an embedding would fail on it).
-
-    `vocab_size=None` (a model without a token embedding) checks nothing.
-    """
+    """Raises a GenerationError naming the first id outside [0, vocab_size); `vocab_size=None` checks nothing."""
     if vocab_size is None:
         return
     for row in rows:
