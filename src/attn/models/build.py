@@ -77,7 +77,6 @@ def build_model(config: ModelConfig, attention: str = "fast") -> Model:
     """Builds the model a config describes, with freshly initialised weights.
 
     Args:
-        config: the model configuration.
         attention: "fast" (torch's fused SDPA) or "reference" (the plain formula, for tests).
 
     Example:
@@ -264,9 +263,8 @@ def rope_frequencies(config: ModelConfig) -> tuple[Tensor, float]:
 def init_weights(model: nn.Module, config: ModelConfig) -> None:
     """Xavier-uniform matrices and zero biases; embeddings N(0, d_model^-1/2) when scaled by sqrt(d_model).
 
-    With the sqrt(d_model) scale the embedded vectors then have unit variance, like the sinusoids
-    they are added to; unscaled embeddings (BERT, GPT-2) use N(0, 0.02) as those models do. Embeddings
-    are initialised last, so a tied output projection keeps the embedding initialisation.
+    The scaled embeddings then have unit variance, like the sinusoids added to them; unscaled ones (BERT, GPT-2)
+    use N(0, 0.02). Embeddings come last, so a tied output projection keeps their initialisation.
     """
     std = config.d_model**-0.5 if config.scale_embedding else 0.02
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]

@@ -1,10 +1,8 @@
 """The decoder-only model: a causal language model (GPT-style).
 
-Embeddings -> N x Block with a causal mask -> final norm -> vocabulary projection. The blocks
-are the encoder's blocks: only the mask differs. Some layers may attend over a sliding window
-(Mistral, Gemma): each block reads the attention inputs of its own kind, full or windowed, all
-computed once per forward. `forward` scores a whole sequence; `decode_step` extends a `KVCache`
-with new tokens and scores only them.
+Embeddings -> N x Block with a causal mask -> final norm -> vocabulary projection; the blocks are the encoder's,
+only the mask differs. Some layers may attend over a sliding window (Mistral, Gemma): each block reads the
+attention inputs of its kind, full or windowed, all computed once per forward.
 
 Departures from the paper: none in the parts; the paper has no decoder-only model.
 """
@@ -56,8 +54,7 @@ class Decoder(nn.Module):
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         """tokens (B, T) long, mask (B, T) bool (True = real) -> next-token logits (B, T, vocab).
 
-        With a mask, positions count real tokens only, so left-padded rows are scored as if alone.
-        """
+        Positions count real tokens only, so a left-padded row scores as if alone."""
         check_tokens(tokens, mask, self.max_positions)
         positions = token_positions(tokens, mask)
         x = self._blocks(tokens, positions, positions, mask, [NO_CACHE] * len(self.blocks))
@@ -70,11 +67,9 @@ class Decoder(nn.Module):
     def decode_step(
         self, tokens: Tensor, cache: KVCache, mask: Tensor | None = None, last_only: bool = False
     ) -> Tensor:
-        """Appends tokens (B, T) to the cache and returns their logits (B, T, vocab), or with `last_only`
-        those of the last position only (B, 1, vocab): all a prompt's prefill needs to pick the next token.
-
-        The first call may pass a whole (left-padded) prompt; later calls pass one token per row.
-        """
+        """Appends tokens (B, T) to the cache and returns their logits (B, T, vocab), or with `last_only` only the
+        last position's (B, 1, vocab), all a prefill needs. The first call may pass a whole left-padded prompt, later
+        calls one token per row."""
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
         check_tokens(tokens, mask, self.max_positions, offset=cache.length)
         positions = cache.next_positions() + positions_from_mask(mask)  # (B, T)

@@ -1,13 +1,11 @@
 """The encoder stack and the encoder-only model (BERT-style).
 
-`EncoderStack` is the paper's encoder (section 3.1): embeddings, N self-attention blocks,
-an optional final LayerNorm. `Encoder` adds the heads of an encoder-only model: masked-LM
-logits, classification from the first token or the mean of the tokens, and mean-pooled sentence
-embeddings. The stack also takes precomputed input vectors instead of token ids (`features`),
-e.g. image regions.
+`EncoderStack` is the paper's encoder (section 3.1): embeddings, N self-attention blocks, an optional final
+norm. `Encoder` adds the heads of an encoder-only model: masked-LM logits, classification from the first token or
+the mean of the tokens, and mean-pooled sentence embeddings.
 
-Departures from the paper: BERT's segment embeddings and LayerNorm after the embeddings are
-config options, off for the paper's presets.
+Departures from the paper: BERT's segment embeddings and LayerNorm after the embeddings are config options, off
+for the paper's presets.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """The paper's model: an encoder-decoder Transformer (section 3, figure 1).
 
-The encoder maps source tokens to a memory (B, S, d_model); the decoder attends causally to its
-own previous outputs and to the memory, and a linear projection (tied to the embeddings when
-configured, section 3.4) gives next-token logits. `decode_step` decodes with a `KVCache` whose
-cross-attention keys and values were computed once per source by `new_cache`.
+The encoder maps source tokens to a memory (B, S, d_model); the decoder attends causally to its own previous
+outputs and to the memory, and a linear projection (tied to the embeddings when configured, section 3.4) gives
+next-token logits. `new_cache` computes the cross-attention keys and values once per source for `decode_step`.
 
-Departures from the paper: the final LayerNorm of each stack, the output bias and the other
-presets' choices are config options; the paper's presets turn them off.
+Departures from the paper: the final LayerNorm of each stack, the output bias and the other presets' choices are
+config options; the paper's presets turn them off.
 """
 
 from __future__ import annotations
@@ -59,10 +58,9 @@ class EncoderDecoder(nn.Module):
     ) -> Tensor:
         """tgt (B, T) decoder input, memory (B, S, d_model) -> logits (B, T, vocab).
 
-        tgt_mask (B, T) bool marks the real tokens. Right padding (what `attn.data.collate` builds) needs no
-        mask: under the causal mask no real token sees a pad, so the fused causal kernel applies.
-        Padding anywhere else (left padding) is masked out of attention and the positions count
-        real tokens only, so a padded row scores as it would alone.
+        tgt_mask (B, T) bool marks the real tokens. Right padding (what `attn.data.collate` builds) needs no mask:
+        under the causal mask no real token sees a pad, so the fused causal kernel applies. Other (left) padding is
+        masked out of attention and positions count real tokens only, so a padded row scores as it would alone.
         """
         check_tokens(tgt, tgt_mask, self.max_positions)
         positions = token_positions(tgt, tgt_mask)
@@ -111,9 +109,8 @@ class EncoderDecoder(nn.Module):
 def _padded_before_tokens(mask: Tensor | None) -> bool:
     """Whether some row has padding before a real token (the one check that reads the mask on the host).
 
-    A compiled training step skips it: its batches come right-padded from `attn.data.collate`, and a
-    data-dependent branch would split its graph.
-    """
+    A compiled training step skips it: its batches come right-padded, and a data-dependent branch would split its
+    graph."""
     if mask is None or torch.compiler.is_compiling():
         return False
     return bool((mask[:, 1:] & ~mask[:, :-1]).any())
