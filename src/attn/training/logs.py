@@ -46,10 +46,8 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a `metrics.jsonl` file: its JSON objects, in order.
-
-    A line that is not a JSON object (a torn last line, bytes that are not UTF-8) is skipped.
-    """
+    """The JSON objects of a `metrics.jsonl` file, in order; a line that is not one (a torn last line, bytes that
+    are not UTF-8) is skipped."""
     records = []
     for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         with contextlib.suppress(json.JSONDecodeError):
@@ -88,11 +86,8 @@ class LogWindow:
 
 
 def model_flops(n_params: int, n_layers: int, d_model: int, context: int, tokens: int) -> float:
-    """Training FLOPs ≈ 6·N per token for the weights plus 12·L·d·T per token for attention scores.
-
-    Forward and backward over `tokens` tokens of sequences `context` long, for a model of
-    `n_params` parameters and `n_layers` layers of width `d_model`.
-    """
+    """Training FLOPs ≈ 6·N per token for the weights plus 12·L·d·T per token for attention scores, over
+    `tokens` tokens of sequences `context` long."""
     return (6 * n_params + 12 * n_layers * d_model * context) * tokens
 
 
@@ -100,14 +95,8 @@ class FlopCounter:
     """Model FLOPs since the last log line, for the model-FLOPs utilisation (MFU)."""
 
     def __init__(self, n_params: int, n_layers: int, d_model: int, peak_flops: float) -> None:
-        """Count for one model.
-
-        Args:
-            n_params: trainable parameters.
-            n_layers: encoder plus decoder layers.
-            d_model: model width.
-            peak_flops: the peak FLOP/s of all accelerators together (0 = MFU not reported).
-        """
+        """`n_layers` counts encoder plus decoder layers; `peak_flops` is the peak FLOP/s of all accelerators
+        together (0 = MFU not reported)."""
         self.n_params, self.n_layers, self.d_model, self.peak = n_params, n_layers, d_model, peak_flops
         self.flops = 0.0
 
@@ -145,17 +134,13 @@ class RunResult:
     """What a call of `train` did.
 
     Attributes:
-        run_dir: the run directory.
         step: the number of updates made so far (including those before a resume).
         losses: the per-target training loss of each update made by this call (NaN for a skipped one).
         metrics: the last validation metrics ({} without validation data).
-        best_metric: the best value of the tracked validation metric, or None.
-        best_step: the step it was reached at, or None.
+        best_metric, best_step: the best value of the tracked validation metric and its step, or None.
         checkpoint: the last checkpoint written, or None.
-        stopped_early: whether early stopping ended the run.
         tokens_per_s: the input tokens per second of training time of this call's updates (all ranks).
-        precision: the precision the updates ran in ("fp32", "bf16" or "fp16").
-        device: the device type they ran on ("cpu" or "cuda").
+        precision, device: what the updates ran in ("fp32", "bf16" or "fp16") and on ("cpu" or "cuda").
     """
 
     run_dir: Path

@@ -1,13 +1,9 @@
 """The label-smoothed cross-entropy of section 5.4, summed so that callers normalise correctly.
 
-With smoothing ε, the target distribution of a token whose class is y puts 1 - ε on y, nothing
-on the padding class, and spreads ε evenly over the other V - 2 classes (V - 1 when there is no
-padding class). The loss of a token is the cross-entropy -Σ_k q_k log p_k against that
-distribution; targets equal to the padding id are not counted at all.
-
-The functions return *sums* and the number of counted targets, never means: a mean per
-micro-batch would weight short batches more than long ones, so the trainer divides the summed
-loss of all micro-batches (and ranks) of one update by their total count.
+With smoothing ε the target distribution q of a token of class y puts 1 - ε on y, nothing on the padding class,
+and ε evenly over the other V - 2 classes (V - 1 without a padding class); a token's loss is -Σ_k q_k log p_k, and
+targets equal to the padding id are not counted. The functions return *sums* and the count, never means: a mean
+per micro-batch would weight short batches more, so the trainer divides an update's summed loss by its total count.
 """
 
 from __future__ import annotations
@@ -42,14 +38,10 @@ def label_smoothed_cross_entropy(
 
     Args:
         logits: (..., V) unnormalised scores; computed in float32 whatever their dtype.
-        targets: (...) long class ids. Positions equal to `pad_id` are ignored; for masked-LM
-            training set every position that is not predicted to `pad_id`.
+        targets: (...) long class ids; those equal to `pad_id` are ignored (masked-LM training sets every position
+            that is not predicted to `pad_id`).
         smoothing: ε in [0, 1); 0 gives the plain cross-entropy.
-        pad_id: the padding class (a valid index in [0, V)), which is never a target and gets
-            no smoothing mass; None when every target counts.
-
-    Returns:
-        The summed smoothed loss, the summed negative log-likelihood and the target count.
+        pad_id: the padding class in [0, V), never a target and given no smoothing mass; None when every target counts.
     """
     _check_inputs(logits, targets, smoothing, pad_id)
     loss, nll, count = _SmoothedCrossEntropy.apply(logits, targets, smoothing, pad_id)
@@ -59,15 +51,12 @@ def label_smoothed_cross_entropy(
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """The sums of `label_smoothed_cross_entropy`, with the gradient written out.
 
-    The gradient of a counted row's smoothed loss with respect to its logits is p - q (softmax
-    minus the target distribution, which sums to 1), and that of its NLL is p - onehot(y). Autograd
-    would instead build three (N, V) gradients (of the gather, the row sum and the pad column),
-    add them and run the log-softmax backward over the sum; here it is one scaling of the softmax
-    the forward kept and two in-place passes. The forward takes the log-probabilities it needs
-    from the softmax's row maxima (at a row's largest logit m, log p = m - logsumexp and p >= 1/V,
-    so the log is exact to rounding): one exponential per logit in all, where a log-softmax and
-    its backward took two, and at a vocabulary of thousands a CPU spends the loss's time mostly on
-    exponentials (profiles of the recipes' steps: `benchmarks/results/small-models-cpu/`).
+    A counted row's gradient is p - q for the smoothed loss (q sums to 1) and p - onehot(y) for the NLL: one
+    scaling of the softmax the forward kept and two in-place passes, where autograd would build three (N, V)
+    gradients and run the log-softmax backward over their sum. The forward takes log p from the softmax's row maxima
+    (at a row's largest logit m, log p = m - logsumexp and p >= 1/V, so the log is exact to rounding): one
+    exponential per logit in all, where a CPU spends most of a large vocabulary's loss time
+    (`benchmarks/results/small-models-cpu/`).
     """
 
     @staticmethod

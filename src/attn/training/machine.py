@@ -1,20 +1,14 @@
-"""How a run uses this machine: the precision of its updates and the CPU threads of its loop, chosen
-once while the run is set up, before its `Trainer` exists (`choose_machine`).
+"""How a run uses this machine: its precision and CPU threads, chosen once at set-up (`choose_machine`).
 
-Rank 0 chooses the precision (`attn.training.precision`; "auto" probes a matmul) and every rank
-takes its choice, so all of them run alike. A resumed run whose config leaves precision to "auto"
-keeps the precision it started in, so that a probe that decides otherwise in this process (another
-machine, a busier one) cannot change it mid-run; an explicit precision in the config is obeyed.
+Rank 0 chooses the precision (`attn.training.precision`; "auto" probes a matmul) and every rank takes its choice.
+A resumed run whose config leaves precision to "auto" keeps the precision it started in, so that a probe that
+decides otherwise in this process cannot change it mid-run.
 
-Where "auto" chose on the matmul probe's word in a time-budgeted run and bf16 is not emulated,
-forward and backward passes of the run's first batch in fp32 and bf16 decide
-(`attn.training.precision.passes_decide`; every rank runs them, rank 0's timings decide). A run
-without a time budget keeps the matmul probe's choice, as it keeps torch's thread count: timings
-near the bar could choose differently from one run to the next, and such a run gives the same
-numbers every time. Then a time-budgeted run in one CPU process with `train.threads` = 0 times such
-passes at each candidate thread count (`attn.training.threads`), in the precision chosen, resumed
-runs too. After these timed passes the data position, the random generators and the gradients are
-as they were.
+Where "auto" chose on the matmul probe's word in a time-budgeted run and bf16 is not emulated, forward and backward
+passes of the first batch in fp32 and bf16 decide (`passes_decide`; rank 0's timings count). A run without a time
+budget keeps the probe's choice, as it keeps torch's thread count, so that it gives the same numbers every time.
+Then a time-budgeted run in one CPU process with `train.threads` = 0 times such passes at each candidate thread
+count (`attn.training.threads`). The timed passes leave the data position, generators and gradients as they were.
 """
 
 from __future__ import annotations
@@ -80,11 +74,7 @@ class Machine:
 class TrialPasses:
     """Forward and backward passes of the first batch of the run's data, timed before training.
 
-    Attributes:
-        module: the module training calls: the distributed wrapper when there is one.
-        objective: the loss of a micro-batch, in any precision.
-        data: this rank's training batches.
-        ctx: the process context.
+    `module` is the module training calls: the distributed wrapper when there is one.
     """
 
     module: nn.Module
@@ -116,7 +106,6 @@ def choose_machine(
     """The precision and thread count of a run's training loop.
 
     Args:
-        train: the run's `[train]` settings.
         model_config: the model, whose shape the matmul probe takes.
         trial: passes of the first batch of the run's data, timed where a time-budgeted run chooses by them.
         state: a resumed run's trainer state (`Trainer.state_dict`), or None for a new run.

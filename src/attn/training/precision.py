@@ -1,31 +1,22 @@
 """The numeric precision of the matrix work, chosen from what this machine does, not assumed.
 
-bfloat16 autocast halves memory traffic and, on hardware with bf16 matrix units (recent GPUs,
-CPUs with AVX-512 BF16 or AMX), runs several times faster than float32. On a CPU without such
-units PyTorch emulates it, many times *slower* than fp32, and a recipe tuned for a few minutes
-then makes a small fraction of its updates and learns nothing. So `precision = "auto"` decides
-by measurement:
+bfloat16 autocast halves memory traffic and runs several times faster than float32 on hardware with bf16 matrix
+units (recent GPUs, CPUs with AVX-512 BF16 or AMX). On a CPU without them PyTorch emulates it, many times *slower*,
+and a recipe tuned for a few minutes then makes a small fraction of its updates. So `precision = "auto"` measures:
 
 - on a GPU: bf16 when the device supports it (`torch.cuda.is_bf16_supported()`), else fp32;
-- on a CPU: a probe times one matmul of the model's shape (tokens x d_model @ d_model x d_ff,
-  capped) in fp32 and under bf16 autocast, once per process and shape, in tens of
-  milliseconds. Where bf16 is emulated it is far slower and the run trains in fp32. Where the
-  matmul is measurably faster (`BF16_MIN_SPEEDUP`), that is not yet a faster training step:
-  autocast casts every weight at every pass and leaves the softmaxes, norms and the optimizer in
-  fp32, so a small model can step slower in bf16 while its matmul probe finds bf16 faster (the
-  quickstart translator with its attention in bf16 too). And a product of a fraction of a
-  millisecond is timed roughly: on CPUs of one kind the probe's ratio moves a long way between
-  runs (both in `benchmarks/results/precision/`). So before the first update of a time-budgeted
-  run its set-up (`attn.training.machine`) times forward and backward passes of the run's first
-  batch in both precisions (`passes_decide`) wherever the probe did not find bf16 emulated
-  (`PASSES_MIN_SPEEDUP`), and those passes decide, in either direction.
+- on a CPU: a probe times one matmul of the model's shape (`probe_shape`) in fp32 and under bf16 autocast, once
+  per process and shape; where bf16 is emulated the run trains in fp32. A matmul measurably faster in bf16
+  (`BF16_MIN_SPEEDUP`) is not yet a faster training step (autocast casts every weight at every pass and leaves the
+  softmaxes, norms and optimizer in fp32), and so short a product is timed roughly
+  (`benchmarks/results/precision/`). So a time-budgeted run's set-up (`attn.training.machine`) times training
+  passes in both precisions wherever the probe did not find bf16 emulated (`PASSES_MIN_SPEEDUP`), and those
+  passes decide, in either direction (`passes_decide`).
 
-An explicit "bf16" is obeyed, with a warning when the probe finds it slower than fp32; "fp16"
-needs a GPU's gradient scaler, and on a CPU training runs in fp32 and says so.
-
-The environment variable `ATTN_AUTO_PRECISION` (`bf16` or `fp32`) makes "auto" choose that precision
-on a CPU without probing, so that a test suite can run every precision-dependent path the way a CPU
-with (or without) bf16 units would take it, on any CPU. Unset or `probe`, "auto" measures.
+An explicit "bf16" is obeyed, with a warning when the probe finds it slower than fp32; "fp16" needs a GPU's
+gradient scaler, and on a CPU training runs in fp32 and says so. `ATTN_AUTO_PRECISION` (`bf16` or `fp32`) makes
+"auto" choose that precision on a CPU without probing, so that tests take either path on any CPU; unset or
+`probe`, "auto" measures.
 """
 
 from __future__ import annotations
@@ -61,13 +52,11 @@ class PrecisionChoice:
     """The precision a run uses, why, and the probe's figures when there was a probe.
 
     Attributes:
-        requested: what the configuration asked for.
         used: what runs: FP32, BF16 or FP16 (never AUTO).
         reason: a short phrase for people: how the bf16 probe compared with fp32, or why there was no probe.
         fp32_ms, bf16_ms: the probe's best time of one matmul in each precision, or None.
         warning: a line to show the user when their explicit choice is a poor one, or "".
-        fp32_pass_ms, bf16_pass_ms: the median time of a training pass in each precision, or None
-            where no pass was timed.
+        fp32_pass_ms, bf16_pass_ms: the median time of a training pass in each precision, or None where none ran.
     """
 
     requested: Precision
@@ -140,11 +129,9 @@ def probe_shape(d_model: int, d_ff: int, tokens: int = 128) -> tuple[int, int, i
 def time_matmul(device: torch.device, shape: tuple[int, int, int], autocast: torch.dtype | None) -> float:
     """The best time in seconds of one (M, K) @ (K, N) float32 matmul, under autocast to `autocast` if given.
 
-    One untimed call first; then up to `_PROBE_REPS` timed calls (the best of many, because one call
-    takes a fraction of a millisecond where bf16 units do it), stopping early once they have taken
-    `_PROBE_BUDGET_S` (an emulated bf16 matmul is slow enough that one call says enough). On a CPU
-    it runs on one thread: the ratio of the two precisions is a property of a core, and a single
-    thread is not thrown off by other processes competing for the cores.
+    One untimed call, then up to `_PROBE_REPS` timed ones (one call is short where bf16 units do it) until they
+    have taken `_PROBE_BUDGET_S` (one emulated bf16 call says enough). On a CPU it runs on one thread: the ratio of
+    the precisions is a property of a core, and one thread is not thrown off by processes competing for the cores.
     """
     m, k, n = shape
     generator = torch.Generator().manual_seed(0)
@@ -182,16 +169,11 @@ def choose_precision(
     requested: Precision | str, device: torch.device, shape: tuple[int, int, int],
     timer: MatmulTimer | None = None,
 ) -> PrecisionChoice:
-    """The precision to train (or run) in on `device`.
+    """The precision to train (or run) in on `device`: what to use, why, and the probe's figures.
 
     Args:
-        requested: "auto", "fp32", "bf16" or "fp16".
-        device: where the model runs.
         shape: the probe's (M, K, N), see `probe_shape`.
         timer: times one matmul (tests pass a fake one); default `time_matmul`, cached per process.
-
-    Returns:
-        What to use, why, and the probe's figures.
     """
     requested = Precision(requested)
     if requested == Precision.FP32:

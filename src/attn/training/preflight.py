@@ -1,10 +1,8 @@
-"""Checks made before a run trains a tokenizer or builds a model, so nobody waits for a run that
-is bound to fail at its first checkpoint.
+"""Checks made before a run trains a tokenizer or builds a model, so nobody waits for a run bound to fail.
 
-`prepare_run_dir` makes sure the run directory can be created and written, and that its disk has room
-for two checkpoints (the last one stays while the next is written) and the logs. A checkpoint's
-size is estimated from the configured model: float32 weights plus Adam's two float32 moments
-in `trainer_state.pt`, plus a margin for configs, tokenizer and generator states.
+`prepare_run_dir` makes sure the run directory can be created and written, and that its disk has room for two
+checkpoints (the last one stays while the next is written) and the logs. A checkpoint is estimated as the model's
+float32 weights plus Adam's two float32 moments in `trainer_state.pt`, plus a margin.
 """
 
 from __future__ import annotations
@@ -42,14 +40,8 @@ def parameter_count(config: ModelConfig) -> int:
 
 
 def prepare_run_dir(run_dir: str | Path, config: ModelConfig) -> Path:
-    """Creates the run directory and checks that it is writable and that its disk has room for the run.
-
-    Args:
-        run_dir: the run directory (relative paths are relative to the working directory).
-        config: the model to train, for the size of its checkpoints.
-
-    Returns:
-        The run directory.
+    """Creates the run directory and checks that it is writable and that its disk has room for the checkpoints
+    of `config`'s model; returns the directory.
 
     Raises:
         TrainingError: the directory cannot be created or written, or the disk is too full.
@@ -84,11 +76,7 @@ def check_run_dir(run_dir: str | Path) -> Path:
 
 
 def check_disk_space(run_dir: Path, n_params: int) -> None:
-    """Checks that the disk of `run_dir` has room for two checkpoints and the logs.
-
-    Raises:
-        TrainingError: less free space than `required_disk_bytes(n_params)`.
-    """
+    """Raises a TrainingError unless the disk of `run_dir` has `required_disk_bytes(n_params)` free."""
     needed = required_disk_bytes(n_params)
     free = shutil.disk_usage(run_dir).free
     if free < needed:

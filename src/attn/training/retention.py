@@ -1,9 +1,7 @@
 """A run's checkpoints: the step directories, the `latest` and `best` pointers, pruning, and averaging.
 
-`save_checkpoint` writes `run_dir/checkpoints/step-NNNNNNNN` in the checkpoint format of
-`attn.artifacts.checkpoint` (atomically), then replaces the pointers the same way and removes the
-checkpoints the run no longer keeps. `average_checkpoints` is the paper's checkpoint averaging
-(section 6.1).
+`save_checkpoint` writes a step directory in the format of `attn.artifacts.checkpoint`, then the pointers, each
+atomically; `average_checkpoints` is the paper's checkpoint averaging (section 6.1).
 """
 
 from __future__ import annotations
@@ -38,11 +36,7 @@ def save_checkpoint(
 ) -> Path:
     """Writes `run_dir/checkpoints/step-NNNNNNNN`, points `latest` (and `best`) at it, prunes old ones.
 
-    Keeps the newest `keep_last` checkpoints and the best one; removes the others. The write is
-    atomic, as in `write_checkpoint`.
-
-    Returns:
-        The checkpoint directory.
+    Keeps the newest `keep_last` checkpoints and the best one. The write is atomic, as in `write_checkpoint`.
 
     Raises:
         CheckpointError: a weight is NaN or infinite (nothing is written).
@@ -90,13 +84,8 @@ def _prune(folder: Path, keep_last: int) -> None:
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
-    """The element-wise mean of the weights of several checkpoints of one model (section 6.1).
-
-    Args:
-        paths: checkpoint directories with identical model configurations.
-
-    Returns:
-        A state dict for the model (`model.state_dict()` keys), in the checkpoints' dtypes.
+    """The element-wise mean of the weights of several checkpoints of one model (section 6.1), as a state dict in
+    the checkpoints' dtypes.
 
     Raises:
         CheckpointError: no paths, differing model configurations, or an unreadable checkpoint.
@@ -129,13 +118,10 @@ def config_difference(a: ModelConfig, b: ModelConfig) -> str:
 
 
 def write_averaged_checkpoint(paths: Sequence[str | Path], out: str | Path) -> Path:
-    """Averages checkpoints and writes the result as a weights-only checkpoint at `out`.
+    """Averages checkpoints and writes the result as a weights-only checkpoint at `out` (returned).
 
-    The configurations, tokenizer and task metadata come from the last of `paths`; the result
-    has no trainer state, so it is for evaluation and inference, not for resuming.
-
-    Returns:
-        `out`.
+    The configurations, tokenizer and task metadata come from the last of `paths`; without a trainer state the
+    result is for evaluation and inference, not for resuming.
     """
     averaged = average_checkpoints(paths)
     last = load_checkpoint(paths[-1])

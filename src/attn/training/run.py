@@ -1,13 +1,10 @@
-"""A training run from its configuration: check the run directory, build the task, start or resume
-the model (or fine-tune a pretrained one), choose the machine's settings, and fit.
+"""A training run from its configuration: check the run directory, build the task and the model, and fit.
 
-`run_training(run_config, task_builder=...)` is the entry point; `attn.train` calls it with the builder
-of the run's task (the task registry, `attn.app.tasks`). Before it trains a tokenizer or builds a model it checks
-that the run directory can be written and that its disk has room for two checkpoints
-(`attn.training.preflight`); it refuses a run directory that holds checkpoints unless
-`train.resume` is set, and resumes from the latest one when it is. `set_up_trainer` wraps the model
-for its ranks and chooses the precision and CPU threads of the loop (`attn.training.machine`) before
-the `Trainer` exists.
+`run_training` is the entry point; `attn.train` calls it with the builder of the run's task (`attn.app.tasks`).
+Before it trains a tokenizer or builds a model it checks the run directory and its free disk space
+(`attn.training.preflight`); it refuses a run directory that holds checkpoints unless `train.resume` is set, and
+resumes from the latest one when it is. The model starts fresh, from the checkpoint, or from a pretrained one
+(`attn.training.finetune`); `set_up_trainer` chooses the machine's settings (`attn.training.machine`).
 """
 
 from __future__ import annotations
@@ -44,24 +41,18 @@ from attn.training.update import Objective, TaskForward, batch_loss
 def run_training(run_config: RunConfig, model_config: ModelConfig | None = None, *, task_builder: TaskBuilder) -> RunResult:
     """Trains a model as `run_config` says, resuming from the run's latest checkpoint if there is one.
 
-    Works the same in one process and under `torchrun` (see `attn.training.distributed`).
+    Works the same in one process and under `torchrun` (`attn.training.distributed`); every rank gets the
+    `RunResult`, with checkpoint paths on rank 0 only.
 
     Args:
-        run_config: the run configuration.
-        model_config: the model to train, instead of `run_config.model` (vocabulary size and
-            labels are still set from the data).
+        model_config: the model to train instead of `run_config.model` (vocabulary size and labels still come from
+            the data).
         task_builder: builds the task's data, e.g. `attn.app.tasks.get_task(run_config.task).build`.
 
-    Returns:
-        What the run did (on every rank; checkpoint paths only on rank 0).
-
     Raises:
-        ConfigError: invalid settings; CheckpointError: an unusable checkpoint to resume, or a
-        checkpoint that cannot be written; TrainingError: an unwritable run_dir, too little free
-        disk space, or a non-finite loss with `on_nonfinite = "stop"`.
-        TrainingInterrupted: SIGINT or SIGTERM stopped training (a checkpoint was saved).
-
-    Example: `attn.train` (it finds the task's builder).
+        ConfigError: invalid settings; CheckpointError: an unusable checkpoint to resume, or one that cannot be
+        written; TrainingError: an unwritable run_dir, too little free disk, or a non-finite loss with
+        `on_nonfinite = "stop"`; TrainingInterrupted: SIGINT or SIGTERM stopped training (a checkpoint was saved).
     """
     ctx = init_distributed(run_config.train.device)
     try:
@@ -132,16 +123,8 @@ def set_up_trainer(
     config: RunConfig, task: TaskData, model: Model, ctx: DistContext = DistContext(),
     state: Mapping[str, Any] | None = None,
 ) -> Trainer:
-    """The trainer of a run: its model wrapped for the ranks, the machine's precision and CPU threads chosen
-    for it, and a resumed run's state loaded.
-
-    Args:
-        config: the run configuration.
-        task: the task's data, model config and head.
-        model: the model, already on `ctx.device`.
-        ctx: the process context.
-        state: the trainer state of the checkpoint the run resumes from (`Trainer.state_dict`), or None.
-    """
+    """The trainer of a run: its model (already on `ctx.device`) wrapped for the ranks, the machine's precision
+    and CPU threads chosen, and `state` (`Trainer.state_dict` of the checkpoint it resumes from) loaded if given."""
     train = config.train
     wrapped = wrap_model(TaskForward(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
     # `train.compile` compiles the forward pass and the loss as one function (calling DDP's or FSDP2's wrapper).

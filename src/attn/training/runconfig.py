@@ -4,19 +4,12 @@ A `RunConfig` is a frozen dataclass of sections (`attn.training.config_sections`
 
     task = "translation"            # a task of the registry (attn.app.tasks): translation | lm | classification | mlm
     run_dir = "runs/translation"
-    [data]      train, valid, format, source_field, target_field, text_field, label_field, text_pair_field,
-                join, join_key, max_length, mask_probability
-    [tokenizer] kind, vocab_size, path, lowercase
     [model]     preset = "paper-base", then any ModelConfig field as an override
-    [optim]     optimizer, lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, warmup_fraction,
-                min_lr_ratio, clip
-    [batch]     max_tokens, max_sentences, batch_size, block_size, grad_accum, eval_batch_size
-    [train]     max_steps, eval_interval, checkpoint_interval, keep_last, seed, device, precision, ...
+    [data] [tokenizer] [optim] [batch] [train]   the fields of DataConfig, TokenizerConfig, OptimConfig, ...
 
-Command-line overrides are `key=value` (top level) or `section.key=value`; the value is read
-as a TOML value when it parses as one (`3`, `1e-4`, `true`, `"x"`) and as a plain string
-otherwise (`data.train=data/x.tsv`). Unknown keys and wrong types raise a `ConfigError` that
-names the key as `section.key`.
+Command-line overrides are `key=value` (top level) or `section.key=value`; the value is read as a TOML value when
+it parses as one (`3`, `1e-4`, `true`, `"x"`) and as a plain string otherwise (`data.train=data/x.tsv`). Unknown
+keys and wrong types raise a `ConfigError` that names the key as `section.key`.
 """
 
 from __future__ import annotations
@@ -102,12 +95,10 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], defaults: Mapping[str, Mapping[str, Any]] | None = None) -> RunConfig:
-        """Builds a config from nested tables; errors name the key as `section.key`.
+        """Builds a config from nested tables (e.g. a TOML file's); errors name the key as `section.key`.
 
-        Args:
-            data: the tables, e.g. a TOML file's.
-            defaults: tables of values for the fields `data` leaves out (a task's recipe,
-                `attn.app.tasks.TaskSpec.defaults`); a field in neither takes the dataclass's default.
+        `defaults` holds tables of values for the fields `data` leaves out (a task's recipe,
+        `attn.app.tasks.TaskSpec.defaults`); a field in neither takes the dataclass's default.
         """
         if not isinstance(data, Mapping):
             raise ConfigError("RunConfig", f"expected a table of fields, got {type(data).__name__}")
@@ -143,14 +134,10 @@ class RunConfig:
 
 
 def read_run_tables(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Reads a TOML run configuration's tables and applies command-line overrides.
+    """Reads a TOML run configuration's tables and applies command-line overrides, in order.
 
-    `attn.load_run_config` makes a `RunConfig` of them with the task's defaults.
-
-    Args:
-        path: the TOML file; a `configs/...` path that the working directory lacks names the
-            shipped config (`attn.shipped.locate`).
-        overrides: `key=value` or `section.key=value` strings, applied in order.
+    `attn.load_run_config` makes a `RunConfig` of them with the task's defaults. A `configs/...` path that the
+    working directory lacks names the shipped config (`attn.shipped.locate`).
 
     Raises:
         ConfigError: the file is missing or not TOML, or an override is malformed.

@@ -1,23 +1,16 @@
 """Learning-rate schedules as `torch.optim.lr_scheduler.LambdaLR` factors.
 
-Each schedule is a small frozen dataclass called with the number of optimizer updates already
-made, `done` (LambdaLR's `last_epoch`: 0 before the first update), and returns the factor that
-multiplies the optimizer's base learning rate for the *next* update. The formulas count updates
-from 1, so the factor for `done` is the formula at step `done + 1`: the first update uses step 1,
-and step 0 (where the paper's `step^-0.5` is undefined) is never evaluated.
+Each schedule is a frozen dataclass called with `done`, the optimizer updates already made (LambdaLR's
+`last_epoch`), and returns the factor of the base learning rate for the *next* update. The formulas count updates
+from 1, so the factor for `done` is the formula at step `done + 1`, and step 0 (where the paper's `step^-0.5` is
+undefined) is never evaluated. `Noam` is the paper's schedule (section 5.3; a base rate of 1.0 reproduces it);
+`WarmupCosine` is the linear-warmup, cosine-decay schedule of GPT/BERT-style runs, whose base rate is the peak.
 
-`Noam` is the paper's schedule (section 5.3) with a base learning rate of 1.0 reproducing it
-exactly; `WarmupCosine` is the linear-warmup, cosine-decay schedule of GPT/BERT-style runs,
-whose base learning rate is the peak.
-
-A run with a wall-clock budget (`train.max_minutes`) stops at a step nobody knows in advance, so
-the factor also takes `budget_used`, the fraction of that budget already spent. Its warmup ends
-after `warmup` updates or once `warmup_fraction` of the budget is spent, whichever comes first (a
-recipe's step count is the cap: on a machine five times slower than the one it was tuned on, a
-step-only warmup could outlast the budget), and the cosine decays with whichever of steps and time
-runs out first, reaching its floor when the time does. Without a budget `budget_used` stays 0 and
-only steps count. The factor is warmup ramp x decay, both continuous, so the rate never jumps. Noam
-is the paper's formula in steps and ignores the budget.
+A run with a wall-clock budget (`train.max_minutes`) stops at a step nobody knows in advance, so the factor also
+takes `budget_used`, the fraction of that budget spent (0 without one). Warmup ends after `warmup` updates or
+`warmup_fraction` of the budget, whichever comes first (on a machine slower than the one a recipe was tuned on, a
+step-only warmup could outlast the budget), and the cosine decays with whichever of steps and time runs out first.
+The factor is warmup ramp x decay, both continuous, so the rate never jumps. Noam ignores the budget.
 """
 
 from __future__ import annotations
@@ -62,12 +55,8 @@ def warmup_ramp(step: int, warmup: int, budget_used: float = 0.0, warmup_fractio
 
 @dataclasses.dataclass(frozen=True)
 class WarmupCosine:
-    """Linear warmup from 0 to 1 (see `warmup_ramp`), times a cosine decay to `min_ratio` at `total`
-    steps or at the end of the time budget.
-
-    The decay's progress counts the steps after `warmup` (0 before) or the budget used, whichever is
-    further; after `total` steps the factor stays at `min_ratio`.
-    """
+    """Linear warmup (`warmup_ramp`) times a cosine decay to `min_ratio` at `total` steps or at the budget's end;
+    the decay's progress is the steps after `warmup` or the budget used, whichever is further."""
 
     warmup: int
     total: int
@@ -124,14 +113,8 @@ def make_schedule(
 ) -> Callable[[int, float], float]:
     """The schedule called `name` ("noam", "cosine" or "constant") as a LambdaLR factor function.
 
-    Args:
-        name: schedule name.
-        d_model: model width (used by "noam").
-        warmup: warmup updates.
-        total: the run's total updates (used by "cosine").
-        min_ratio: final factor of "cosine".
-        warmup_fraction: under a time budget, the share of it after which warmup ends at the latest
-            ("cosine" and "constant").
+    "noam" uses `d_model`; "cosine" decays to `min_ratio` at `total` updates; under a time budget the warmup of
+    "cosine" and "constant" ends after `warmup_fraction` of it at the latest.
     """
     if name == "noam":
         return Noam(d_model, warmup)

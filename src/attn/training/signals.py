@@ -1,8 +1,7 @@
 """Stopping a run cleanly: SIGINT and SIGTERM end training after the current update, on every rank.
 
-While `recording_stop_signals` is active the signals are only recorded; the trainer asks
-`agreed_stop_signal` after each update, saves a checkpoint of that step, and raises
-`TrainingInterrupted` (`attn train` then exits with 130 or 143).
+While `recording_stop_signals` is active the signals are only recorded; the trainer asks `agreed_stop_signal`
+after each update, saves a checkpoint of that step and raises `TrainingInterrupted` (`attn train` exits 130 or 143).
 """
 
 from __future__ import annotations
@@ -23,13 +22,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped `train` after an update, and a checkpoint of that step was saved.
 
-    A KeyboardInterrupt, so a caller that does not handle it stops as on Ctrl-C; running the
-    same `train` again resumes from the checkpoint.
-
-    Attributes:
-        signal_number: signal.SIGINT or signal.SIGTERM.
-        step: the updates made so far.
-        checkpoint: the checkpoint of `step` (None on ranks other than 0).
+    A KeyboardInterrupt, so a caller that does not handle it stops as on Ctrl-C; running the same `train` again
+    resumes from the checkpoint. `checkpoint` (the checkpoint of `step`) is None on ranks other than 0.
     """
 
     def __init__(self, signal_number: int, step: int, checkpoint: Path | None) -> None:
@@ -47,10 +41,9 @@ class TrainingInterrupted(KeyboardInterrupt):
 def recording_stop_signals() -> Iterator[list[int]]:
     """While active, SIGINT and SIGTERM are appended to the yielded list instead of stopping the process.
 
-    The previous handlers come back on exit. Further signals are recorded too rather than
-    aborting the final checkpoint: under torchrun every rank gets the terminal's Ctrl-C and then
-    the launcher's own copy of it. Only the main thread can catch signals; elsewhere nothing is
-    installed and the list stays empty.
+    The previous handlers come back on exit. Further signals are recorded too rather than aborting the final
+    checkpoint: under torchrun every rank gets the terminal's Ctrl-C and then the launcher's own copy of it. Only
+    the main thread can catch signals; elsewhere nothing is installed and the list stays empty.
     """
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -69,11 +62,8 @@ def recording_stop_signals() -> Iterator[list[int]]:
 def agreed_stop_signal(received: Sequence[int], ctx: DistContext) -> int:
     """The signal all ranks stop for: SIGINT if any rank received one, else SIGTERM if any did, else 0.
 
-    A collective (one all-reduce), so every rank leaves the training loop after the same update.
-
-    Args:
-        received: the stop signals this rank received (see `recording_stop_signals`).
-        ctx: the process context.
+    `received` is this rank's list from `recording_stop_signals`. A collective (one all-reduce), so every rank
+    leaves the training loop after the same update.
     """
     got = torch.tensor([signal.SIGINT in received, signal.SIGTERM in received], device=ctx.device)
     interrupt, terminate = all_reduce_sum(got.float(), ctx).tolist()

@@ -1,11 +1,9 @@
 """Task adapters: how each task turns its files into `Batch`es for one training engine.
 
-A task's adapter (a `TaskBuilder`) trains the tokenizer on the training split (or reuses the one
-of the checkpoint being resumed, or loads `tokenizer.path`), sets the model's vocabulary size (and
-number of labels) from it, and returns a `TaskData`: the batches, the model method that gives the
-logits and the target id not scored. Which adapter, architecture and validation metric a task
-has is declared by its entry in the task registry (`attn.app.tasks`); this module holds the
-adapters of the registered tasks and the machinery they share.
+A task's adapter (a `TaskBuilder`) trains the tokenizer on the training split (or reuses the resumed checkpoint's,
+or loads `tokenizer.path`), sets the model's vocabulary size (and number of labels) from it, and returns a
+`TaskData`. Which adapter, architecture and validation metric a task has is declared by its entry in the task
+registry (`attn.app.tasks`).
 """
 
 from __future__ import annotations
@@ -66,9 +64,7 @@ class TaskData:
         ignore_id: the target id that is not scored (the padding id), or None.
         train: this rank's training batches.
         valid: returns the validation batches (every rank sees all of them), or None.
-        metric: the validation metric for early stopping and the best checkpoint (the registry's
-            `TaskSpec.build` sets the task's).
-        tokenizer: saved in every checkpoint, when there is one.
+        metric: the validation metric for early stopping and the best checkpoint (`TaskSpec.build` sets the task's).
         info: JSON-ready facts inference needs (`task.json`), e.g. the label names.
     """
 
@@ -144,8 +140,8 @@ def _encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequenc
 
 
 def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-    """Next-token prediction over a text stream (the Shakespeare quickstart): the files of data.train,
-    tokenized once into a token cache in RUN_DIR/data and read through a memory map."""
+    """Next-token prediction over the files of data.train, tokenized once into a token cache in RUN_DIR/data and
+    read through a memory map."""
     files = corpus_files(config.data.train, "data.train")
     valid_files = corpus_files(config.data.valid, "data.valid") if config.data.valid else None
     bar = _progress_bars(config, ctx)
@@ -167,8 +163,7 @@ def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> T
 
 
 def _progress_bars(config: RunConfig, ctx: TaskContext) -> Callable[[str], str]:
-    """The description of a progress bar over reading the data: rank 0 of a run that is not quiet
-    shows it; otherwise it is "" (no bar)."""
+    """A progress bar's description, or "" (no bar) except on rank 0 of a run that is not quiet."""
     shown = not config.train.quiet and ctx.rank == 0
     return lambda what: what if shown else ""
 
@@ -303,12 +298,8 @@ def make_tokenizer(config: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
 
 
 def special_ids(tokenizer: Tokenizer, *roles: str, source: str = "") -> tuple[int, ...]:
-    """The ids of special-token roles ("pad", "bos", ...), which the task cannot do without.
-
-    Args:
-        tokenizer: the task's tokenizer.
-        roles: the roles the task needs.
-        source: where the tokenizer came from (`tokenizer.path`), for the message.
+    """The ids of special-token roles ("pad", "bos", ...), which the task cannot do without; `source` (where the
+    tokenizer came from, `tokenizer.path`) is for the message.
 
     Raises:
         ConfigError: the tokenizer has no token for some of the roles; names them all.

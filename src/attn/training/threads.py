@@ -1,22 +1,16 @@
 """The CPU thread count of training: pinned, or chosen by a probe before a time-budgeted run trains.
 
-PyTorch runs every CPU kernel on all physical cores, and its OpenMP threads spin while they wait for
-each other at the end of a kernel. On an idle machine that is the fastest setting. When another
-process holds a core, a thread of ours is descheduled mid-kernel and the others spin until it runs
-again: with one busy process beside it, the quickstart's translation step on a 2-core machine takes
-far longer on 2 threads than on one, though 2 threads are the faster on the idle machine
+PyTorch runs every CPU kernel on all physical cores, and its OpenMP threads spin while they wait for each other at
+the end of a kernel: the fastest setting on an idle machine. When another process holds a core, a thread of ours
+is descheduled mid-kernel and the others spin until it runs again, so fewer threads can be far faster
 (`benchmarks/results/threads/`).
 
-`train.threads` = N pins N threads for the training loop. `train.threads` = 0 ("auto") keeps
-torch's count, except in a run with a time budget (`train.max_minutes`) in one CPU process: before
-its first update the run's set-up (`attn.training.machine`) lets `probe_threads` time `PROBE_PASSES`
-forward and backward passes of one batch at each candidate count (all threads, then halves down to
-one), taking the counts in turn so that a machine whose load changes meanwhile slows them alike, and
-the run trains on the count with the shortest median pass. A run without a time budget keeps torch's
-count, because another count changes the last bits of the sums and so the weights: such a run gives
-the same numbers every time (a time-budgeted run does not anyway: the clock decides its learning
-rate and its last step). `time_in_turn` times the passes; the set-up's timing of training passes in
-both precisions uses it too.
+`train.threads` = N pins N threads for the training loop. 0 ("auto") keeps torch's count, except in a run with a
+time budget (`train.max_minutes`) in one CPU process: before its first update the run's set-up
+(`attn.training.machine`) lets `probe_threads` time passes of one batch at each candidate count, and the run trains
+on the count with the shortest median pass. A run without a time budget keeps torch's count, because another count
+changes the last bits of the sums and so the weights: such a run gives the same numbers every time (a
+time-budgeted run does not anyway: the clock decides its learning rate and its last step).
 """
 
 from __future__ import annotations
@@ -61,10 +55,7 @@ class ThreadChoice:
 
 def time_in_turn(runs: Mapping[K, Callable[[], object]], passes: int = PROBE_PASSES) -> dict[K, float]:
     """The median seconds of each of `runs` over `passes` timed calls, the runs taken in rotation (A B A B ...)
-    so that a machine whose load changes meanwhile slows them alike.
-
-    One untimed call of each run first: the first pass of a run pays for lazy initialisation and fresh memory.
-    """
+    so that a changing load slows them alike, after one untimed call each (lazy initialisation, fresh memory)."""
     for run in runs.values():
         run()
     samples: dict[K, list[float]] = {key: [] for key in runs}

@@ -1,19 +1,14 @@
 """One training engine for every task and architecture.
 
-`Trainer.fit` runs the loop (`attn.training.run.run_training` sets a run up and calls it): updates
-of `grad_accum` micro-batches each (`attn.training.update`), periodic evaluation, checkpoints,
-metrics and early stopping. The set-up hands it the model, its distributed wrapper, and the
-precision and CPU threads chosen for this machine (`attn.training.machine`). The recipe is the
-paper's (section 5): Adam with beta2 = 0.98 and the warmup/inverse-square-root schedule, label
-smoothing 0.1; AdamW with a cosine schedule is there for GPT/BERT-style runs.
+`Trainer.fit` runs the loop that `attn.training.run.run_training` sets up: updates of `grad_accum` micro-batches
+(`attn.training.update`), periodic evaluation, checkpoints, metrics and early stopping. The recipe is the paper's
+(section 5): Adam with beta2 = 0.98, the warmup/inverse-square-root schedule and label smoothing 0.1; AdamW with a
+cosine schedule serves GPT/BERT-style runs.
 
-Resuming is exact: the checkpoint holds the optimizer and gradient-scaler states, the step
-(which alone fixes the learning rate), every rank's random generators, the data position and
-the early-stopping record, so N steps + resume + N steps gives the same losses and weights as
-2N steps.
-
-SIGINT and SIGTERM end training after the current update on every rank, with a checkpoint of that
-step (`attn.training.signals`).
+Resuming is exact: the checkpoint holds the optimizer and gradient-scaler states, the step (which alone fixes the
+learning rate), every rank's random generators, the data position and the early-stopping record, so N steps +
+resume + N steps gives the same losses and weights as 2N steps. SIGINT and SIGTERM end training after the current
+update on every rank, with a checkpoint of that step (`attn.training.signals`).
 """
 
 from __future__ import annotations
@@ -77,9 +72,6 @@ HIGHER_IS_BETTER = {"val_accuracy"}
 METRICS = ("val_loss", "val_ppl", "val_accuracy")
 
 
-# -- the trainer ------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class _Tracker:
     """Early stopping and the best checkpoint: the best value of the metric so far."""
@@ -109,14 +101,10 @@ class Trainer:
         """Builds the optimizers, schedule and logs.
 
         Args:
-            config: the run configuration.
-            task: the task's data, model config and head.
             model: the model, already on `ctx.device`.
-            wrapped: the module training calls: DDP's wrapper of the task's head, or the head (sharded in
-                place by FSDP2) (`attn.training.distributed.wrap_model`).
-            objective: the loss of a micro-batch, in any precision.
+            wrapped: the module training calls: DDP's wrapper of the task's `TaskForward`, or that module (sharded
+                in place by FSDP2) (`attn.training.distributed.wrap_model`).
             machine: the precision and CPU threads chosen for the run (`attn.training.machine`).
-            ctx: the process context.
         """
         self.config, self.task, self.model, self.wrapped, self.machine, self.ctx = (
             config, task, model, wrapped, machine, ctx)
@@ -193,11 +181,9 @@ class Trainer:
     def fit(self) -> RunResult:
         """Trains until `max_steps` or early stopping; evaluates and saves at the end.
 
-        SIGINT or SIGTERM ends training after the current update (on every rank): the trainer
-        saves a checkpoint of that step, without evaluating, and raises TrainingInterrupted.
-
         Raises:
-            TrainingInterrupted: a stop signal arrived.
+            TrainingInterrupted: SIGINT or SIGTERM arrived; every rank stopped after the current update, and a
+                checkpoint of that step was saved without evaluating.
         """
         train = self.config.train
         losses: list[float] = []
@@ -232,11 +218,8 @@ class Trainer:
                          run.flush()["tokens_per_s"], self.machine.precision.used.value, self.ctx.device.type)
 
     def _budget_used(self) -> float:
-        """The fraction of `train.max_minutes` spent so far (0 without a time budget).
-
-        Ranks average their clocks, so all of them follow the same learning rate and stop after
-        the same step.
-        """
+        """The fraction of `train.max_minutes` spent (0 without a time budget), averaged over the ranks so that all
+        of them follow the same learning rate and stop after the same step."""
         limit = self.config.train.max_minutes
         if not limit:
             return 0.0
@@ -245,11 +228,8 @@ class Trainer:
         return spent.item() / self.ctx.world_size
 
     def train_step(self, budget_used: float = 0.0) -> StepStats:
-        """One update of `grad_accum` micro-batches.
-
-        Args:
-            budget_used: the fraction of `train.max_minutes` spent (resumed runs included), which
-                the schedule may decay with.
+        """One update of `grad_accum` micro-batches; the schedule may decay with `budget_used`, the fraction of
+        `train.max_minutes` spent (resumed runs included).
 
         Raises:
             TrainingError: the loss or gradient is not finite and `on_nonfinite` is "stop".

@@ -1,10 +1,9 @@
 """One update's work: the loss of a micro-batch and its gradients, summed over micro-batches and ranks.
 
-An update's loss is the sum of the label-smoothed losses of all its micro-batches (on all ranks)
-divided by their total number of scored targets, so every target weighs the same however the
-update was cut into micro-batches and ranks. `Objective` computes a micro-batch's loss the same way
-for training and evaluation; `accumulate_gradients` runs the backward passes of one update;
-`make_optimizers` builds the optimizers that apply them.
+An update's loss is the sum of the label-smoothed losses of all its micro-batches (on all ranks) divided by their
+total number of scored targets, so every target weighs the same however the update was cut. `Objective` computes
+a micro-batch's loss alike for training and evaluation; `accumulate_gradients` runs the backward passes of one
+update; `make_optimizers` builds the optimizers that apply them.
 """
 
 from __future__ import annotations
@@ -69,14 +68,8 @@ def batch_loss(
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-    """How training and evaluation compute a micro-batch's loss: `loss_fn` over the module they call.
-
-    Attributes:
-        ignore_id: the target id not scored, or None.
-        smoothing: label smoothing ε.
-        autocast: a factory of the forward pass's mixed-precision context.
-        loss_fn: `batch_loss`, or its compiled form.
-    """
+    """How training and evaluation compute a micro-batch's loss: `loss_fn` (`batch_loss` or its compiled form)
+    over the module they call, its forward pass in the context `autocast` makes (mixed precision)."""
 
     ignore_id: int | None
     smoothing: float = 0.0
@@ -102,15 +95,13 @@ def accumulate_gradients(
 ) -> tuple[LossSums, int]:
     """Forward and backward over the micro-batches of one update, leaving the gradients in `.grad`.
 
-    The gradient is that of (Σ smoothed losses of all micro-batches on all ranks) / (their total
-    scored targets): each rank scales its sums by world_size / total because DDP and FSDP
-    average gradients over ranks. Only the last micro-batch's backward pass all-reduces them.
+    The gradient is that of (Σ smoothed losses of all micro-batches on all ranks) / (their total scored targets):
+    each rank scales its sums by world_size / total because DDP and FSDP average gradients over ranks. Only the last
+    micro-batch's backward pass all-reduces them.
 
     Args:
         module: the module training calls: the distributed wrapper when there is one.
-        objective: the loss of a micro-batch.
         batches: this rank's micro-batches of the update.
-        ctx: the process context.
         scale: the gradient scaler's `scale` for float16 training.
 
     Returns:
@@ -149,13 +140,12 @@ def autocast_factory(device: torch.device, precision: Precision) -> Callable[[],
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon (Jordan et al., 2024) for matrices, computed as torch.optim.Muon computes it: Nesterov momentum,
-    the update orthogonalised by five quintic Newton-Schulz steps, scaled to AdamW's size (0.2 x the square
-    root of the larger side: `adjust_lr_fn="match_rms_adamw"`), and decoupled weight decay of lr x decay.
+    """Muon (Jordan et al., 2024) for matrices, computed as torch.optim.Muon computes it: Nesterov momentum, the
+    update orthogonalised by five quintic Newton-Schulz steps, scaled to AdamW's size (0.2 x the square root of the
+    larger side: `adjust_lr_fn="match_rms_adamw"`), and decoupled weight decay of lr x decay.
 
-    The one difference is `ns_dtype`, the dtype of the iteration: torch's always runs it in bfloat16,
-    which a CPU without bf16 units emulates, many times slower than float32 (with bf16 units bfloat16
-    is the faster). The trainer sets it to the precision the run computes in.
+    The one difference is `ns_dtype`, the dtype of the iteration: torch's is always bfloat16, which a CPU without
+    bf16 units emulates, many times slower than float32. The trainer sets it to the precision the run computes in.
     """
 
     COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -196,13 +186,9 @@ def make_optimizers(
 ) -> tuple[torch.optim.Optimizer, ...]:
     """The optimizers over the model's parameters: Adam or AdamW alone, or Muon and AdamW.
 
-    Weight decay applies to matrices only; biases, LayerNorm gains and other vectors are not decayed.
-    Adam and AdamW use torch's fused kernel, on a GPU and on the CPU: one pass over each parameter
-    instead of about ten elementwise kernels per tensor, and the same update to float32 rounding.
-    Other devices keep the loop.
-    "muon" gives the matrices of the Transformer blocks (a parameter named `...blocks.<i>...`) to
-    `Muon` and the rest, embeddings and heads included, to AdamW (`lr_ratio` says which multiple of
-    the scheduled rate each follows).
+    Weight decay applies to matrices only. Adam and AdamW use torch's fused kernel on a GPU and on the CPU (one pass
+    over each parameter, the same update to float32 rounding). "muon" gives the matrices of the Transformer blocks
+    (parameters named `...blocks.<i>...`) to `Muon` and the rest, embeddings and heads included, to AdamW.
     """
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     muon = config.optimizer == Optimizer.MUON
@@ -222,10 +208,8 @@ def make_optimizers(
 
 
 def lr_ratio(optimizer: torch.optim.Optimizer, config: OptimConfig) -> float:
-    """The multiple of the scheduled learning rate that `optimizer` (one of `make_optimizers`') follows.
-
-    Taken from the config, not stored in the parameter groups, so a resumed run follows its current config.
-    """
+    """The multiple of the scheduled learning rate that `optimizer` (one of `make_optimizers`') follows, taken
+    from the config, not the parameter groups, so that a resumed run follows its current config."""
     return config.muon_lr_ratio if isinstance(optimizer, Muon) else 1.0
 
 
