@@ -1,12 +1,8 @@
-"""Attention weights of a model on a text, ready to draw or to send: what `attn attention`, the
-server's `/v1/attention`, its translations' alignments and its completions' token attention show.
+"""Attention weights of a model on a text, ready to draw or to send (`attn attention`, `/v1/attention`).
 
-Maps come with their head layout (`Heads`): with grouped-query attention, query heads come in groups
-that share one key/value head, and a viewer lays them out by group.
-
-An encoder-decoder's maps read the source as `translate` does (`translation.source_ids`), and its
-decoder side is the translation `translate` gives by default (the paper's beam search under the
-model's decoding rules), so a map is drawn for the text and the translation a user sees.
+Maps come with their head layout (`Heads`), so a viewer can group query heads by the key/value head they share.
+An encoder-decoder's maps read the source as `translate` does, and its decoder side is the translation
+`translate` gives by default, so a map is drawn for the text and the translation a user sees.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ class AttentionView:
 
     Attributes:
         weights: (queries, keys) float, one head's weights or the mean over heads.
-        queries: the attending tokens (rows), as text pieces.
-        keys: the attended tokens (columns).
+        queries: the attending tokens (rows), as text pieces; `keys`: the attended ones (columns).
         title: what is shown, e.g. "cross attention, layer -1, mean over heads".
     """
 
@@ -56,10 +51,6 @@ class AttentionView:
 
 def attention_of(bundle: Bundle, text: str, kind: str, layer: int, head: int | None) -> AttentionView:
     """Runs the model on `text` and returns one layer's attention (one head, or the mean over heads).
-
-    For an encoder-decoder, "cross" and "decoder" attention are taken over the translation of
-    `text` that `translate` gives by default: cross-attention then shows the alignment between
-    source and output.
 
     Raises:
         AttnError: no such layer, head or kind of attention in this model.
@@ -78,10 +69,8 @@ class AttentionLayers:
     Attributes:
         weights: (layers, heads, rows, cols) float: the chosen layers; every head, one head, or the mean over
             heads (one map); rows x cols is queries x keys, or less when the maps were pooled.
-        queries: the attending tokens, as text pieces.
-        keys: the attended tokens.
-        target: an encoder-decoder's translation of the text (as `translate` gives it), whose tokens
-            (after the start token) are the queries of "decoder" and "cross" attention; None otherwise.
+        target: an encoder-decoder's translation of the text, whose tokens (after the start token) are the
+            queries of "decoder" and "cross" attention; None otherwise.
         layers: the layers of this kind the model has (all of them, whichever were chosen).
         layout: the heads per layer the model has, and the key/value head each query head shares.
     """
@@ -102,14 +91,11 @@ def attention_layers(bundle: Bundle, text: str, kind: str, layer: int | None = N
                      pool: int | None = None, max_weights: int | None = None) -> AttentionLayers:
     """Attention of every layer (or one) and every head (or one, or their mean) of `kind` on `text`.
 
-    "self" is the only self-attention of an encoder-only or decoder-only model. For an
-    encoder-decoder, "decoder" and "cross" attention are taken over its translation (as
-    `attention_of`).
+    "self" is the only self-attention of an encoder-only or decoder-only model.
 
     Args:
-        pool: at most this many rows and columns per map: cell (i, j) holds the largest weight of
-            query block i and key block j (adaptive max pooling: block i of n over T tokens spans
-            floor(i T / n) to ceil((i + 1) T / n) - 1). None: every query and key.
+        pool: at most this many rows and columns per map: cell (i, j) holds the largest weight of query block i
+            and key block j (adaptive max pooling). None: every query and key.
         max_weights: the most weights the maps may hold, checked before any is computed.
 
     Raises:
@@ -160,15 +146,11 @@ def alignment(bundle: Bundle, source: Sequence[int], output: Sequence[int]) -> T
 
 
 class AttentionFollower:
-    """The attention with which a decoder-only model chose each token of a continuation, one token at a time:
-    how the position that chose it attends over the prompt and the tokens before it, in one layer (one head,
-    or the mean over heads). The rows come from an `AttentionTrail`: one cached step per token.
+    """The attention with which a decoder-only model chose each token of a continuation, one token at a time,
+    in one layer (one head, or None for the mean over heads); one cached `AttentionTrail` step per token.
 
     Args:
-        bundle: the decoder-only model and its tokenizer.
-        prompt: the continuation's prompt ids.
-        layer: the layer, 0-based (negative counts from the last).
-        head: one head, or None for the mean over heads.
+        layer: 0-based (negative counts from the last).
         room: the most tokens the continuation may have.
     """
 
@@ -190,9 +172,8 @@ class AttentionFollower:
 
 
 def attention_source(bundle: Bundle, text: str) -> list[int]:
-    """The ids of `text` that a map's encoder (or a one-stack model) reads as the model's own calls read
-    them: an encoder-decoder's source as `translate` reads it, an encoder's input as `classify` and
-    `embed` frame it (`[CLS] … [SEP]`), a decoder-only model's prompt without a frame."""
+    """The ids of `text` as the model's own calls read them: `translate`'s source, `classify`'s framed input
+    (`[CLS] … [SEP]`), or a decoder-only model's unframed prompt."""
     if isinstance(bundle.model, EncoderDecoder):
         return source_ids(bundle, [text])[0]
     if isinstance(bundle.model, Encoder):
@@ -210,8 +191,7 @@ class _AttentionTokens:
 
 
 def _attention_tokens(bundle: Bundle, text: str, kind: str) -> _AttentionTokens:
-    """The ids a map of `kind` is computed on (an encoder-decoder's decoder side is its translation,
-    after the start token) and the pieces of its queries and keys."""
+    """The ids a map of `kind` is computed on and the pieces of its queries and keys."""
     source = attention_source(bundle, text)
     target = output = None
     if isinstance(bundle.model, EncoderDecoder) and kind != "encoder":

@@ -1,10 +1,7 @@
-"""Chatting with a decoder-only model that has a chat template: what `attn chat`, `attn generate --chat` and the
-server's chat completions call.
+"""Chatting with a decoder-only model that has a chat template: what `attn chat` and the server's chat call.
 
-A conversation becomes a prompt through the model's template (`Bundle.render_chat`, which ends it with the start
-of the assistant's answer); the answer is that prompt's continuation (`attn.inference.continuation`), decoded under
-the model's rules for a chat (`Bundle.generation_config(chat=True)`), which end it at the model's end of turn as
-well as at its EOS. `ChatSession` keeps the history of one conversation.
+A conversation becomes a prompt through the model's template (`Bundle.render_chat`); the answer is that prompt's
+continuation, which ends at the model's end of turn as well as at its EOS.
 """
 
 from __future__ import annotations
@@ -34,8 +31,6 @@ class ChatSession:
     """One conversation with a chat model: a system message (optional), then the user's messages and the answers.
 
     Args:
-        bundle: a decoder-only model with a chat template.
-        config: the decoding settings of every answer.
         system: the system message that starts the conversation (None: the template's default, if it has one).
 
     Raises:
@@ -72,10 +67,9 @@ class ChatSession:
     def reply(self, text: str) -> Iterator[str]:
         """The answer to the user's `text`, in pieces as its tokens arrive (see `generate_stream`).
 
-        The prompt is checked before this returns, so its errors (a conversation too long for the model, a
-        template that refuses it) come before any text and leave the history as it was. Once the answer ends,
-        or its iterator is closed part way (Ctrl-C), the user's message and the answer shown so far join the
-        history.
+        The prompt is checked before this returns, so its errors come before any text and leave the history as
+        it was. Once the answer ends, or its iterator is closed part way (Ctrl-C), the user's message and the
+        answer shown so far join the history.
 
         Raises:
             ChatTemplateError: the template fails on the conversation.

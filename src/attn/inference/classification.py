@@ -29,8 +29,7 @@ def classify(
 ) -> list[Prediction]:
     """The most probable label of each text (or text pair), with the class probabilities.
 
-    A sentence-pair classifier (trained with a `text_pair_field`) takes `pairs`, the second text of
-    each pair; it reads `[CLS] text [SEP] pair [SEP]` with segment ids 0 and 1 as in training.
+    A sentence-pair classifier (trained with a `text_pair_field`) takes `pairs`, the second text of each pair.
 
     Example (an untrained classifier: the probabilities are near uniform):
         >>> import torch

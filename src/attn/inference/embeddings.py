@@ -13,10 +13,8 @@ from attn.data.tokenizers import Tokenizer
 from attn.core.errors import ConfigError
 from attn.models import Encoder
 
-# Padded tokens per forward pass of an encoder on a CPU: all-MiniLM-L6-v2 embedded fortune quotes fastest
-# in passes of a few hundred padded tokens, on 1 thread and on 2, and slower both one quote at a time and in
-# passes of thousands of tokens. On a CPU a large padded pass costs more per token than it saves; a GPU
-# wants large passes.
+# Padded tokens per forward pass of an encoder on a CPU: all-MiniLM-L6-v2 embedded short texts fastest in passes
+# of a few hundred padded tokens; on a CPU a large padded pass costs more per token than it saves.
 CPU_BATCH_TOKENS = 512
 
 
@@ -32,18 +30,14 @@ def embed_texts(
 ) -> Tensor:
     """Mean-pooled, L2-normalised sentence embeddings, as sentence-transformers computes them.
 
-    Each text is encoded with the tokenizer's frame ([CLS] ... [SEP]); a text longer than
-    `max_length` tokens keeps its first `max_length - 1` tokens and its closing token, as Hugging
-    Face truncation does. Texts are batched by length to waste little on padding (`encoder_batches`);
-    padding is masked, so the result does not depend on the batching.
+    Each text is encoded with the tokenizer's frame ([CLS] ... [SEP]); a text longer than `max_length` tokens
+    keeps its first `max_length - 1` tokens and its closing token, as Hugging Face truncation does. Padding is
+    masked, so the result does not depend on the batching.
 
     Args:
-        model: an encoder-only model (e.g. from `load_pretrained` on all-MiniLM-L6-v2).
-        tokenizer: its tokenizer.
-        texts: N texts.
         batch_size: the most texts per forward pass.
-        max_length: longest token sequence; the model's max_positions by default
-            (all-MiniLM-L6-v2 was trained with 256, its `sentence_bert_config.json`).
+        max_length: longest token sequence; the model's max_positions by default (all-MiniLM-L6-v2 was trained
+            with 256, its `sentence_bert_config.json`).
 
     Returns:
         (N, d_model) float tensor on the model's device, rows of unit length, in text order.

@@ -1,15 +1,7 @@
-"""The metric each task reports, on a data file: what `attn evaluate` (through each task's
-`evaluator`, `attn.app.tasks`) and the quickstart run.
+"""The metric each task reports on a data file: what `attn evaluate` and the quickstart run.
 
-- translation: sacreBLEU and chrF of the decoded test set (beam 4, alpha 0.6 by default), with
-  sacrebleu's signature strings;
-- language model: nats per token and per character, perplexity and bits per character over the
-  whole file in non-overlapping windows (or a sliding one);
-- classification: accuracy, macro-F1 and the confusion matrix.
-
-A test file is read with the fields the model was trained on (`Bundle.fields`, from its task.json
-or run config): a model trained Spanish -> English is scored on the `es` -> `en` direction, a
-sentence-pair classifier on the pairs.
+A test file is read with the fields the model was trained on (`Bundle.fields`): a model trained Spanish ->
+English is scored on the `es` -> `en` direction, a sentence-pair classifier on the pairs.
 """
 
 from __future__ import annotations
@@ -41,8 +33,7 @@ from attn.core.errors import AttnError, ConfigError
 def evaluate_translation(
     bundle: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None
 ) -> dict[str, Any]:
-    """BLEU and chrF of the model's translations of a file's source field against its target field,
-    read with the fields the model was trained on (`bundle.fields`)."""
+    """BLEU and chrF of the model's translations of a file's source field against its target field."""
     _check_positive("limit", limit)
     corpus = load_parallel(path, bundle.fields)
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
@@ -89,8 +80,7 @@ def _check_positive(name: str, value: int | None) -> None:
 
 
 def evaluate_classifier(bundle: Bundle, path: str | Path) -> dict[str, Any]:
-    """Accuracy, macro-F1 and the confusion matrix on a labelled file (or labelled pairs), read with
-    the fields the model was trained on (`bundle.fields`)."""
+    """Accuracy, macro-F1 and the confusion matrix on a labelled file (or labelled pairs)."""
     if not bundle.label_names:
         raise AttnError(f"{bundle.path} is not a trained classifier (no label names)")
     corpus = load_labelled(path, bundle.fields, bundle.label_names)

@@ -49,7 +49,6 @@ def bleu(
     """Corpus BLEU (Papineni et al. 2002) of detokenized text, with sacrebleu's defaults (13a tokenizer).
 
     Args:
-        hypotheses: one system output per line.
         references: one reference per hypothesis, or several such reference streams.
         options: passed to `sacrebleu.metrics.BLEU` (e.g. tokenize="intl", lowercase=True).
     """
@@ -123,11 +122,9 @@ def stream_nll(
     after the first C is predicted once, with at least C - S tokens of context; C / S times the work.
 
     Args:
-        model: the language model, in eval mode.
+        model: in eval mode.
         tokens: the whole stream, N >= 2 token ids.
         context: the window length C, at most the model's max_positions.
-        batch_size: windows per forward pass.
-        stride: the sliding window's step S; None for non-overlapping windows.
 
     Returns:
         The NLL summed over the N - 1 predicted tokens, and N - 1.
@@ -186,8 +183,7 @@ def accuracy(predictions: Sequence[int], targets: Sequence[int]) -> float:
 def confusion_matrix(predictions: Sequence[int], targets: Sequence[int], num_labels: int | None = None) -> np.ndarray:
     """(L, L) counts: entry [i, j] is how many examples of true label i were predicted as j.
 
-    L is `num_labels`, or one more than the largest label seen.
-    """
+    L is `num_labels`, or one more than the largest label seen."""
     pred, gold = _labels(predictions, targets)
     size = int(max(pred.max(), gold.max())) + 1 if num_labels is None else num_labels
     if max(pred.max(), gold.max()) >= size:

@@ -1,8 +1,7 @@
 """Translating text with an encoder-decoder: what `attn translate` and the server's `/v1/translate` call.
 
-Every translation reads its sources through `Bundle.encode_sources` and decodes under
-`Bundle.generation_config`, so the model's decoding rules (an imported Marian model's `</s>` on
-the source, its pad ban and forced EOS) apply to all of them, attention maps included.
+Every translation reads its sources through `Bundle.encode_sources` and decodes under `Bundle.generation_config`,
+so the model's decoding rules apply to all of them, attention maps included.
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ from attn.decoding.beam_search import Hypothesis, beam_search_seq2seq
 from attn.models import EncoderDecoder
 
 Result = TypeVar("Result")
-# Source tokens (padding included) a batch holds at most: beam search of a marian-base model over
-# 30-token sources ran fastest with about 64 sentences a batch (slower with fewer and with more), and
-# the cost of a step grows with rows times length.
+# Source tokens (padding included) a batch holds at most: beam search of a marian-base model over 30-token
+# sources ran fastest with about 64 sentences a batch, and a step's cost grows with rows times length.
 BATCH_TOKENS = 2048
 
 
@@ -30,10 +28,8 @@ def translate(bundle: Bundle, texts: Sequence[str], config: GenerationConfig | N
               batch_tokens: int = BATCH_TOKENS) -> list[str]:
     """Translates each text with the encoder-decoder (the paper's beam 4, alpha 0.6 by default).
 
-    Texts are sorted by source length and decoded in batches of at most `batch_tokens` source
-    tokens, padding included (a single longer source gets a batch of its own); the translations
-    come back in the input order. The model's `bundle.rules` apply on top
-    of `config`, so an imported Marian model translates as `transformers`' `generate` does.
+    Texts are decoded in batches of similar length of at most `batch_tokens` source tokens, padding included (a
+    longer source gets a batch of its own); the translations come back in the input order.
 
     Example (an untrained model, so the words are random; a trained one is loaded with `load_model`):
         >>> import torch
@@ -70,8 +66,7 @@ def translate_hypotheses(bundle: Bundle, texts: Sequence[str], config: Generatio
                          batch_tokens: int = BATCH_TOKENS) -> list[list[Hypothesis]]:
     """The `config.n_best` best beam-search translations of each text (any beam size, 1 too), best first.
 
-    Batched as `translate`, under `bundle.rules`; the tokens of each hypothesis hold no start token and no EOS.
-    """
+    The tokens of each hypothesis hold no start token and no EOS."""
     config = bundle.generation_config(config)
     return _in_length_order(source_ids(bundle, texts), batch_tokens, lambda chunk: beam_search_seq2seq(
         bundle.model, chunk, bundle.start_id, bundle.eos_id, bundle.pad_id, config))
