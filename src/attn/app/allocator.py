@@ -1,24 +1,17 @@
 """Freed CPU memory kept for the next step: a training step's tensors reuse pages the process already has.
 
-glibc's malloc (the C library of most Linux systems) serves a block of 128 KiB or more with a
-`mmap` of its own and gives it back to the system on `free` (the threshold rises as large blocks
-are freed, to 32 MiB at most), and it gives the top of its heap back once more than a threshold
-of it is free. A training step allocates and frees the same large activations, gradients and
-logits every time, so under those defaults every step maps them afresh, and the kernel faults in
-and zeroes every page again: thousands of page faults a step in the quickstart's recipes, and
-keeping the memory makes their steps shorter (the faults and the steps, each way:
-`benchmarks/results/cores/`).
+glibc's malloc serves a large block with a `mmap` of its own and gives it back to the system on `free`, and it
+gives the top of its heap back once enough of it is free. A training step allocates and frees the same large
+activations, gradients and logits every time, so under those defaults every step maps them afresh and the
+kernel faults in and zeroes every page again (the faults and the steps, each way: `benchmarks/results/cores/`).
 
-`keep_freed_memory` raises both thresholds to `KEEP_BYTES`, so every tensor below that size comes
-from the heap and freed memory stays with the process for the next step: after the first steps a
-step faults in no page at all. The process keeps the memory of its largest step instead of giving
-it back between steps (its peak is the same). Where the C library is not glibc it does nothing.
+`keep_freed_memory` raises both thresholds to `KEEP_BYTES`, so freed memory stays with the process for the next
+step: after the first steps a step faults in no page at all, and the process keeps the memory of its largest
+step (its peak is the same). Where the C library is not glibc it does nothing.
 
-The setting is the whole process's, so it is the application's choice: `attn train`, `attn
-quickstart` and `attn serve` make it once at start-up (`attn.app.cli`; `ATTN_KEEP_MEMORY=0` leaves
-glibc's defaults), and the library (`attn.train`, `Trainer.fit`) never does. A program that trains
-with the library gets the same from the environment, set before Python starts (`TUNABLES`):
-`GLIBC_TUNABLES=glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=1073741824`.
+The setting is the whole process's, so it is the application's choice: `attn train`, `attn quickstart` and
+`attn serve` make it once at start-up (`ATTN_KEEP_MEMORY=0` leaves glibc's defaults), and the library never
+does. A program that trains with the library can set `GLIBC_TUNABLES` to `TUNABLES` before Python starts.
 """
 
 from __future__ import annotations

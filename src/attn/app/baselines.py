@@ -1,11 +1,9 @@
 """Trivial baselines that cost nothing to compute, which a trained model must clearly beat.
 
-- classification: multinomial naive Bayes over lower-cased word counts (`[A-Za-z']+` words,
-  additive smoothing alpha = 0.1), the reference point given for the fortunes corpus in
-  `data/README.md`;
-- language modelling: a unigram model of the training tokens (add-one smoothing over the
-  vocabulary), scored on the evaluated tokens;
-- translation: copying the source (its BLEU is that of `attn.inference.metrics.bleu(sources, references)`).
+- classification: multinomial naive Bayes over lower-cased word counts, the reference point given for the
+  fortunes corpus in `data/README.md`;
+- language modelling: a unigram model of the training tokens, scored on the evaluated tokens;
+- translation: copying the source.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ class NaiveBayes:
 def unigram_nll(train_ids: Sequence[int] | np.ndarray, eval_ids: Sequence[int] | np.ndarray, vocab_size: int) -> float:
     """The NLL in nats summed over `eval_ids` of a unigram model of `train_ids`.
 
-    P(w) = (count(w) + 1) / (N + V): add-one smoothing over the `vocab_size` ids, so an id never
-    seen in training still has a finite cost. The ids may be memory maps of a token cache larger
-    than memory: they are counted a slice at a time.
+    P(w) = (count(w) + 1) / (N + V), so an id never seen in training still has a finite cost. The ids may be
+    memory maps of a token cache larger than memory: they are counted a slice at a time.
     """
     counts = _counts(train_ids, vocab_size).astype(np.float64)
     log_p = np.log(counts + 1.0) - math.log(counts.sum() + vocab_size)

@@ -1,11 +1,8 @@
 """The `attn` command line: the parser put together from the commands of `attn.app.commands`, and `main`.
 
-Every command parses its arguments and calls a function of the library (`attn.inference`,
-`attn.app.tasks`, `attn.app.runs`, `attn.artifacts.pretrained`, `attn.app.quickstart`). A user's
-mistake (an `AttnError`) is printed on one line; configuration and usage errors exit with status 2,
-other errors with 1; no traceback. An unexpected error (a fault of attn) is one line too, exit 1,
-unless ATTN_DEBUG=1 asks for its traceback. The commands that train or serve keep freed CPU memory
-for the next step (`KEEPS_MEMORY`, `attn.app.allocator`) unless ATTN_KEEP_MEMORY=0.
+A user's mistake (an `AttnError`) is printed on one line; configuration and usage errors exit with status 2,
+other errors with 1; no traceback. An unexpected error is one line too, exit 1, unless ATTN_DEBUG=1 asks for its
+traceback. The commands that train or serve keep freed CPU memory (`KEEPS_MEMORY`) unless ATTN_KEEP_MEMORY=0.
 """
 
 from __future__ import annotations

@@ -9,12 +9,10 @@ A run that made too few updates, trained in an emulated precision or diverged st
 | lm | a unigram model of the training text | nats per character or token | at least 10 % fewer nats |
 | classification | naive Bayes on word counts | accuracy (%) | at least 2 points above |
 
-The score asked for never exceeds the metric's best (100 BLEU, 100 % accuracy): where the baseline
-already scores it, this data cannot tell the model from the baseline, and a model that scores it
-too passes, with the line saying so. The quickstart checks each model on its test split and fails
-when one is not clearly better; `attn train` checks the validation split at the end of a run and
-warns (each task's `baseline` in `attn.app.tasks` measures it; `attn.app.runs.check_run` runs it).
-A warning names only the causes that the run's own record shows (`likely_causes`).
+The score asked for never exceeds the metric's best (100 BLEU, 100 % accuracy): where the baseline already
+scores it, a model that scores it too passes, with the line saying so. The quickstart fails when a model is not
+clearly better on its test split; `attn train` warns when it is not on the validation split. A warning names
+only the causes that the run's own record shows (`likely_causes`).
 """
 
 from __future__ import annotations
@@ -45,15 +43,10 @@ class BaselineCheck:
     """A model's score, its baseline's, and the score that counts as clearly better.
 
     Attributes:
-        task: "translation", "lm" or "classification".
         split: the data it was measured on ("test", "valid").
         metric: the metric's name as shown ("BLEU", "nats/char", "accuracy (%)").
-        value: the model's score.
-        baseline: the baseline's score on the same data.
         baseline_name: what the baseline is ("copying the source").
         required: the score the model must reach (at least, or at most for a loss), never beyond `best`.
-        higher_is_better: whether the metric rises with quality.
-        decimals: the decimals shown.
         best: the metric's best possible score, or None where it has none within reach (a loss).
     """
 
@@ -70,8 +63,7 @@ class BaselineCheck:
 
     @property
     def passed(self) -> bool:
-        """Whether the model is clearly better than the baseline, or scores the best as the baseline
-        does (a NaN score never passes)."""
+        """Whether the model is clearly better than the baseline, or scores the best as the baseline does."""
         if not math.isfinite(self.value):
             return False
         return self.value >= self.required if self.higher_is_better else self.value <= self.required
@@ -159,10 +151,7 @@ def likely_causes(updates: int, warmup_steps: int, precision: Mapping[str, Any],
     """What probably kept a run from beating its baseline, as far as the run's own record shows it.
 
     Args:
-        updates: the updates the run made.
-        warmup_steps: its schedule's warmup.
-        precision: the run's precision record in `metrics.jsonl` (`PrecisionChoice.record()`: the
-            precision used, the one requested and the probe's figures), or {} without one.
+        precision: the run's precision record in `metrics.jsonl` (`PrecisionChoice.record()`), or {} without one.
         losses: its training losses, one per update (NaN for a skipped one).
     """
     causes = []

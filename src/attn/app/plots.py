@@ -20,7 +20,6 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     """Draws the training-loss, validation-metric and learning-rate curves of a run to PNG files.
 
     Args:
-        run_dir: the run directory, holding `metrics.jsonl`.
         out_dir: where the PNGs go (default `run_dir/plots`).
 
     Returns:

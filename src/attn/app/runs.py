@@ -1,10 +1,8 @@
-"""Training runs of the registered tasks: a run config with its task's defaults, trained with its
-task's data adapter, and checked against its task's baseline.
+"""Training runs of the registered tasks: a run config with its task's defaults, trained with its task's data
+adapter, and checked against its task's baseline.
 
-The training layer knows no task by name; these functions find the task in the registry
-(`attn.app.tasks`) and hand its parts down. `attn train TASK --train FILES ...` starts from the
-task's shipped small recipe (`recipe_tables`, `configure`) and writes the config it trained as
-RUN_DIR/run.toml (`write_run_config`).
+The training layer knows no task by name; these functions find the task in the registry (`attn.app.tasks`) and
+hand its parts down.
 """
 
 from __future__ import annotations
@@ -25,11 +23,10 @@ from attn.training.runconfig import RunConfig, apply_overrides
 
 
 def run_config(tables: Mapping[str, Any]) -> RunConfig:
-    """A run config from nested tables; a field they leave out takes its task's default
-    (`TaskSpec.defaults`), else the dataclass's.
+    """A run config from nested tables; a field they leave out takes its task's default, else the dataclass's.
 
     Raises:
-        ConfigError: an unknown task (the message lists the valid ones), or an invalid key or value.
+        ConfigError: an unknown task, or an invalid key or value.
     """
     spec = get_task(tables.get("task", RunConfig.task), trainable=True)
     return RunConfig.from_dict(tables, spec.defaults)
@@ -39,8 +36,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
     """Reads a TOML run configuration, applies command-line overrides and fills in the task's defaults.
 
     Args:
-        path: the TOML file; a `configs/...` path that the working directory lacks names the
-            shipped config (`attn.shipped.locate`).
+        path: a `configs/...` path that the working directory lacks names the shipped config.
         overrides: `key=value` or `section.key=value` strings, applied in order.
 
     Raises:
@@ -56,13 +52,11 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
 
 
 def train(run_config: RunConfig, model_config: ModelConfig | None = None) -> RunResult:
-    """Trains the run's task as `run_config` says (`attn.training.run_training` with the task's data adapter),
-    resuming from the run's latest checkpoint if there is one.
+    """Trains the run's task as `run_config` says, resuming from the run's latest checkpoint if there is one.
 
     Args:
-        run_config: the run configuration.
-        model_config: the model to train, instead of `run_config.model` (vocabulary size and
-            labels are still set from the data).
+        model_config: the model to train, instead of `run_config.model` (vocabulary size and labels are still set
+            from the data).
 
     Returns:
         What the run did (on every rank; checkpoint paths only on rank 0).
@@ -101,11 +95,10 @@ _NO_STEP_CAP = 1_000_000  # a --minutes run stops on time; the recipe's step cou
 
 
 def recipe_tables(task: str) -> dict[str, Any]:
-    """The tables of a new run of `task` from its shipped small recipe (`TaskSpec.recipe`), with
-    the recipe's data files left out for the user's.
+    """The tables of a new run of `task` from its shipped small recipe, without the recipe's data files.
 
     Raises:
-        ConfigError: an unknown task, or one without a recipe (the message says what to do).
+        ConfigError: an unknown task, or one without a recipe.
     """
     spec = get_task(task, trainable=True)
     if not spec.recipe:
@@ -123,19 +116,16 @@ def default_run_dir(task: str) -> str:
 
 def configure(tables: Mapping[str, Any], data: Mapping[str, str] | None = None, minutes: float | None = None,
               preset: str = "", run_dir: str = "", overrides: Sequence[str] = (), init: str = "") -> RunConfig:
-    """A run config from `tables` (a recipe's or a TOML file's) with the settings of `attn train`'s
-    flags, then `overrides`, applied, and the task's defaults for what is still left out.
+    """A run config from `tables` (a recipe's or a TOML file's) with the settings of `attn train`'s flags, then
+    `overrides`, applied, and the task's defaults for what is still left out.
 
     Args:
-        tables: nested run-config tables.
         data: `DataConfig` fields to set (`train`, `valid`, `source_field`, ...).
         minutes: a wall-clock budget (`train.max_minutes`); the table's step count stops capping it.
-        preset: train a fresh model of this preset: it replaces the whole `[model]` table
-            (the recipe's dimensions and `init_from` included).
+        preset: train a fresh model of this preset: it replaces the whole `[model]` table.
         run_dir: where the run goes ("" keeps the table's).
-        overrides: `key=value` / `section.key=value` strings, applied last.
-        init: fine-tune this model (`model.init_from`): it replaces the whole `[model]` table, and its
-            tokenizer the recipe's.
+        init: fine-tune this model (`model.init_from`): it replaces the whole `[model]` table, and its tokenizer
+            the recipe's.
 
     Raises:
         ConfigError: an unknown task, or an invalid key or value.
@@ -167,8 +157,7 @@ def _update(tables: dict[str, Any], section: str, values: Mapping[str, Any]) -> 
 def write_run_config(config: RunConfig, command: str) -> Path:
     """Writes `config` as RUN_DIR/run.toml (atomically), headed by the command that made it.
 
-    `attn train --config RUN_DIR/run.toml` trains the same run again (it resumes the run in
-    RUN_DIR; `run_dir=...` starts it afresh elsewhere).
+    `attn train --config RUN_DIR/run.toml` resumes the run; `run_dir=...` starts it afresh elsewhere.
     """
     path = Path(config.run_dir) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,4 @@
-"""How the `attn` commands read their inputs and write their outputs: texts from arguments, a file or
-standard input; lines and files written whole or not at all; tables; decoding flags as a
-`GenerationConfig`, and a library's error about an argument as one naming its flag.
-"""
+"""How the `attn` commands read their inputs and write their outputs, and name a flag in a library's error."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ def write_lines(lines: Sequence[str], output: str | None) -> None:
 def write_output(output: str, write: Callable[[Path], object]) -> None:
     """Writes a file through a hidden sibling renamed into place, so a failed write leaves no partial file.
 
-    Raises:
-        AttnError: the file cannot be written (a directory, a missing folder, no permission, a full disk).
+    Raises AttnError when the file cannot be written.
     """
     path = Path(output)
     partial = path.with_name(f".{path.stem}.partial{path.suffix}")
@@ -60,12 +56,11 @@ def write_output(output: str, write: Callable[[Path], object]) -> None:
 
 def generation_config(args: argparse.Namespace, limit_flag: str = "--max-new-tokens",
                       **defaults: object) -> GenerationConfig:
-    """The decoding settings a command's flags ask for (`attn.decoding.requested`: --temperature 0, the default,
-    decodes greedily; above 0 it samples, and a command's default beam search gives way to it), with the
-    command's `defaults` for the flags not given; an error about the token limit names `limit_flag`.
+    """The decoding settings a command's flags ask for (--temperature above 0 samples, and a command's default
+    beam search gives way to it), with the command's `defaults` for the flags not given.
 
     Raises:
-        ConfigError: a setting out of range, naming its flag.
+        ConfigError: a setting out of range, naming its flag (`limit_flag` for the token limit).
     """
     sampled = bool(getattr(args, "temperature", None))
     fields = {k: v for k, v in defaults.items() if not (sampled and k in ("beam_size", "length_penalty"))}

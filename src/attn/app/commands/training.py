@@ -112,8 +112,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def train_config(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
-    """The run config of `attn train` (from --config, or from the named task's recipe), with the
-    flags and overrides applied; and the task, when one was named.
+    """The run config of `attn train` (from --config, or from the named task's recipe), with the flags and
+    overrides applied; and the task, when one was named.
 
     Raises:
         ConfigError: neither or both of a task and --config, a task without --train, or an invalid setting.
@@ -141,9 +141,8 @@ def train_config(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
 def _resume_command(config: str, overrides: Sequence[str], quiet: bool) -> str:
     """The command that continues the run: `attn train --config` with the same overrides and resuming switched on.
 
-    Under torchrun it is a torchrun command with as many processes per node (a multi-node job
-    adds its node options again).
-    """
+    Under torchrun it is a torchrun command with as many processes per node (a multi-node job adds its node
+    options again)."""
     kept = [item for item in overrides if item.partition("=")[0].strip() != "train.resume"]
     arguments = ["train", "--config", config, *kept, "train.resume=true", *(["--quiet"] if quiet else [])]
     world = os.environ.get("WORLD_SIZE", "1")

@@ -1,11 +1,9 @@
 """Who may call the server, and how much: API keys, the per-key concurrency limit, and the server's caps on
 what one request may ask for (new tokens, choices, time).
 
-With keys set (`ServeOptions.api_keys`), every route under /v1/ and /metrics needs
-`Authorization: Bearer KEY`; the page at / and /health stay open (a balancer, and the page's first
-load, need no key). The key a request sends is compared with every key in constant time, so the time of
-an answer says nothing about how much of a key was right. A key is never written to a log, an error or
-a metric: a request is known by the position of its key in the list only.
+With keys set, every route under /v1/ and /metrics needs `Authorization: Bearer KEY`; the page at / and /health
+stay open. The key a request sends is compared with every key in constant time, so the time of an answer says
+nothing about how much of a key was right. A key is never written to a log, an error or a metric.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ def read_key_file(path: str | Path) -> tuple[str, ...]:
 
     Raises:
         ConfigError: the file cannot be read, holds no key, or a line holds a space or a character outside
-            printable ASCII (an HTTP header carries neither); the message names the file and line, never a key.
+            printable ASCII; the message names the file and line, never a key.
     """
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -86,9 +84,8 @@ def _check_key(key: str, where: str, field: str) -> None:
 
 
 class AccessGate:
-    """ASGI middleware: 401 (with `WWW-Authenticate: Bearer`) for a request to a guarded route without a
-    valid key, and 429 (with `Retry-After`) for one more request of a key that has `max_concurrent_per_key` in
-    flight. Without keys, every client counts as one for the concurrency limit."""
+    """ASGI middleware: 401 for a guarded route without a valid key, 429 for one more request of a key that has
+    `max_concurrent_per_key` in flight. Without keys, every client counts as one for the concurrency limit."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...], max_concurrent_per_key: int | None) -> None:
         self.app = app
@@ -134,12 +131,8 @@ class AccessGate:
 
 
 def token_limit(options: ServeOptions, asked: int | None, param: str) -> int | None:
-    """The new tokens a request asks for in `param`, refused above the server's cap; None (the route's default) stays
-    None, for `held_to_cap` once the route has chosen it.
-
-    Raises:
-        ApiError: 422 naming `param` and the cap.
-    """
+    """The new tokens a request asks for in `param`, refused (422) above the server's cap; None stays None, for
+    `held_to_cap` once the route has chosen its default."""
     cap = options.max_tokens_cap
     if asked is not None and cap is not None and asked > cap:
         raise ApiError(422, f"{param}: {asked} is more than this server's cap of {cap} new tokens (--max-tokens-cap); "

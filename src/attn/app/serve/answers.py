@@ -1,8 +1,6 @@
 """The answers of completions and chat completions: one checked request's rows, and how each shape is written.
 
-An `Answer` holds what a route checked and built (the model, the rows for its running batch, the answer's head)
-and turns the rows' chunks into the whole answer or its server-sent events; `Completion` writes OpenAI's
-completions shape, `ChatCompletion` its chat completions shape. Nothing here waits or validates: the routes do.
+Nothing here waits or validates: the routes do.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ class Answer:
         param: the request field that a mistake found while decoding is about (a prompt too long).
         prompt_tokens: the prompts' tokens, each prompt counted once.
         attention: (layer, head, or None for the mean over heads) of the attention each streamed token carries,
-            or None (the same for completions and chat completions).
+            or None.
     """
 
     served: ServedModel
@@ -60,7 +58,7 @@ class Answer:
         return self.served.bundle.tokenizer.decode(ids)
 
     def token_attention(self, chunk: Chunk) -> dict[str, Any]:
-        """{"attention": ...} with the attention that chose the chunk's token, when the request asked for it; else {}."""
+        """{"attention": ...} with the attention that chose the chunk's token, when the request asked; else {}."""
         if chunk.attention is None or self.attention is None:
             return {}
         layer, head = self.attention
@@ -74,7 +72,6 @@ class Completion(Answer):
 
     Attributes:
         prompts: the prompt of each choice (choice i * n + j is sample j of prompt i).
-        logprobs: whether the choices carry logprobs.
     """
 
     prompts: list[str]
@@ -112,12 +109,7 @@ class Completion(Answer):
 @dataclasses.dataclass
 class ChatCompletion(Answer):
     """A chat completion: assistant messages (streamed as deltas, the first with the role), logprobs in the
-    chat shape, and with `include_usage` a last chunk that holds the usage.
-
-    Attributes:
-        logprobs: whether the choices carry logprobs.
-        include_usage: whether a stream ends with the usage.
-    """
+    chat shape, and with `include_usage` a last chunk that holds the usage."""
 
     logprobs: bool
     include_usage: bool

@@ -1,11 +1,8 @@
 """The FastAPI application of `attn serve`, and the server that runs it until SIGTERM.
 
-`create_app` puts the routes, the error handlers and the request gate together around the
-served models; `listen` takes the address first (before any model loads, so a port in use is
-said at once), and `run_server` runs the app with uvicorn on it. On SIGTERM (or Ctrl-C) the
-server stops taking requests (new ones get 503 and their connection closed, /health says "draining"),
-finishes the ones in flight, stops listening, answers what its open connections still send, and
-returns; a second signal stops it at once.
+`listen` takes the address before any model loads, so a port in use is said at once. On SIGTERM (or Ctrl-C) the
+server answers new requests with 503 (/health says "draining"), finishes the ones in flight, stops listening,
+answers what its open connections still send, and returns; a second signal stops it at once.
 """
 
 from __future__ import annotations
@@ -107,8 +104,7 @@ def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, except that the first SIGTERM or SIGINT drains: the server keeps listening, answers
-    new requests with 503, and exits once no request is in flight."""
+    """uvicorn, except that the first SIGTERM or SIGINT drains (see the module docstring)."""
 
     def __init__(self, config: uvicorn.Config, traffic: Traffic) -> None:
         super().__init__(config)
@@ -134,9 +130,9 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's shutdown, once the listening sockets are closed (a new connection is refused) and the
-        connections accepted before have had `LAST_REQUESTS_S` to send their requests, which are answered
-        (503 while draining): uvicorn closes an idle connection at once, dropping a request on its way."""
+        """uvicorn's shutdown, once the listening sockets are closed and the connections accepted before have had
+        `LAST_REQUESTS_S` to send their requests: uvicorn closes an idle connection at once, dropping a request
+        on its way."""
         for server in self.servers:
             server.close()
         for bound in sockets or []:
@@ -150,8 +146,7 @@ def listen(options: ServeOptions) -> socket.socket:
     """A socket bound to `options.host`:`options.port`, for `run_server`.
 
     Raises:
-        ConfigError: the port is taken by another program or needs privileges (--port), or the host
-            is not an address of this machine (--host).
+        ConfigError: the port is taken or needs privileges (--port), or the host is not of this machine (--host).
     """
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections of a socket that names it, and
     # without it Nagle's algorithm held every small answer back until the client's delayed ACK came.

@@ -3,25 +3,18 @@
 Routes hand the engine jobs; the model runs on the engine's own thread (torch releases the GIL), never
 on the event loop. Two kinds of job:
 
-- A `BatchJob` (translate, classify, embed, attention) runs with the other waiting jobs of the same
-  `group` (route and settings): the oldest waiting job, then others of its group, shortest first, while
-  the batch's padded size (rows x longest row) stays within `max_batch_tokens`. One call of the job's
-  `run` computes all of them. A batch that fails is run again job by job, so a bad request fails alone.
-- A `RowsJob` (completions) decodes its rows in the model's `RunningBatch`: CONTINUOUS batching. Between
-  two decode steps, waiting rows join the running batch (while the prompt + new-token room of its rows stays
-  within `max_batch_tokens`) and finished rows leave. Each new token goes to the job's stream at once.
+- A `BatchJob` (translate, classify, embed, attention) runs with the other waiting jobs of the same `group`:
+  the oldest waiting job, then others of its group, shortest first, while the batch's padded size (rows x
+  longest row) stays within `max_batch_tokens`. A batch that fails is run again job by job, so a bad request
+  fails alone.
+- A `RowsJob` (completions) decodes its rows in the model's `RunningBatch` (continuous batching): between two
+  decode steps, waiting rows join within `max_batch_tokens` and finished rows leave. Each new token goes to the
+  job's stream at once.
 
-With `batching=False` every job runs alone, one at a time: the baseline the batched engine is measured against.
-
-At most `max_queue` jobs wait or run; one more raises `QueueFull` with a retry time (the recent mean
-job latency). A caller that stops waiting (a client that disconnected, a request past its deadline) cancels
-its job: a waiting job is dropped at once, a decoding one leaves the batch at the next step, and a batch that
-runs finishes (a model call cannot be stopped halfway) with the job's result dropped. `drain` stops new jobs
-and returns once every admitted one is done.
-
-Metrics (when given): the number of jobs waiting or running (`queue_length{model}`) and the requests in each
-batch or decode step (`batch_size{model,route}`). Times to first token are the routes' to measure: they
-start the clock when the request arrives.
+At most `max_queue` jobs wait or run; one more raises `QueueFull` with a retry time (the recent mean job
+latency). A caller that stops waiting cancels its job: a waiting job is dropped at once, a decoding one leaves
+the batch at the next step, and a running batch finishes with the job's result dropped. Times to first token
+are the routes' to measure: they start the clock when the request arrives.
 """
 
 from __future__ import annotations
@@ -45,11 +38,7 @@ _LATENCY_MEMORY = 0.9  # weight of the past in the mean job latency behind Retry
 
 
 class QueueFull(Exception):
-    """The model's queue holds `max_queue` jobs already.
-
-    Attributes:
-        retry_after_s: when a retry may find room, in seconds.
-    """
+    """The model's queue holds `max_queue` jobs already; `retry_after_s` says when a retry may find room."""
 
     def __init__(self, retry_after_s: float) -> None:
         super().__init__(f"queue full; retry after {retry_after_s:.1f} s")
@@ -75,7 +64,7 @@ class BatchJob:
         route: the route it serves (a metrics label).
         group: jobs of equal groups may run together (e.g. the route and its decoding settings).
         sizes: the token count of each of its input rows (what the batch budget counts).
-        run: computes the results of several jobs of one group together, one result per job, in order.
+        run: computes the results of several jobs of one group in one call, one result per job, in order.
     """
 
     route: str
@@ -89,11 +78,9 @@ class RowsJob:
     """Rows for the running batch of a decoder-only model: a completion's prompts and their settings.
 
     Attributes:
-        route: the route it serves (a metrics label).
-        prompts: each row's prompt ids.
         configs: each row's decoding settings, each with its `max_new_tokens` set.
-        chunk: turns row i's new token into what the stream yields; called on the model's thread, in
-            token order per row (where text streaming and log-probabilities are computed).
+        chunk: turns row i's new token into what the stream yields; called on the model's thread, in token order
+            per row.
     """
 
     route: str
@@ -128,15 +115,12 @@ class Engine:
     """Runs one model's jobs on its own thread, together when `batching`, one at a time otherwise.
 
     Args:
-        name: the model's name (the metrics' `model` label).
         running: the model's `RunningBatch` (decoder-only models), None for models without `RowsJob` jobs.
         batching: run waiting jobs together (False: one job at a time, the comparison baseline).
-        max_queue: the most jobs waiting or running.
         max_batch_tokens: the budget of one batch: padded input tokens of a `BatchJob` group, prompt plus
             new-token room of the rows in the running batch. A job larger than the budget runs alone.
-        metrics: where the queue length and batch sizes go (None: nowhere).
-        model: the model the jobs run, whose linear weights stay packed while the engine runs
-            (`attn.core.linear.inference`: served weights never change).
+        model: the model the jobs run, whose linear weights stay packed while the engine runs (served weights
+            never change).
     """
 
     def __init__(self, name: str, running: RunningBatch | None, batching: bool, max_queue: int,
@@ -215,8 +199,7 @@ class Engine:
         return job
 
     def _withdraw(self, job: _Job) -> None:
-        """Cancels a job whose caller stopped waiting: a waiting job frees its place at once, a running one when its
-        batch or decode step ends (its result is dropped)."""
+        """Cancels a job whose caller stopped waiting (see the module docstring)."""
         with self._lock:
             job.cancelled = True
             if job in self._waiting:

@@ -1,9 +1,8 @@
 """The server's errors: one JSON shape for every failure, whatever raised it.
 
-Every error body is `{"error": {"message", "type", "param", "code"}}` with the HTTP status in
-`code` (docs/serve-api.md). Routes raise `ApiError`; the handlers installed by
-`install_error_handlers` turn FastAPI's validation errors, Starlette's 404/405, a full queue and
-anything unexpected into the same shape, so a client never sees a traceback or `{"detail": ...}`.
+Every error body is `{"error": {"message", "type", "param", "code"}}` with the HTTP status in `code`. Routes
+raise `ApiError`; `install_error_handlers` turns validation errors, 404/405, a full queue and anything
+unexpected into the same shape, so a client never sees a traceback or `{"detail": ...}`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ class ApiError(Exception):
     """A request the server answers with an error.
 
     Args:
-        status: the HTTP status (400, 404, 413, 422, 429, 500, 503).
         message: what was wrong and what to do.
         param: the request field at fault, if one is.
     """

@@ -31,9 +31,8 @@ class Traffic:
 
 
 class RequestGate:
-    """ASGI middleware: 413 for a body over `max_body_bytes` (from Content-Length when given, else
-    while reading), 503 once `traffic.draining` is set (every answer that starts from then on closes its
-    connection), and one count and latency per request."""
+    """ASGI middleware: 413 for a body over `max_body_bytes` (from Content-Length when given, else while reading),
+    503 once `traffic.draining` is set, and one count and latency per request."""
 
     def __init__(self, app: ASGIApp, traffic: Traffic, metrics: ServeMetrics, max_body_bytes: int) -> None:
         self.app = app

@@ -1,8 +1,7 @@
 """The settings of one `attn serve`: how it listens, what it accepts, who may call it and for how long.
 
-`ServeOptions` is the one place they live: the CLI builds it from its flags, `create_app` and `listen`
-read it, and the routes and gates find it on the app's state. It checks itself when built, so a bad
-setting is one `ConfigError` naming its flag before anything listens.
+`ServeOptions` checks itself when built, so a bad setting is one `ConfigError` naming its flag before anything
+listens.
 """
 
 from __future__ import annotations
@@ -32,11 +31,8 @@ class ServeOptions:
     """How the server listens, what it accepts and who may call it.
 
     Attributes:
-        host: the address to listen on (the loopback interface unless asked otherwise).
-        port: the TCP port.
         max_body_bytes: the largest request body; a larger one gets 413.
         max_queue: the most requests per model waiting or running; one more gets 429.
-        batching: whether requests to one model run together (False: one at a time).
         max_batch_tokens: the token budget of one batch (see `engine.Engine`).
         api_keys: the keys a client may send as `Authorization: Bearer KEY` to /v1/* and /metrics; empty: none
             needed. Never shown (`repr` leaves them out).

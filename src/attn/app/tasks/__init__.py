@@ -1,7 +1,5 @@
 """The task registry: one `TaskSpec` per task (translation, lm, classification, mlm, embedding).
 
-Each task's module declares its architecture, training-data adapter, validation metric, default
-optimizer recipe, shipped small recipe, evaluator, baseline check and inference call;
 `registry.TASKS` lists them and `get_task(name)` finds one.
 """
 

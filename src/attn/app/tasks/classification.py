@@ -1,10 +1,8 @@
 """Classification: one label per text with an encoder-only model (BERT's fine-tuning).
 
-Trains on the `data.text_field` (and, for sentence pairs, `data.text_pair_field`) and
-`data.label_field` of any table `attn.data.readers` reads (TSV, CSV, JSON Lines), from the
-encoder's first-token summary (`attn.training.task_data.classification_task`); chooses checkpoints by
-validation accuracy; scored with accuracy, macro-F1 and the confusion matrix; a run must beat
-naive Bayes on word counts (of both texts of a pair) by 2 accuracy points on its validation file.
+Trains on the `data.text_field` (and `data.text_pair_field` for pairs) and `data.label_field` of a table, from
+the encoder's first-token summary; chooses checkpoints by validation accuracy; scored with accuracy, macro-F1
+and the confusion matrix; a run must beat naive Bayes on word counts by 2 accuracy points.
 """
 
 from __future__ import annotations

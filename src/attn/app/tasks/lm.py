@@ -1,9 +1,8 @@
 """Language modelling: next-token prediction over a text stream with a decoder-only model.
 
-Trains on text files, tokenized once into a memory-mapped token cache in the run directory
-(`attn.training.task_data.lm_task`), with GPT-2's optimizer recipe as nanoGPT trains it; scored in
-nats per token and character over a whole file; a run must have a tenth fewer validation nats per
-token than a unigram model of its training text (counted from the run's token caches).
+Trains on text files, tokenized once into a memory-mapped token cache in the run directory, with GPT-2's
+optimizer recipe as nanoGPT trains it; scored in nats per token and character over a whole file; a run must have
+a tenth fewer validation nats per token than a unigram model of its training text.
 """
 
 from __future__ import annotations

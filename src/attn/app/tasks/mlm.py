@@ -1,8 +1,7 @@
 """Masked language modelling: BERT's pre-training objective with an encoder-only model.
 
-Trains on texts, one per line or the text column of a labelled TSV (`attn.training.task_data.mlm_task`);
-it has no evaluation file metric, baseline or inference call of its own: its checkpoints are
-starting points for classification (`model.init_from`) or embeddings.
+Trains on texts, one per line or the text column of a labelled TSV; it has no evaluation, baseline or inference
+call of its own: its checkpoints are starting points for classification (`model.init_from`) or embeddings.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ def get_task(name: str, trainable: bool = False, field: str = "task") -> TaskSpe
     """The task called `name`.
 
     Args:
-        name: a task name, e.g. from a run config or a checkpoint.
         trainable: refuse a task that `attn train` does not train.
         field: the config field or flag the name came from, for the error.
 
@@ -51,11 +50,7 @@ def get_task(name: str, trainable: bool = False, field: str = "task") -> TaskSpe
 
 
 def evaluate(bundle: Bundle, path: str | Path, options: EvalOptions = EvalOptions()) -> dict[str, Any]:
-    """Runs the metric of the model's task on a data file (`attn evaluate`).
-
-    Raises:
-        AttnError: the model's task has no evaluation.
-    """
+    """Runs the metric of the model's task on a data file (`attn evaluate`); AttnError when it has none."""
     spec = TASKS.get(bundle.task)
     if spec is None or spec.evaluator is None:
         *others, last = [name for name, s in TASKS.items() if s.evaluator is not None]

@@ -1,8 +1,7 @@
 """`TaskSpec`: everything `attn` knows about one task, in one object.
 
-A task's module (`attn.app.tasks.translation`, `lm`, ...) declares one `TaskSpec`; the registry
-(`attn.app.tasks.registry`) lists them. Training, evaluation, the baseline check after a run and
-inference find a task's parts here, never by comparing task names.
+Training, evaluation, the baseline check after a run and inference find a task's parts here, never by comparing
+task names.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ class EvalOptions:
     """The options of `attn evaluate`; each task's evaluator reads those that concern it.
 
     Attributes:
-        generation: how translations are decoded (default: the paper's beam 4, alpha 0.6).
         limit: translation: only the first N sentences.
         context: language model: the window length in tokens (default: the model's positions).
         stride: language model: a sliding window's step in tokens (default: non-overlapping windows).
@@ -49,19 +47,16 @@ class TaskSpec:
     """One task: how it trains, how it is scored, what it must beat, and how it is used.
 
     Attributes:
-        name: the task's name in run configs and checkpoints (`task = "lm"`).
-        summary: one line for help texts.
         architecture: the architecture the task trains; None for a task of loaded models only.
-        data: the adapter that builds the task's training data, loss head and ignored target id
-            from `config.data` (`attn.training.task_data`); None when the task is not trained.
+        data: the adapter that builds the task's training data, loss head and ignored target id from
+            `config.data`; None when the task is not trained.
         metric: the validation metric for early stopping and the best checkpoint (a trainer `METRICS`).
         defaults: run-config tables for the fields a config leaves out (the task's optimizer recipe).
-        recipe: the shipped run config for a small CPU run (`configs/...`), the defaults of
-            `attn train TASK --train ...`; "" when there is none.
-        evaluator: the metric of `attn evaluate` on a data file (`attn.inference.evaluation`), or None.
-        baseline: the check of a finished run's validation score against the task's trivial
-            baseline (`attn.app.guard`), or None.
-        infer: the inference call (`attn.inference.translation`, `continuation`, `classification`): texts -> JSON-ready results, or None.
+        recipe: the shipped run config for a small CPU run, the defaults of `attn train TASK --train ...`; ""
+            when there is none.
+        evaluator: the metric of `attn evaluate` on a data file, or None.
+        baseline: the check of a finished run's validation score against the task's trivial baseline, or None.
+        infer: the inference call: texts -> JSON-ready results, or None.
     """
 
     name: str
@@ -87,7 +82,7 @@ class TaskSpec:
         return self.data is not None
 
     def build(self, config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
-        """The task's training data for `config` (a `TaskBuilder`, what `attn.training.run_training` takes).
+        """The task's training data for `config` (a `TaskBuilder`).
 
         Raises:
             ConfigError: the task is not trained, or the model's architecture is not the task's.

@@ -1,10 +1,8 @@
 """Translation: source -> target sentences with the encoder-decoder (the paper's task).
 
-Trains on the `data.source_field` -> `data.target_field` pairs of any file `attn.data.readers` reads
-(TSV, CSV, JSON Lines, line-aligned text files) with a joint tokenizer
-(`attn.training.task_data.translation_task`);
-scored with sacreBLEU and chrF of beam-searched translations; a run must beat copying the source
-by 2 BLEU on its validation sentences (decoded greedily).
+Trains on the `data.source_field` -> `data.target_field` pairs of any file `attn.data.readers` reads, with a
+joint tokenizer; scored with sacreBLEU and chrF of beam-searched translations; a run must beat copying the
+source by 2 BLEU on its validation sentences (decoded greedily).
 """
 
 from __future__ import annotations
