@@ -200,17 +200,27 @@ def test_int4_groups_of_32_have_a_scale_and_a_minimum():
     assert unpacked[0, 32:].tolist() == [0] * 32  # a constant group: scale 1, codes 0
 
 
-@pytest.mark.parametrize("shape", [(2, 1, 96), (2, 7, 96)])  # a few rows: the int4 kernel; more: dequantized
+@pytest.mark.parametrize("shape", [(2, 1, 96), (2, 7, 96), (3, 40, 96)])  # one row, a batch, a prompt
 @pytest.mark.parametrize("bias", [False, True])
-def test_int4_linear_is_x_times_the_dequantized_weight(bias, shape):
+def test_int4_linear_is_x_times_the_dequantized_weight_in_bfloat16(bias, shape):
+    """The kernel multiplies in bfloat16: the inputs, scales and zeros rounded to it, the sums in float32, the
+    output rounded to bfloat16 (half a unit in its last place: 2^-9 of the value), the bias added in float32."""
     torch.manual_seed(0)
     w, b = torch.randn(48, 96), torch.randn(48) if bias else None
     codes, scales = quantize_groups(w)
     q = torch.stack([codes & 15, codes >> 4], -1).view(48, 96).float().view(48, 3, 32)
     dequantized = (q * scales[..., :1] + scales[..., 1:]).view(48, 96)
     assert (dequantized - w).abs().max() <= scales[..., 0].max() / 2 + 1e-6
+    layer = Int4Linear(codes, scales, b)
+    assert torch.equal(layer.codes(), q.view(48, 96).to(torch.uint8))
+    scale = scales[..., 0].bfloat16().float()
+    zero = (scales[..., 1] + 8 * scales[..., 0]).bfloat16().float()
+    in_bf16 = ((q - 8) * scale[..., None] + zero[..., None]).view(48, 96)
     x = torch.randn(*shape)
-    torch.testing.assert_close(Int4Linear(codes, scales, b)(x), F.linear(x, dequantized, b), atol=1e-5, rtol=1e-5)
+    product = F.linear(x.bfloat16().float(), in_bf16)
+    got = layer(x) - (0 if b is None else b)
+    torch.testing.assert_close(got, product, rtol=2**-8, atol=1e-5)
+    assert (product - F.linear(x, dequantized)).abs().max() < 0.05 * product.abs().max()  # what bfloat16 costs
 
 
 def test_int4_keeps_a_tied_projection_and_odd_sized_layers_in_int8():

@@ -5,8 +5,8 @@
 s_i = max_j |W_ij| / 127, Q_ij = round(W_ij / s_i), so W_ij ~ s_i Q_ij with an error of at most s_i / 2. A tied
 embedding and output projection share one int8 matrix, as they shared one float matrix. `Int8Linear` multiplies its
 float32 input by the int8 rows with PyTorch's weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`):
-y = (x Q^T) s + b. That kernel (as the int4 one) reads the weights once for every `KERNEL_ROWS` input rows, so more
-rows (a batch, beams, a prompt) are multiplied by the dequantized float32 weight instead.
+y = (x Q^T) s + b. That kernel reads the weights once for every `KERNEL_ROWS` input rows, so more rows (a batch,
+beams, a prompt) are multiplied by the dequantized float32 weight instead.
 
 `quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per row at run time (as CTranslate2's
 int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8, y = (P Q^T) r s + b, the product summed in
@@ -17,8 +17,10 @@ grows with the spread of a row's magnitudes, so models whose activations have ou
 
 `quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of `GROUP` weights
 along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in 0..15,
-s = (max - min) / 15, m = min), multiplied by `torch.ops.aten._weight_int4pack_mm_for_cpu`; re-quantizing a GGUF
-file's dequantized Q4_1 blocks recovers them. The token embedding (and an output projection tied to it) stays int8,
+s = (max - min) / 15, m = min), multiplied by `torch.ops.aten._weight_int4pack_mm_for_cpu` in bfloat16 (the codes
+exact, scales, zeros, inputs and sums rounded to bfloat16); re-quantizing a GGUF file's dequantized Q4_1 blocks
+recovers their codes. A GGUF file's 4-bit blocks become these groups without a float copy
+(`attn.artifacts.pretrained.gguf_weights`). The token embedding (and an output projection tied to it) stays int8,
 as does a layer whose input size is not a multiple of 32 or output size not a multiple of 16 (the kernel's limits).
 
 A quantized model is for inference: it has no gradients. Gemma 2's soft-capped output projection stays in float32.
@@ -27,6 +29,7 @@ A quantized model is for inference: it has no gradients. Gemma 2's soft-capped o
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from enum import StrEnum
 
 import torch
@@ -135,44 +138,74 @@ def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
     return q[:, 0::2] | (q[:, 1::2] << 4), torch.cat([scale, low], -1)
 
 
-class Int4Linear(QuantizedLinear):
+class Int4Linear(nn.Module):
     """y = x W^T + b with W in 4-bit groups (see the module's docstring): (..., in) -> (..., out).
 
-    The codes are stored as written by `quantize_groups`; the kernel's own layout, which differs between
-    AVX2 and AVX-512, is made from them when the layer is built or loaded, so a file serves every CPU.
+    The layer holds the kernel's own layout of the codes (which differs between AVX2 and AVX-512) and each group's
+    scale and zero in bfloat16, the one input type the kernel vectorises: half a byte per weight and an eighth of
+    a byte per weight for the scales. Its input rows are multiplied in bfloat16 (summed in float32), whatever
+    their number. Its state dict holds the portable form that `quantize_groups` writes, so a file serves every CPU.
     """
 
     def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
-        """weight (out, in / 2) uint8 codes, scales (out, in / GROUP, 2) float32, bias (out,) or None."""
+        """weight (out, in / 2) uint8 codes, scales (out, in / GROUP, 2) float32 [scale, minimum], bias (out,)
+        or None."""
         super().__init__()
         self.in_features, self.out_features = 2 * weight.size(1), weight.size(0)
-        self.register_buffer("weight", weight)
-        self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
-        self._pack()
+        self._pack(weight, scales)
+        self.register_load_state_dict_pre_hook(Int4Linear._load_codes)
+        self.register_state_dict_post_hook(Int4Linear._save_codes)
+
+    def _pack(self, weight: Tensor, scales: Tensor) -> None:
+        codes = torch.stack([weight & 15, weight >> 4], -1).view(self.out_features, self.in_features)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
+        self.register_buffer("packed", packed, persistent=False)
+        scale, low = scales.float().unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
+        zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).to(torch.bfloat16).contiguous()
+        self.register_buffer("scale_and_zero", zeros, persistent=False)  # (in / GROUP, out, 2)
 
     def codes(self) -> Tensor:
-        """The 4-bit codes, (out, in) uint8 in 0..15."""
-        return torch.stack([self.weight & 15, self.weight >> 4], -1).view(self.out_features, self.in_features)
+        """The 4-bit codes, (out, in) uint8 in 0..15, read back through the kernel: rows of the identity times the
+        codes with scale 1 and zero 0 give q - 8, exact in bfloat16."""
+        unit = torch.zeros_like(self.scale_and_zero)
+        unit[..., 0] = 1
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        columns = [torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, unit)
+                   for rows in eye.split(1024)]  # (in, out) in slices, so no (in, in) product is held twice
+        return (torch.cat(columns).t() + 8).to(torch.uint8)
 
-    def _pack(self) -> None:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes().int(), 2)
-        self.register_buffer("packed", packed, persistent=False)
-        scale, low = self.scales.unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
-        zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()  # (in / GROUP, out, 2)
-        self.register_buffer("scale_and_zero", zeros, persistent=False)
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super()._load_from_state_dict(*args, **kwargs)
-        self._pack()
+    def scales(self) -> Tensor:
+        """(out, in / GROUP, 2) float32 [scale, minimum] per group, as the layer holds them."""
+        scale, zero = self.scale_and_zero.float().transpose(0, 1).unbind(-1)
+        return torch.stack([scale, zero - 8 * scale], -1)
 
     def dequantized(self) -> Tensor:
         """The float32 weight the 4-bit groups stand for, (out, in)."""
+        scales = self.scales()
         codes = self.codes().view(self.out_features, -1, GROUP).float()
-        return (codes * self.scales[..., :1] + self.scales[..., 1:]).view(self.out_features, self.in_features)
+        return (codes * scales[..., :1] + scales[..., 1:]).view(self.out_features, self.in_features)
 
-    def kernel(self, rows: Tensor) -> Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero)
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero).to(x.dtype)
+        y = y if self.bias is None else y + self.bias.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    @staticmethod
+    def _save_codes(module: Int4Linear, state: dict[str, Tensor], prefix: str, metadata: object) -> None:
+        codes = module.codes()
+        state[prefix + "weight"] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        state[prefix + "scales"] = module.scales()
+
+    @staticmethod
+    def _load_codes(module: Int4Linear, state: dict[str, Tensor], prefix: str, metadata: object, strict: bool,
+                    missing: list[str], unexpected: list[str], errors: list[str]) -> None:
+        names = [prefix + "weight", prefix + "scales"]
+        if all(name in state for name in names):
+            module._pack(*(state.pop(name) for name in names))
+        else:
+            missing.extend(name for name in names if name not in state)
 
 
 class Int8Embedding(nn.Module):
@@ -187,8 +220,13 @@ class Int8Embedding(nn.Module):
         return self.weight[tokens].float() * self.scale[tokens].unsqueeze(-1)
 
 
-def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
+def quantize(model: nn.Module, scheme: str = "int8", stored: Collection[str] | None = None) -> nn.Module:
     """Quantizes `model` in place (linear layers and token embeddings, see the module's docstring); returns it.
+
+    Args:
+        stored: the state-dict keys of a file the model is about to load: each layer takes the form they hold (int4
+            where `<layer>.scales` is stored, int8 rows where `<layer>.scale` is, else float), as a GGUF file's
+            mixed blocks were kept.
 
     Raises:
         ConfigError: an unknown scheme, or a model on another device than the CPU.
@@ -199,10 +237,16 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ConfigError("device", f"{scheme} weights run on the CPU only: load the model with device='cpu' "
                                     "(--device cpu) to quantize it")
-    embedded = {id(m.tokens.weight): m.tokens.weight for m in model.modules()
+    embedded = {id(m.tokens.weight): m.tokens for m in model.modules()
                 if isinstance(m, Embeddings) and isinstance(m.tokens, nn.Embedding)}
     rows: dict[int, tuple[Tensor, Tensor]] = {}  # id of a float matrix in `embedded` or `kept` -> int8 rows, scales
     kept: list[Tensor] = []  # the matrices quantized to int8 rows, alive while the model is rebuilt (ids stay theirs)
+
+    names = {module: name for name, module in model.named_modules()}
+
+    def chosen(module: nn.Module, form: str) -> bool:
+        owner = embedded.get(id(module.weight), module)  # a tied projection is stored with its embedding
+        return stored is None or f"{names[owner]}.{form}" in stored
 
     def rows_of(weight: Tensor) -> tuple[Tensor, Tensor]:
         if id(weight) not in rows:
@@ -215,7 +259,8 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
         bias = linear.bias.detach().float() if linear.bias is not None else None
         tied = id(linear.weight) in embedded  # an output projection tied to an embedding shares its int8 rows
         fits = linear.in_features % GROUP == 0 and linear.out_features % 16 == 0  # what the int4 kernel takes
-        if scheme == Quantization.INT4 and not tied and fits:
+        int4 = scheme == Quantization.INT4 and not tied and fits if stored is None else chosen(linear, "scales")
+        if int4:
             return Int4Linear(*quantize_groups(linear.weight.detach()), bias)
         layer = DynamicInt8Linear if scheme == Quantization.INT8_DYNAMIC else Int8Linear
         return layer(*rows_of(linear.weight), bias)
@@ -223,9 +268,10 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and not isinstance(child, SoftCappedProjection):
-                setattr(parent, name, replacement(child))
+                if chosen(child, "scale") or chosen(child, "scales"):
+                    setattr(parent, name, replacement(child))
     for parent in list(model.modules()):
-        if isinstance(parent, Embeddings) and isinstance(parent.tokens, nn.Embedding):
+        if isinstance(parent, Embeddings) and isinstance(parent.tokens, nn.Embedding) and chosen(parent.tokens, "scale"):
             parent.tokens = Int8Embedding(*rows_of(parent.tokens.weight))
     model.requires_grad_(False)
     return model

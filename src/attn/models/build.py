@@ -8,6 +8,9 @@ QK-norm, score scale and caps, sliding windows, tying, biases) is decided here, 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -98,6 +101,30 @@ def build_model(config: ModelConfig, attention: str = "fast") -> Model:
     model = builders[config.architecture]()
     init_weights(model, config)
     return model
+
+
+def build_empty(config: ModelConfig, attention: str = "fast") -> Model:
+    """The model a config describes with its parameters on the meta device (no memory, no values) and its buffers
+    (rotary and sinusoidal tables) computed: a model whose weights a loader puts in place. Not thread-safe: it
+    patches `nn.Module.register_parameter` while the model is built."""
+    with _parameters_on_meta():
+        return build_model(config, attention)
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:  # a parameter already on meta is a tie: kept as it is
+            param = nn.Parameter(param.to("meta"), param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 class _Parts:
