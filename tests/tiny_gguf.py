@@ -8,12 +8,13 @@ Face state dict it wrote, so that a test compares what the reader gives back wit
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, quantize
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from libgguf import quantize_rows
 from tokenizers import pre_tokenizers
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, HEAD_DIM = 2, 32, 4, 2, 64, 8
@@ -51,19 +52,20 @@ def metadata(arch: str = "llama", vocab: int = len(TOKENS)) -> dict[str, Any]:
 
 
 def hf_weights(
-    arch: str = "llama", vocab: int = len(TOKENS), tied: bool = True, head_dim: int = HEAD_DIM, seed: int = 0
+    arch: str = "llama", vocab: int = len(TOKENS), tied: bool = True, head_dim: int = HEAD_DIM, seed: int = 0,
+    hidden: int = HIDDEN, ffn: int = FFN,
 ) -> dict[str, np.ndarray]:
     """A random Hugging Face state dict of the tiny model (float32; Linear weights (out, in))."""
     rng = np.random.default_rng(seed)
     q, kv = HEADS * head_dim, KV_HEADS * head_dim
-    shapes = {"model.embed_tokens.weight": (vocab, HIDDEN), "model.norm.weight": (HIDDEN,)}
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
     if not tied:
-        shapes["lm_head.weight"] = (vocab, HIDDEN)
+        shapes["lm_head.weight"] = (vocab, hidden)
     layer = {
-        "input_layernorm.weight": (HIDDEN,), "post_attention_layernorm.weight": (HIDDEN,),
-        "self_attn.q_proj.weight": (q, HIDDEN), "self_attn.k_proj.weight": (kv, HIDDEN),
-        "self_attn.v_proj.weight": (kv, HIDDEN), "self_attn.o_proj.weight": (HIDDEN, q),
-        "mlp.gate_proj.weight": (FFN, HIDDEN), "mlp.up_proj.weight": (FFN, HIDDEN), "mlp.down_proj.weight": (HIDDEN, FFN),
+        "input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (q, hidden), "self_attn.k_proj.weight": (kv, hidden),
+        "self_attn.v_proj.weight": (kv, hidden), "self_attn.o_proj.weight": (hidden, q),
+        "mlp.gate_proj.weight": (ffn, hidden), "mlp.up_proj.weight": (ffn, hidden), "mlp.down_proj.weight": (hidden, ffn),
     }
     if arch == "qwen2":
         layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
@@ -134,7 +136,7 @@ def write_gguf(
     arch: str = "llama",
     *,
     weights: Mapping[str, np.ndarray] | None = None,
-    quant: GGMLQuantizationType = GGMLQuantizationType.F32,
+    quant: GGMLQuantizationType | Callable[[str], GGMLQuantizationType] = GGMLQuantizationType.F32,
     changes: Mapping[str, Any] | None = None,
     skip: Collection[str] = (),
     extra: Mapping[str, np.ndarray] | None = None,
@@ -145,7 +147,8 @@ def write_gguf(
         path: the file to write.
         arch: `general.architecture`.
         weights: the Hugging Face state dict to store (default `hf_weights(arch)`).
-        quant: the block format of the matrices (norms and biases stay F32, as llama.cpp keeps them).
+        quant: the block format of the matrices, or a function of the GGUF name that gives it (norms and biases
+            stay F32, as llama.cpp keeps them); blocks are made by `libgguf`, GGUF's reference quantization.
         changes: metadata to set (None removes a key), over `metadata(arch)`.
         skip: GGUF tensor names to leave out.
         extra: GGUF tensors to add as they are.
@@ -165,8 +168,9 @@ def write_gguf(
             tensor = permute(tensor, HEADS if ".attn_q." in name else KV_HEADS)
         if name in skip:
             continue
-        if tensor.ndim == 2 and quant != GGMLQuantizationType.F32:
-            writer.add_tensor(name, quantize(tensor, quant), raw_dtype=quant)
+        kind = quant(name) if callable(quant) else quant
+        if tensor.ndim == 2 and kind != GGMLQuantizationType.F32:
+            writer.add_tensor(name, quantize_rows(tensor, kind), raw_dtype=kind)
         else:
             writer.add_tensor(name, tensor)
     for name, tensor in (extra or {}).items():

@@ -228,7 +228,7 @@ def load_checkpoint(path: str | Path, attention: str = "fast", with_state: bool 
     model = build_model(model_config, attention)
     scheme = _read_quantization(folder / MODEL_FILE)
     if scheme is not None:
-        quantize(model, scheme)
+        quantize(model, scheme, stored=_stored_keys(folder / MODEL_FILE))
     load_weights(model, folder / MODEL_FILE)
     run_file = folder / RUN_CONFIG_FILE
     run_config = read_json(run_file) if run_file.exists() else None
@@ -302,6 +302,15 @@ def _read_quantization(file: Path) -> str | None:
         raise CheckpointError(f"{file}: unknown quantization {scheme!r} in the metadata; this version of attn reads "
                               f"{[q.value for q in Quantization]}: upgrade attn or convert the model again")
     return scheme
+
+
+def _stored_keys(file: Path) -> set[str]:
+    """The weights' names in `model.safetensors` (none when it cannot be read: load_weights names the problem)."""
+    try:
+        with safetensors.safe_open(str(file), "pt") as weights:
+            return set(weights.keys())
+    except (OSError, safetensors.SafetensorError):
+        return set()
 
 
 def _check_shapes(model: nn.Module, file: Path) -> None:

@@ -191,17 +191,20 @@ class Bundle:
 
 
 def load_model(
-    path_or_name: str | Path, device: str = "auto", require_tokenizer: bool = True, quantize: str | None = None
+    path_or_name: str | Path, device: str = "auto", require_tokenizer: bool = True, quantize: str | None = None,
+    dequantize: bool = False,
 ) -> Bundle:
     """Loads an `attn` checkpoint, a run directory, a Hugging Face directory, a GGUF file or a packaged model.
 
     Args:
-        path_or_name: a directory, a llama.cpp `.gguf` file (weights dequantized to float32), or a name in
-            `PACKAGED_MODELS`.
+        path_or_name: a directory, a llama.cpp `.gguf` file, or a name in `PACKAGED_MODELS`.
         device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
         require_tokenizer: refuse a model without a tokenizer (fine-tuning takes the weights alone).
         quantize: "int8", "int8-dynamic" or "int4" weights on the CPU; None keeps them as stored (a checkpoint
             written from a quantized model loads quantized either way).
+        dequantize: a GGUF file's quantized blocks as float32 weights (to fine-tune or export them), as with
+            `quantize` (which quantizes those floats again) or a GPU. Otherwise they stay quantized on the CPU
+            (`attn.artifacts.pretrained.gguf_weights`: 4-bit blocks as int4, other blocks as int8 rows).
 
     Raises:
         CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one whose ids
@@ -217,7 +220,7 @@ def load_model(
     chosen = resolve_device(device, field="--device")
     folder = _locate(path_or_name)
     if is_gguf_file(folder):
-        bundle = _load_gguf(folder)
+        bundle = _load_gguf(folder, dequantize or quantize is not None or chosen.type != "cpu")
     else:
         bundle = _load_huggingface(folder) if is_huggingface_dir(folder) else _load_attn(folder)
     if require_tokenizer or bundle.tokenizer is not None:
@@ -325,8 +328,8 @@ def _load_huggingface(folder: Path) -> Bundle:
     return _with_chat(bundle, where, _named_end_ids(folder, tokenizer_config, tokenizer))
 
 
-def _load_gguf(path: Path) -> Bundle:
-    model, found, info = load_gguf(path)
+def _load_gguf(path: Path, dequantize: bool) -> Bundle:
+    model, found, info = load_gguf(path, dequantize=dequantize)
     tokenizer = found.tokenizer
     start = info.decoding.start_id if info.decoding.start_id is not None else tokenizer.bos_id
     pad = info.ids.pad if info.ids.pad is not None else (tokenizer.pad_id or 0)

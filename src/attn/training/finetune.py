@@ -19,7 +19,7 @@ def initial_model(init_from: str | None) -> Bundle | None:
     Raises:
         CheckpointError: nothing loadable there.
     """
-    return load_model(init_from, device="cpu", require_tokenizer=False) if init_from else None
+    return load_model(init_from, device="cpu", require_tokenizer=False, dequantize=True) if init_from else None
 
 
 def copy_pretrained(initial: Bundle, model: nn.Module) -> list[str]:

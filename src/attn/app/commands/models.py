@@ -33,7 +33,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.quantize is not None and args.to != "attn":
         raise ConfigError("--quantize", f"{args.to} directories hold float weights: convert --to attn to store "
                                         f"{args.quantize} weights")
-    bundle = load_model(args.source, "cpu", require_tokenizer=False, quantize=args.quantize)
+    bundle = load_model(args.source, "cpu", require_tokenizer=False, quantize=args.quantize, dequantize=True)
     if args.to == "attn":
         if bundle.imported is None and args.quantize is None:
             raise CheckpointError(f"{args.source}: already an attn checkpoint (no Hugging Face config.json); "

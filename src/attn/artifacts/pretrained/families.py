@@ -23,6 +23,7 @@ from attn.artifacts.checkpoint import CHAT_TEMPLATE_FILE
 from attn.artifacts.pretrained import bert, gpt2, llama, marian
 from attn.artifacts.pretrained.decoding import DecodingRules
 from attn.artifacts.pretrained.gguf import GgufModel, read_gguf
+from attn.artifacts.pretrained.gguf_weights import GgufTensor, load_quantized
 from attn.artifacts.pretrained.hf_config import Family, SpecialIds, same_config
 from attn.artifacts.pretrained.keymap import export_from, load_into
 from attn.artifacts.torch_files import load_torch_file
@@ -31,7 +32,7 @@ from attn.data.marian_tokenizer import is_marian_directory
 from attn.data.tokenizer_kinds import MARIAN_KIND
 from attn.data.tokenizers import Tokenizer
 from attn.core.errors import AttnError, CheckpointError
-from attn.models import Model, build_model
+from attn.models import Model, build_empty, build_model
 
 FAMILIES: dict[str, Family] = {
     family.name: family for family in (gpt2.FAMILY, bert.FAMILY, marian.FAMILY, *llama.FAMILIES)
@@ -86,21 +87,35 @@ def load_pretrained(directory: str | Path, attention: str = "fast") -> tuple[Mod
     return model, load_tokenizer(folder), info
 
 
-def load_gguf(path: str | Path, attention: str = "fast") -> tuple[Model, GgufModel, PretrainedInfo]:
+def load_gguf(path: str | Path, attention: str = "fast",
+              dequantize: bool = False) -> tuple[Model, GgufModel, PretrainedInfo]:
     """Loads a llama.cpp GGUF file into an `attn` model, through the family its architecture names.
 
+    Args:
+        dequantize: every weight as float32 (to fine-tune or export it); by default quantized blocks stay quantized
+            (`attn.artifacts.pretrained.gguf_weights`), read one tensor at a time.
+
     Returns:
-        The model in eval mode (weights dequantized to float32), what the file holds besides them (its tokenizer,
-        chat template, ...; its weights dropped), and `PretrainedInfo`.
+        The model in eval mode, what the file holds besides its weights (tokenizer, chat template, ...), and
+        `PretrainedInfo`.
 
     Raises:
         CheckpointError: the file is not a GGUF file attn reads, or its weights and metadata disagree.
     """
     found = read_gguf(path)
-    source = str(found.path)
-    family = family_of(found.hf_config, found.path)
-    model, info = convert(family, found.hf_config, found.weights, found.hf_config, found.path, source, attention)
-    return model, dataclasses.replace(found, weights={}), info
+    source, hf = str(found.path), found.hf_config
+    family = family_of(hf, found.path)
+    if dequantize:
+        floats = {name: tensor.floats() for name, tensor in found.weights.items()}
+        model, info = convert(family, hf, floats, hf, found.path, source, attention)
+    else:
+        config = _our_config(family, hf, found.weights, found.path)
+        _check_size(config, found.weights, found.path)
+        model = build_empty(config, attention)
+        load_quantized(model, family.key_table(config), found.weights, source)
+        ids = SpecialIds.from_hf(hf)
+        info = PretrainedInfo(family.name, config, ids, {}, family.decoding(hf, ids.decoder_start))
+    return model.eval(), dataclasses.replace(found, weights={}), info
 
 
 def convert(
@@ -240,7 +255,8 @@ def _family_named(name: str) -> Family:
     return FAMILIES[name]
 
 
-def _our_config(family: Family, hf: Mapping[str, Any], weights: Mapping[str, Tensor], path: Path) -> ModelConfig:
+def _our_config(family: Family, hf: Mapping[str, Any], weights: Mapping[str, Tensor | GgufTensor],
+                path: Path) -> ModelConfig:
     try:
         return family.model_config(hf, weights.keys())
     except AttnError as err:  # a value the family or our config rejects (e.g. heads not dividing d_model)
@@ -252,7 +268,7 @@ def _our_config(family: Family, hf: Mapping[str, Any], weights: Mapping[str, Ten
 SIZE_ALLOWANCE = 2**22
 
 
-def _check_size(config: ModelConfig, weights: Mapping[str, Tensor], path: Path) -> None:
+def _check_size(config: ModelConfig, weights: Mapping[str, Tensor | GgufTensor], path: Path) -> None:
     """Refuses a config whose model would take far more memory than its weights fill, before it is built.
 
     A config.json that lies (2**40 layers) would otherwise have `build_model` allocate that much. The bound counts

@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format) of the Llama family: config, weights, tokenizer and chat template.
 
 `read_gguf(path)` reads one file into a `GgufModel`: the config.json that `transformers` would hold for the model,
-its weights under Hugging Face's names as float tensors, its tokenizer and chat template. The Hugging Face
+its weights under Hugging Face's names (`GgufTensor`s, read from disk when asked), its tokenizer and chat template. The Hugging Face
 importer takes it from there; nothing here knows our own model. Architectures: `llama`, `qwen2` and `qwen3`
 (Mistral's files are `llama`); tokenizers: byte-level BPE.
 
@@ -10,13 +10,13 @@ What the reader undoes of llama.cpp's conversion:
 - Dimensions: GGUF lists a tensor's dimensions innermost first, [in, out] for a linear map; the arrays `gguf`
   gives are row-major (out, in), the layout of `torch.nn.Linear.weight`.
 - Rotary layout (`llama` only): llama.cpp rotates interleaved pairs (2j, 2j+1) where Hugging Face rotates two
-  halves (j, j + d/2), so its converter reorders the rows of every head of q_proj and k_proj; `_unpermute`
-  puts them back.
+  halves (j, j + d/2), so its converter reorders the rows of every head of q_proj and k_proj; `GgufTensor` puts
+  them back.
 - Rope scaling: llama.cpp stores Llama 3's as per-frequency factors (`rope_freqs.weight`).
 - Floats: each metadata float32 becomes the shortest decimal that reads back as it (`gguf_file.Metadata`).
 
 Files come from strangers. Every defect is a `CheckpointError` that names the file and the fix, found from the
-header alone before any tensor is dequantized; no read may pass the end of the file.
+header alone before any tensor is read; no read may pass the end of the file.
 """
 
 from __future__ import annotations
@@ -26,11 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import gguf
-import numpy as np
-import torch
 from gguf import ReaderTensor
-from torch import Tensor
 
 from attn.artifacts.pretrained.gguf_config import (
     ARCHITECTURES,
@@ -42,7 +38,8 @@ from attn.artifacts.pretrained.gguf_config import (
 )
 from attn.artifacts.pretrained.gguf_file import Metadata, check_dequantizable, open_gguf
 from attn.artifacts.pretrained.gguf_tokenizer import tokenizer_of
-from attn.core.errors import CheckpointError, ConfigError
+from attn.artifacts.pretrained.gguf_weights import GgufTensor
+from attn.core.errors import CheckpointError
 from attn.data.tokenizers import Tokenizer
 
 
@@ -53,7 +50,7 @@ class GgufModel:
     Attributes:
         architecture: its `general.architecture`: "llama", "qwen2" or "qwen3".
         hf_config: the config.json of the model, bos/eos/pad ids included.
-        weights: Hugging Face state-dict names -> tensors: linear maps (out, in), norms (d,); no
+        weights: Hugging Face state-dict names -> the file's tensors: linear maps (out, in), norms (d,); no
             `lm_head.weight` when the embedding is tied.
         tokenizer: control tokens are special (matched whole, left out by `decode`), user-defined tokens are
             matched whole and kept.
@@ -64,26 +61,20 @@ class GgufModel:
     path: Path
     architecture: str
     hf_config: dict[str, Any]
-    weights: dict[str, Tensor]
+    weights: dict[str, GgufTensor]
     tokenizer: Tokenizer
     chat_template: str | None
     eot_id: int | None
     add_bos: bool
 
 
-def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GgufModel:
-    """Reads a GGUF file of the Llama family: config, dequantized weights, tokenizer, chat template.
-
-    Args:
-        dtype: the floating dtype of the weights (dequantized to float32 first).
+def read_gguf(path: str | Path) -> GgufModel:
+    """Reads a GGUF file of the Llama family: config, weights (left on disk), tokenizer, chat template.
 
     Raises:
         CheckpointError: the file is not GGUF, is cut short or inconsistent, or holds an architecture, tokenizer,
             rope scaling or block format this reader does not support.
-        ConfigError: `dtype` is not a floating dtype.
     """
-    if not dtype.is_floating_point:
-        raise ConfigError("dtype", f"{dtype} is not a floating dtype; use torch.float32, torch.bfloat16, ...")
     path = Path(path)
     meta = Metadata(open_gguf(path), path)
     architecture = meta.get("general.architecture", "str")
@@ -100,7 +91,7 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GgufModel
     table = _tensor_table(family, hyper)
     _check_tensors(meta, tensors, table, hyper)
     config = hf_config(family, hyper, ids, tied="output.weight" not in tensors)
-    weights = {table[name][0]: _dequantized(tensor, table[name][2], dtype) for name, tensor in tensors.items()}
+    weights = {table[name][0]: GgufTensor(path, tensor, table[name][2]) for name, tensor in tensors.items()}
     return GgufModel(path, architecture, config, weights, tokenizer, chat_template, ids["eot"], add_bos)
 
 
@@ -159,20 +150,3 @@ def _check_tensors(meta: Metadata, tensors: Mapping[str, ReaderTensor],
                                   f"{hyper.kv_heads} key/value heads, width {hyper.hidden}, feed-forward "
                                   f"{hyper.ffn}, {hyper.vocab} tokens); the file is inconsistent: convert it again")
         check_dequantizable(path, tensor)
-
-
-def _dequantized(tensor: ReaderTensor, permuted_heads: int | None, dtype: torch.dtype) -> Tensor:
-    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # (out, in) or (d,), float32
-    if permuted_heads is not None:
-        values = _unpermute(values, permuted_heads)
-    return torch.from_numpy(np.array(values, dtype=np.float32)).to(dtype)  # a copy: the file stays untouched
-
-
-def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """Rows of q_proj or k_proj (heads * d, ...) back from llama.cpp's order to Hugging Face's.
-
-    llama.cpp keeps row r * d/2 + j of a head (half r, dimension j) as row 2j + r of that head.
-    """
-    half = weight.shape[0] // heads // 2
-    return weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-

@@ -1,0 +1,189 @@
+"""A GGUF file's weights, read one tensor at a time into the layers that hold them: no float copy of the model.
+
+| block type | held as | exact? |
+|---|---|---|
+| Q4_0, Q4_1, Q4_K | `Int4Linear`: the file's 4-bit codes, groups of 32 with a scale and a minimum each | codes exact; scale and zero rounded to bfloat16 |
+| F32, F16, BF16 | float32 | exact |
+| every other type `gguf` dequantizes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q2_K, Q3_K, IQ*, TQ*) | `Int8Linear`: int8 rows, one scale per row | re-quantized from the dequantized row |
+
+A fused projection (q, k and v stacked) is int4 when all its parts are 4-bit and fit the kernel, float when all are
+floats, else int8 rows. A token embedding stored quantized becomes int8 rows (`Int8Embedding`), converted a slice of
+rows at a time; a tied output projection shares them. Every other tensor (norms, biases) is float32. What keeping
+a file's blocks costs against its dequantized float32 model is measured by `benchmarks/quantized.py` (its "gguf"
+rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import ReaderTensor
+from torch import Tensor, nn
+
+from attn.artifacts.pretrained.keymap import KeyTable
+from attn.core.errors import CheckpointError
+from attn.core.layers import Embeddings, SoftCappedProjection
+from attn.core.quantized import GROUP, Int4Linear, Int8Embedding, Int8Linear, quantize_rows
+
+INT4_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+ROWS_AT_ONCE = 4096  # rows of an embedding dequantized together on their way to int8
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufTensor:
+    """One tensor of a GGUF file, read from disk when asked (each call reads it again).
+
+    Attributes:
+        heads: the heads whose rows llama.cpp reordered for its rotary layout (q and k of "llama"), or None.
+    """
+
+    path: Path
+    tensor: ReaderTensor
+    heads: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(out, in) for a matrix, (d,) for a vector: GGUF lists dimensions innermost first."""
+        return tuple(int(n) for n in reversed(self.tensor.shape))
+
+    @property
+    def type(self) -> Q:
+        return self.tensor.tensor_type
+
+    def numel(self) -> int:
+        return int(self.tensor.n_elements)
+
+    def floats(self, rows: slice = slice(None)) -> Tensor:
+        """The dequantized float32 values (of `rows` of a matrix), in Hugging Face's row order."""
+        values = torch.from_numpy(gguf.quants.dequantize(self._bytes(rows), self.type).copy())
+        return _unpermuted(values.view(-1) if len(self.shape) == 1 else values, self.heads)
+
+    def groups(self) -> tuple[Tensor, Tensor]:
+        """A 4-bit tensor's codes (out, in) uint8 in 0..15 and scales (out, in / 32, 2) float32 [scale, minimum]
+        per group of 32, with W = scale q + minimum exactly as `gguf.quants.dequantize` computes it."""
+        out, size = self.shape
+        blocks = self._bytes(slice(None)).reshape(-1, gguf.GGML_QUANT_SIZES[self.type][1])
+        codes, scale, low = _GROUPS[self.type](blocks)
+        scales = torch.from_numpy(np.stack([scale, low], -1).reshape(out, size // GROUP, 2))
+        codes = torch.from_numpy(codes.reshape(out, size))
+        return _unpermuted(codes, self.heads), _unpermuted(scales, self.heads)
+
+    def _bytes(self, rows: slice) -> np.ndarray:
+        """The stored bytes of `rows`, (rows, bytes per row), read from the file (not from its memory map, whose
+        pages would stay resident)."""
+        count = self.shape[0] if len(self.shape) == 2 else 1
+        start, stop, _ = rows.indices(count)
+        row_bytes = int(self.tensor.n_bytes) // count
+        return np.fromfile(self.path, np.uint8, count=(stop - start) * row_bytes,
+                           offset=int(self.tensor.data_offset) + start * row_bytes).reshape(stop - start, row_bytes)
+
+
+def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    scale = blocks[:, :2].view(np.float16).astype(np.float32)
+    return _nibbles(blocks[:, 2:]), scale, -8 * scale
+
+
+def _q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    halves = blocks[:, :4].view(np.float16).astype(np.float32)
+    return _nibbles(blocks[:, 4:]), halves[:, :1], halves[:, 1:]
+
+
+def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Super-blocks of 256: eight groups of 32 with 6-bit scales and minimums of d and dmin; each 32 bytes of codes
+    hold a group in their low nibbles and the next in their high ones."""
+    d, dmin = blocks[:, :4].view(np.float16).astype(np.float32).T
+    sc, m = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (qs & 15).reshape(-1, 256), d[:, None] * sc.astype(np.float32), -(dmin[:, None] * m.astype(np.float32))
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """A Q4_0 or Q4_1 block's 32 codes: the low nibbles of its 16 bytes, then the high ones."""
+    return np.concatenate([qs & 15, qs >> 4], -1)
+
+
+_GROUPS = {Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q4_K: _q4_k}
+
+
+def _unpermuted(rows: Tensor, heads: int | None) -> Tensor:
+    """Rows of q_proj or k_proj (heads * d, ...) back from llama.cpp's order to Hugging Face's: llama.cpp keeps row
+    r * d/2 + j of a head (half r, dimension j) as row 2j + r of that head."""
+    if heads is None:
+        return rows
+    half = rows.shape[0] // heads // 2
+    return rows.reshape(heads, half, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+
+
+def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, GgufTensor], source: str) -> None:
+    """Fills `model`, built with its parameters on the meta device, from the file's tensors under Hugging Face's
+    names: linear layers and the token embedding as the module docstring says, every other tensor in float32.
+
+    Raises:
+        CheckpointError: a tensor of the model that no rule fills (the key table and the model disagree).
+    """
+    parts = {r.ours: [weights[name] for name in r.theirs] for r in table.expanded(table.is_prefixed(weights))
+             if all(name in weights for name in r.theirs)}
+    embedded: dict[int, Int8Embedding] = {}  # id of a meta weight -> the int8 rows that replaced it
+    for owner in list(model.modules()):
+        if isinstance(owner, Embeddings) and isinstance(owner.tokens, nn.Embedding):
+            found = parts[_name(model, owner.tokens) + ".weight"]
+            if found[0].type not in FLOAT_TYPES:
+                embedded[id(owner.tokens.weight)] = owner.tokens = _int8_embedding(found[0])
+    for owner in list(model.modules()):
+        for child_name, child in list(owner.named_children()):
+            if isinstance(child, nn.Linear) and not isinstance(child, SoftCappedProjection):
+                layer = _linear(child, _name(model, child), parts, embedded)
+                if layer is not None:
+                    setattr(owner, child_name, layer)
+    tied: dict[int, list[str]] = {}  # the names of each parameter still empty (tied ones share it)
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        if tensor.is_meta:
+            tied.setdefault(id(tensor), []).append(name)
+    for names in tied.values():
+        stored = [name for name in names if name in parts]
+        if not stored:
+            raise CheckpointError(f"{source}: nothing in the file fills {names[0]}; the file is incomplete")
+        value = nn.Parameter(torch.cat([part.floats() for part in parts[stored[0]]]), requires_grad=False)
+        for name in names:
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, value)
+    model.requires_grad_(False)
+
+
+def _name(model: nn.Module, module: nn.Module) -> str:
+    return next(name for name, m in model.named_modules() if m is module)
+
+
+def _linear(layer: nn.Linear, name: str, parts: Mapping[str, list[GgufTensor]],
+            embedded: Mapping[int, Int8Embedding]) -> nn.Module | None:
+    """The layer that holds `name`'s weight: int4, int8 rows, or None to keep the float layer (filled later)."""
+    bias = torch.cat([p.floats() for p in parts[name + ".bias"]]) if name + ".bias" in parts else None
+    if name + ".weight" not in parts:  # a tied projection
+        rows = embedded.get(id(layer.weight))
+        return None if rows is None else Int8Linear(rows.weight, rows.scale, bias)
+    found = parts[name + ".weight"]
+    if all(p.type in FLOAT_TYPES for p in found):
+        return None
+    fits = layer.in_features % GROUP == 0 and layer.out_features % 16 == 0
+    if fits and all(p.type in INT4_TYPES for p in found):
+        codes, scales = (torch.cat(each) for each in zip(*(p.groups() for p in found), strict=True))
+        return Int4Linear(codes[:, 0::2] | (codes[:, 1::2] << 4), scales, bias)
+    rows, scales = zip(*(quantize_rows(p.floats()) for p in found), strict=True)
+    return Int8Linear(torch.cat(rows), torch.cat(scales).squeeze(-1), bias)
+
+
+def _int8_embedding(tensor: GgufTensor) -> Int8Embedding:
+    vocab, width = tensor.shape
+    rows, scale = torch.empty(vocab, width, dtype=torch.int8), torch.empty(vocab)
+    for start in range(0, vocab, ROWS_AT_ONCE):
+        part = slice(start, min(start + ROWS_AT_ONCE, vocab))
+        rows[part], scales = quantize_rows(tensor.floats(part))
+        scale[part] = scales.squeeze(-1)
+    return Int8Embedding(rows, scale)
