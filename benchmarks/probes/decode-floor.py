@@ -26,7 +26,7 @@ import transformers
 
 import attn
 from attn.core.linear import linear
-from attn.core.quantized import QuantizedLinear, quantize
+from attn.core.quantized import Int4Linear, QuantizedLinear, quantize
 from benchmarks.chat_model import gguf_path
 from benchmarks.harness import device_name, git_commit
 
@@ -81,7 +81,7 @@ def _decode_step(model: torch.nn.Module, ids: list[int], batch: int):
 
 def _quantized(model: torch.nn.Module, ids: list[int]) -> dict[str, float]:
     """One row's products with every quantized layer, each through its own kernel, and the model's decode step."""
-    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    layers = [m for m in model.modules() if isinstance(m, (QuantizedLinear, Int4Linear))]
     inputs = {m.in_features: torch.randn(1, m.in_features) for m in layers}
     return {"layers": len(layers), "products_ms": median_ms(lambda: [m(inputs[m.in_features]) for m in layers]),
             "attn_decode_step_ms": median_ms(_decode_step(model, ids, 1))}

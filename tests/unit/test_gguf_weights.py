@@ -13,7 +13,7 @@ from gguf import dequantize
 from libgguf import quantize_rows
 from tiny_gguf import HEADS, KV_HEADS, TOKENS, hf_weights, permute, write_gguf
 
-from attn import load_model, save_model
+from attn import GenerationConfig, generate, load_model, save_model
 from attn.artifacts.pretrained.gguf import read_gguf
 from attn.artifacts.pretrained.gguf_weights import GgufTensor
 from attn.core.quantized import Int4Linear, Int8Embedding, Int8Linear, quantization_of
@@ -123,6 +123,18 @@ def test_a_kept_quantized_model_saves_and_loads_back_the_same(tmp_path: Path) ->
     tokens = torch.tensor([[5, 70, 12]])
     with torch.no_grad():
         assert torch.equal(bundle.model(tokens), again.model(tokens))
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_K, q4_k_m], ids=["Q4_K", "Q4_K_M"])
+def test_a_kept_model_decodes_with_its_cache_as_its_full_forward_does(tmp_path: Path, kind) -> None:
+    write_wide(tmp_path / "m.gguf", kind, tied=kind is not q4_k_m)
+    model = load_model(tmp_path / "m.gguf", "cpu").model
+    prompt = [5, 70, 12]
+    new = generate(model, [prompt], GenerationConfig(max_new_tokens=6))[0]
+    with torch.no_grad():
+        for i, token in enumerate(new):  # the cached step's choice is the full forward's best, to bfloat16 rounding
+            logits = model(torch.tensor([prompt + new[:i]]))[0, -1]
+            assert logits[token] >= logits.max() - 2**-7 * logits.abs().max(), i
 
 
 def test_quantize_and_a_gpu_take_the_dequantized_weights(tmp_path: Path) -> None:

@@ -141,9 +141,9 @@ def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
 class Int4Linear(nn.Module):
     """y = x W^T + b with W in 4-bit groups (see the module's docstring): (..., in) -> (..., out).
 
-    The layer holds the kernel's own layout of the codes (which differs between AVX2 and AVX-512) and each group's
-    scale and zero in bfloat16, the one input type the kernel vectorises: half a byte per weight and an eighth of
-    a byte per weight for the scales. Its input rows are multiplied in bfloat16 (summed in float32), whatever
+    The layer holds the kernel's own layout of the codes as `weight` (it differs between AVX2 and AVX-512) and each
+    group's scale and zero in bfloat16, the one input type the kernel vectorises: half a byte per weight and an
+    eighth of a byte per weight for the scales. Its input rows are multiplied in bfloat16 (summed in float32), whatever
     their number. Its state dict holds the portable form that `quantize_groups` writes, so a file serves every CPU.
     """
 
@@ -160,7 +160,7 @@ class Int4Linear(nn.Module):
     def _pack(self, weight: Tensor, scales: Tensor) -> None:
         codes = torch.stack([weight & 15, weight >> 4], -1).view(self.out_features, self.in_features)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
-        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("weight", packed, persistent=False)  # the state dict holds the portable codes
         scale, low = scales.float().unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
         zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).to(torch.bfloat16).contiguous()
         self.register_buffer("scale_and_zero", zeros, persistent=False)  # (in / GROUP, out, 2)
@@ -171,7 +171,7 @@ class Int4Linear(nn.Module):
         unit = torch.zeros_like(self.scale_and_zero)
         unit[..., 0] = 1
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        columns = [torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, unit)
+        columns = [torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight, GROUP, unit)
                    for rows in eye.split(1024)]  # (in, out) in slices, so no (in, in) product is held twice
         return (torch.cat(columns).t() + 8).to(torch.uint8)
 
@@ -188,7 +188,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_and_zero).to(x.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight, GROUP, self.scale_and_zero).to(x.dtype)
         y = y if self.bias is None else y + self.bias.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
