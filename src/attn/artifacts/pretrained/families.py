@@ -105,23 +105,15 @@ def load_gguf(path: str | Path, attention: str = "fast",
     found = read_gguf(path)
     source, hf = str(found.path), found.hf_config
     family = family_of(hf, found.path)
-    if dequantize:
-        floats = {name: tensor.floats() for name, tensor in found.weights.items()}
-        model, info = convert(family, hf, floats, hf, found.path, source, attention)
-    else:
-        config = _our_config(family, hf, found.weights, found.path)
-        _check_size(config, found.weights, found.path)
-        model = build_empty(config, attention)
-        load_quantized(model, family.key_table(config), found.weights, source)
-        ids = SpecialIds.from_hf(hf)
-        info = PretrainedInfo(family.name, config, ids, {}, family.decoding(hf, ids.decoder_start))
-    return model.eval(), dataclasses.replace(found, weights={}), info
+    weights = {name: tensor.floats() for name, tensor in found.weights.items()} if dequantize else found.weights
+    model, info = convert(family, hf, weights, hf, found.path, source, attention)
+    return model, dataclasses.replace(found, weights={}), info
 
 
 def convert(
     family: Family,
     hf: Mapping[str, Any],
-    weights: Mapping[str, Tensor],
+    weights: Mapping[str, Tensor] | Mapping[str, GgufTensor],
     generation: Mapping[str, Any],
     config_path: Path,
     source: str,
@@ -131,13 +123,19 @@ def convert(
 
     Args:
         hf: the config.json (or what a GGUF file's metadata says it would be).
+        weights: tensors under the checkpoint's names, or a GGUF file's tensors, which stay quantized
+            (`gguf_weights.load_quantized` fills a model built without weights).
         generation: where the decoding defaults are read (generation_config.json, else config.json).
         config_path, source: the config's and the weights' file, for messages.
     """
     config = _our_config(family, hf, weights, config_path)
     _check_size(config, weights, config_path)
-    model = build_model(config, attention)
-    unused = load_into(model, family.key_table(config), weights, source)
+    if any(isinstance(tensor, GgufTensor) for tensor in weights.values()):  # a GGUF file's blocks, kept quantized
+        model, unused = build_empty(config, attention), {}
+        load_quantized(model, family.key_table(config), weights, source)
+    else:
+        model = build_model(config, attention)
+        unused = load_into(model, family.key_table(config), weights, source)
     ids = SpecialIds.from_hf(hf)
     rules = family.decoding(generation, ids.decoder_start)
     return model.eval(), PretrainedInfo(family.name, config, ids, unused, rules)

@@ -130,16 +130,17 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
     """
     parts = {r.ours: [weights[name] for name in r.theirs] for r in table.expanded(table.is_prefixed(weights))
              if all(name in weights for name in r.theirs)}
+    names = {module: name for name, module in model.named_modules()}
     embedded: dict[int, Int8Embedding] = {}  # id of a meta weight -> the int8 rows that replaced it
     for owner in list(model.modules()):
         if isinstance(owner, Embeddings) and isinstance(owner.tokens, nn.Embedding):
-            found = parts[_name(model, owner.tokens) + ".weight"]
+            found = parts[names[owner.tokens] + ".weight"]
             if found[0].type not in FLOAT_TYPES:
                 embedded[id(owner.tokens.weight)] = owner.tokens = _int8_embedding(found[0])
     for owner in list(model.modules()):
         for child_name, child in list(owner.named_children()):
             if isinstance(child, nn.Linear) and not isinstance(child, SoftCappedProjection):
-                layer = _linear(child, _name(model, child), parts, embedded)
+                layer = _linear(child, names[child], parts, embedded)
                 if layer is not None:
                     setattr(owner, child_name, layer)
     tied: dict[int, list[str]] = {}  # the names of each parameter still empty (tied ones share it)
@@ -155,10 +156,6 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
             owner, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(owner), leaf, value)
     model.requires_grad_(False)
-
-
-def _name(model: nn.Module, module: nn.Module) -> str:
-    return next(name for name, m in model.named_modules() if m is module)
 
 
 def _linear(layer: nn.Linear, name: str, parts: Mapping[str, list[GgufTensor]],
