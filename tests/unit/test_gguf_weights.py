@@ -94,6 +94,23 @@ def test_each_block_type_is_held_as_its_layer_with_the_numbers_of_its_blocks(tmp
     assert float((p.exp() * (p - q)).sum(-1).mean()) < 0.02  # mean KL of the next-token distributions
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])  # q/k/v biases, q/k norms
+def test_every_architecture_is_held_quantized_with_its_biases_and_norms(tmp_path: Path, arch: str) -> None:
+    write_gguf(tmp_path / "m.gguf", arch, quant=Q.Q4_0)
+    kept = load_model(tmp_path / "m.gguf", "cpu").model
+    floats = load_model(tmp_path / "m.gguf", "cpu", dequantize=True).model
+    assert isinstance(kept.blocks[0].attn.qkv, Int4Linear)
+    assert (kept.blocks[0].attn.qkv.bias is not None) == (arch == "qwen2")
+    for name, tensor in floats.named_parameters():
+        if tensor.ndim == 1:  # norms and biases: float32, as read
+            assert torch.equal(kept.get_parameter(name) if name in dict(kept.named_parameters()) else
+                               kept.get_buffer(name), tensor), name
+    tokens = torch.tensor([[5, 70, 12, 200, 9]])
+    with torch.no_grad():
+        p, q = floats(tokens).log_softmax(-1), kept(tokens).log_softmax(-1)
+    assert float((p.exp() * (p - q)).sum(-1).mean()) < 0.02
+
+
 def test_a_tied_quantized_embedding_and_output_share_one_int8_matrix(tmp_path: Path) -> None:
     write_wide(tmp_path / "m.gguf", q4_k_m)
     model = load_model(tmp_path / "m.gguf", "cpu").model

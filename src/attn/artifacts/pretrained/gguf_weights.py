@@ -147,12 +147,12 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
     for name, tensor in model.named_parameters(remove_duplicate=False):
         if tensor.is_meta:
             tied.setdefault(id(tensor), []).append(name)
-    for names in tied.values():
-        stored = [name for name in names if name in parts]
+    for group in tied.values():
+        stored = [name for name in group if name in parts]
         if not stored:
-            raise CheckpointError(f"{source}: nothing in the file fills {names[0]}; the file is incomplete")
+            raise CheckpointError(f"{source}: nothing in the file fills {group[0]}; the file is incomplete")
         value = nn.Parameter(torch.cat([part.floats() for part in parts[stored[0]]]), requires_grad=False)
-        for name in names:
+        for name in group:
             owner, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(owner), leaf, value)
     model.requires_grad_(False)
@@ -161,19 +161,23 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
 def _linear(layer: nn.Linear, name: str, parts: Mapping[str, list[GgufTensor]],
             embedded: Mapping[int, Int8Embedding]) -> nn.Module | None:
     """The layer that holds `name`'s weight: int4, int8 rows, or None to keep the float layer (filled later)."""
-    bias = torch.cat([p.floats() for p in parts[name + ".bias"]]) if name + ".bias" in parts else None
-    if name + ".weight" not in parts:  # a tied projection
+    found = parts.get(name + ".weight")
+    if found is None:  # a projection tied to the embedding
         rows = embedded.get(id(layer.weight))
-        return None if rows is None else Int8Linear(rows.weight, rows.scale, bias)
-    found = parts[name + ".weight"]
+        return None if rows is None else Int8Linear(rows.weight, rows.scale, _bias(name, parts))
     if all(p.type in FLOAT_TYPES for p in found):
         return None
+    bias = _bias(name, parts)
     fits = layer.in_features % GROUP == 0 and layer.out_features % 16 == 0
     if fits and all(p.type in INT4_TYPES for p in found):
         codes, scales = (torch.cat(each) for each in zip(*(p.groups() for p in found), strict=True))
         return Int4Linear(codes[:, 0::2] | (codes[:, 1::2] << 4), scales, bias)
     rows, scales = zip(*(quantize_rows(p.floats()) for p in found), strict=True)
     return Int8Linear(torch.cat(rows), torch.cat(scales).squeeze(-1), bias)
+
+
+def _bias(name: str, parts: Mapping[str, list[GgufTensor]]) -> Tensor | None:
+    return torch.cat([p.floats() for p in parts[name + ".bias"]]) if name + ".bias" in parts else None
 
 
 def _int8_embedding(tensor: GgufTensor) -> Int8Embedding:
