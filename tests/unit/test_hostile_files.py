@@ -4,10 +4,9 @@ Each reader (safetensors weights of a Hugging Face folder and of an attn checkpo
 tokenizer.json, SentencePiece models, config.json) reads files drawn to break it, in a process of
 its own whose address space is limited: every file must be read or refused with one `AttnError`
 that names it, nothing may crash the process, and no file may raise the resident memory by more than
-a multiple of its size (16; 1024 for GGUF, whose header items the gguf package makes objects of) plus a
-fixed allowance, measured per file (the peak is reset before each read). The CI set reads `sum(CI.values())` files,
-two readers at a time (the machines have two cores); the slow set ten times as many. Then one test
-per defect the fuzzing found, so that each stays fixed with a readable example.
+16 times its size plus a fixed allowance, measured per file (the peak is reset before each read). The CI set
+reads `sum(CI.values())` files, two readers at a time (the machines have two cores); the slow set ten times as
+many. Then one test per defect the fuzzing found, so that each stays fixed with a readable example.
 """
 
 from __future__ import annotations

@@ -26,8 +26,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gguf import ReaderTensor
-
 from attn.artifacts.pretrained.gguf_config import (
     ARCHITECTURES,
     GgufArchitecture,
@@ -36,7 +34,7 @@ from attn.artifacts.pretrained.gguf_config import (
     hyper_parameters,
     llama3_scaling,
 )
-from attn.artifacts.pretrained.gguf_file import Metadata, check_dequantizable, open_gguf
+from attn.artifacts.pretrained.gguf_file import GgufTensorInfo, Metadata, check_dequantizable, open_gguf
 from attn.artifacts.pretrained.gguf_tokenizer import tokenizer_of
 from attn.artifacts.pretrained.gguf_weights import GgufTensor
 from attn.core.errors import CheckpointError
@@ -131,7 +129,7 @@ def _tensor_table(
     return table
 
 
-def _check_tensors(meta: Metadata, tensors: Mapping[str, ReaderTensor],
+def _check_tensors(meta: Metadata, tensors: Mapping[str, GgufTensorInfo],
                    table: Mapping[str, tuple[str, tuple[int, ...], int | None]], hyper: HyperParameters) -> None:
     """Checks each tensor's name, dimensions and block format; `output.weight` is absent when tied."""
     path = meta.path

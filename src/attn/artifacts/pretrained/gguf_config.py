@@ -12,9 +12,8 @@ from typing import Any
 
 import gguf
 import numpy as np
-from gguf import ReaderTensor
 
-from attn.artifacts.pretrained.gguf_file import Metadata, check_dequantizable
+from attn.artifacts.pretrained.gguf_file import GgufTensorInfo, Metadata, check_dequantizable, tensor_bytes
 from attn.core.errors import CheckpointError
 
 
@@ -109,7 +108,7 @@ def _rope_scaling(meta: Metadata, arch: str) -> dict[str, Any] | None:
 _LLAMA3_CONTEXT = 8192  # Llama 3's original_max_position_embeddings, the unit of its rope scaling's wavelengths
 
 
-def llama3_scaling(meta: Metadata, tensor: ReaderTensor, hyper: HyperParameters) -> dict[str, Any]:
+def llama3_scaling(meta: Metadata, tensor: GgufTensorInfo, hyper: HyperParameters) -> dict[str, Any]:
     """config.json's "llama3" rope scaling that gives the per-frequency factors of `rope_freqs.weight`.
 
     llama.cpp's converter divides rotary frequency i by factor f_i: 1 where the wavelength w_i is
@@ -123,7 +122,7 @@ def llama3_scaling(meta: Metadata, tensor: ReaderTensor, hyper: HyperParameters)
         raise CheckpointError(f"{path}: rope_freqs.weight has dimensions {[int(n) for n in tensor.shape]}, expected "
                               f"[{half}], or the file sets another rope scaling too; convert the file again")
     check_dequantizable(path, tensor)
-    factors = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float64)
+    factors = gguf.quants.dequantize(tensor_bytes(path, tensor), tensor.tensor_type).astype(np.float64)
     wavelengths = 2 * np.pi * hyper.theta ** (np.arange(half) * 2 / hyper.head_dim)
     scaling = _fit_llama3(factors, wavelengths)
     if scaling is None or not np.allclose(_llama3_factors(scaling, wavelengths), factors, rtol=1e-4):

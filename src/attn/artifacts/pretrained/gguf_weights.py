@@ -23,9 +23,9 @@ import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import ReaderTensor
 from torch import Tensor, nn
 
+from attn.artifacts.pretrained.gguf_file import GgufTensorInfo, tensor_bytes
 from attn.artifacts.pretrained.keymap import KeyTable
 from attn.core.errors import CheckpointError
 from attn.core.layers import Embeddings, SoftCappedProjection
@@ -45,7 +45,7 @@ class GgufTensor:
     """
 
     path: Path
-    tensor: ReaderTensor
+    tensor: GgufTensorInfo
     heads: int | None = None
 
     @property
@@ -81,8 +81,8 @@ class GgufTensor:
         count = self.shape[0] if len(self.shape) == 2 else 1
         start, stop, _ = rows.indices(count)
         row_bytes = int(self.tensor.n_bytes) // count
-        return np.fromfile(self.path, np.uint8, count=(stop - start) * row_bytes,
-                           offset=int(self.tensor.data_offset) + start * row_bytes).reshape(stop - start, row_bytes)
+        return tensor_bytes(self.path, self.tensor, start * row_bytes, (stop - start) * row_bytes).reshape(
+            stop - start, row_bytes)
 
 
 def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
