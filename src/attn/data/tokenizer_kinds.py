@@ -13,8 +13,9 @@
 - `gpt2` (`from_gpt2_files`): GPT-2's byte-level BPE. Exact for every string.
 - `bert` (`from_bert_vocab`): BERT's WordPiece; as `wordpiece`.
 - `file` (`from_file`): whatever the `tokenizer.json` holds.
-- `gguf` (`attn.artifacts.pretrained.gguf.read_gguf`): the byte-level BPE that a GGUF file describes in its
-  metadata. Exact for every string (with `skip_special=False`), as `gpt2`.
+- `gguf` (`attn.artifacts.pretrained.gguf.read_gguf`): the byte-level BPE or SentencePiece vocabulary that a GGUF
+  file describes in its metadata, encoded as llama.cpp encodes it. Byte-level: exact for every string (with
+  `skip_special=False`), as `gpt2`; SentencePiece: exact for text without special tokens or "▁", as SentencePiece.
 - `sentencepiece` (`from_sentencepiece`): a SentencePiece model file (`*.model`, `*.spm`), read with the
   `sentencepiece` package: SentencePiece's own ids and text (see `attn.data.sentencepiece_tokenizer`).
 - `marian-spm` (`from_marian_files`): a Marian model's `source.spm` + `target.spm` + `vocab.json`, read with the

@@ -1,23 +1,42 @@
 """The tokenizer that a GGUF file's metadata describes (`tokenizer.ggml.*`), as a `Tokenizer` of kind "gguf".
 
-attn reads byte-level BPE vocabularies (`tokenizer.ggml.model` "gpt2"): the words are cut as llama.cpp cuts
-them, then spelt in GPT-2's byte alphabet. `add_special=True` puts bos (and eos) around a text where the file
-asks for them, as llama.cpp does.
+Two kinds of vocabulary (`tokenizer.ggml.model`), each encoded as llama.cpp's llama-vocab.cpp encodes it:
+- "gpt2", byte-level BPE (SmolLM2, Llama 3, Qwen2): the words are cut as llama.cpp cuts them for the file's
+  `tokenizer.ggml.pre`, then spelt in GPT-2's byte alphabet and merged by the file's merges.
+- "llama", SentencePiece (Llama 2, Mistral 7B, Gemma, Phi-3): spaces become "▁", a "▁" goes before every run of
+  text that starts the prompt or follows a special token (unless `tokenizer.ggml.add_space_prefix` is false, as
+  in Gemma's files), and the whole run is merged pair by pair, the pair that joins into the best-scored token
+  first; a character no token spells becomes its byte tokens (`<0xAB>`). Decoding turns "▁" back into spaces,
+  byte tokens into bytes, and drops the first space of the text, as SentencePiece does.
+
+Control and unknown tokens are special: matched whole in a text, left out by `decode`. User-defined tokens are
+matched whole and kept. `add_special=True` puts bos (and eos) around a text where the file asks for them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import tokenizers as hf
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from gguf import TokenType
+from tokenizers import (
+    AddedToken,
+    Regex,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from attn.artifacts.pretrained.gguf_file import Metadata
 from attn.core.errors import CheckpointError
 from attn.data.tokenizers import Tokenizer
 
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types: special tokens, and added tokens that are not special
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")  # the spelling `tokenizers`' byte fallback looks up
+_SPACE = "▁"  # U+2581, SentencePiece's space
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,40 +64,45 @@ PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "llama-v3": _LLAMA3,
     "qwen2": _PreTokenizer(_words(r"\p{N}")),
 }
+# llama.cpp's special ids of a SentencePiece vocabulary whose file names none (if the vocabulary has them)
+_SENTENCEPIECE_IDS = {"bos": 1, "eos": 2, "unk": 0}
+_ID_KEYS = {"bos": "bos", "eos": "eos", "pad": "padding", "unk": "unknown", "eot": "eot"}
 
 
 def tokenizer_of(meta: Metadata) -> tuple[Tokenizer, dict[str, int | None], bool]:
-    """The tokenizer, the special ids (bos, eos, pad, unk, eot) and whether bos starts a prompt."""
+    """The tokenizer, the special ids (bos, eos, pad, unk, eot) and whether bos starts a prompt.
+
+    Raises:
+        CheckpointError: a vocabulary attn does not read, or metadata that disagree with one another (lengths,
+            ids out of range, a byte token not spelt `<0xAB>`), naming the file and the key.
+    """
     path = meta.path
     model = meta.get("tokenizer.ggml.model", "str")
-    if model != "gpt2":
-        kind = "a SentencePiece vocabulary" if model == "llama" else "this vocabulary"
-        raise CheckpointError(f"{path}: tokenizer.ggml.model is {model!r} ({kind}); attn reads byte-level BPE "
-                              "vocabularies ('gpt2') only")
-    pre_name = meta.get("tokenizer.ggml.pre", "str", None)
-    if pre_name not in PRE_TOKENIZERS:
-        raise CheckpointError(f"{path}: tokenizer.ggml.pre is {pre_name!r}, a pre-tokenizer attn does not know; "
-                              f"it knows {', '.join(PRE_TOKENIZERS)}")
-    pre = PRE_TOKENIZERS[pre_name]
+    if model not in ("gpt2", "llama"):
+        raise CheckpointError(f"{path}: tokenizer.ggml.model is {model!r}; attn reads byte-level BPE ('gpt2') and "
+                              "SentencePiece ('llama') vocabularies")
+    sentencepiece = model == "llama"
     tokens = meta.get("tokenizer.ggml.tokens", "str[]")
-    types = meta.get("tokenizer.ggml.token_type", "int[]", [1] * len(tokens))
-    if len(types) != len(tokens):
-        raise CheckpointError(f"{path}: {len(tokens)} tokens but {len(types)} token types; convert the file again")
-    ids = {role: meta.count(f"tokenizer.ggml.{key}_token_id", None, below=len(tokens)) for role, key in
-           (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"), ("eot", "eot"))}
-    added = {role: meta.get(f"tokenizer.ggml.add_{role}_token", "bool", pre.add_bos and role == "bos")
-             for role in ("bos", "eos")}
+    types = _per_token(meta, "tokenizer.ggml.token_type", "int[]", tokens,
+                       None if sentencepiece else [TokenType.NORMAL] * len(tokens))
+    defaults = {role: i for role, i in _SENTENCEPIECE_IDS.items() if sentencepiece and i < len(tokens)}
+    ids = {role: meta.count(f"tokenizer.ggml.{key}_token_id", defaults.get(role), below=len(tokens))
+           for role, key in _ID_KEYS.items()}
+    if sentencepiece:
+        backend, add_bos = _sentencepiece(meta, tokens, types, ids["unk"]), True
+    else:
+        backend, add_bos = _byte_level(meta, tokens)
+    added = {"bos": meta.get("tokenizer.ggml.add_bos_token", "bool", add_bos),
+             "eos": meta.get("tokenizer.ggml.add_eos_token", "bool", False)}
     for role in ("bos", "eos"):
         if added[role] and ids[role] is None:
             raise CheckpointError(f"{path}: tokenizer.ggml.add_{role}_token is set, but the file names no {role} "
                                   "token; convert the file again")
-    backend = hf.Tokenizer(_bpe(path, tokens, meta.get("tokenizer.ggml.merges", "str[]"), pre.ignore_merges))
-    backend.pre_tokenizer = _pre_tokenizer(pre)
-    backend.decoder = decoders.ByteLevel()
+    kinds = list(zip(tokens, types, strict=True))
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, kind in zip(tokens, types, strict=True) if kind == CONTROL])
+                                for t, kind in kinds if kind in (TokenType.UNKNOWN, TokenType.CONTROL)])
     backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, kind in zip(tokens, types, strict=True) if kind == USER_DEFINED])
+                        for t, kind in kinds if kind == TokenType.USER_DEFINED])
     if added["bos"] or added["eos"]:  # the frame of `encode(text, add_special=True)`
         single = ["$A"]
         if added["bos"]:
@@ -94,26 +118,92 @@ def tokenizer_of(meta: Metadata) -> tuple[Tokenizer, dict[str, int | None], bool
     return tokenizer, ids, added["bos"]
 
 
-def _bpe(path: Path, tokens: list[str], merges: list[str], ignore_merges: bool) -> models.BPE:
-    """The BPE model of a byte-level vocabulary (tokens spelt in GPT-2's byte alphabet) and its merges."""
+def _per_token(meta: Metadata, key: str, kind: str, tokens: list[str], default: list | None) -> list:
+    """An array of the metadata with one entry per token (`default` where the file has none)."""
+    values = meta.get(key, kind) if default is None else meta.get(key, kind, default)
+    if len(values) != len(tokens):
+        raise CheckpointError(f"{meta.path}: {len(tokens)} tokens (tokenizer.ggml.tokens) but {len(values)} entries "
+                              f"in {key}; convert the file again")
+    return values
+
+
+def _vocabulary(path: Path, tokens: list[str]) -> dict[str, int]:
     vocab = {token: index for index, token in enumerate(tokens)}
     if len(vocab) != len(tokens):
         twice = next(t for i, t in enumerate(tokens) if vocab[t] != i)
-        raise CheckpointError(f"{path}: token {twice!r} is in the vocabulary twice; convert the file again")
+        raise CheckpointError(f"{path}: token {twice!r} is in tokenizer.ggml.tokens twice; convert the file again")
+    return vocab
+
+
+# -- byte-level BPE ("gpt2") ----------------------------------------------------------------------
+
+
+def _byte_level(meta: Metadata, tokens: list[str]) -> tuple[hf.Tokenizer, bool]:
+    """The pipeline of a byte-level vocabulary and whether its pre-tokenizer puts bos first by default."""
+    path = meta.path
+    pre_name = meta.get("tokenizer.ggml.pre", "str", None)
+    if pre_name not in PRE_TOKENIZERS:
+        raise CheckpointError(f"{path}: tokenizer.ggml.pre is {pre_name!r}, a pre-tokenizer attn does not know; "
+                              f"it knows {', '.join(PRE_TOKENIZERS)}")
+    pre = PRE_TOKENIZERS[pre_name]
+    merges = meta.get("tokenizer.ggml.merges", "str[]")
     pairs = [tuple(merge.split(" ")) for merge in merges]
     bad = next((merges[i] for i, pair in enumerate(pairs) if len(pair) != 2), None)
     if bad is not None:
         raise CheckpointError(f"{path}: merge {bad!r} is not two tokens apart by one space; convert the file again")
     try:
-        return models.BPE(vocab, pairs, ignore_merges=ignore_merges)
+        model = models.BPE(_vocabulary(path, tokens), pairs, ignore_merges=pre.ignore_merges)
     except Exception as err:  # `tokenizers` reports a merge of unknown tokens as a plain Exception
         raise CheckpointError(f"{path}: the merges do not fit the vocabulary ({err}); convert the file again") from err
-
-
-def _pre_tokenizer(pre: _PreTokenizer) -> pre_tokenizers.PreTokenizer:
-    """The `tokenizers` pre-tokenizer that cuts words as llama.cpp does, then spells their bytes."""
+    backend = hf.Tokenizer(model)
     steps = [pre_tokenizers.Digits(individual_digits=True)] if pre.digits else []
     if pre.split is not None:
         steps.append(pre_tokenizers.Split(Regex(pre.split), behavior="isolated"))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre.split is None))
-    return pre_tokenizers.Sequence(steps)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    backend.decoder = decoders.ByteLevel()
+    return backend, pre.add_bos
+
+
+# -- SentencePiece ("llama") ----------------------------------------------------------------------
+
+
+def _sentencepiece(meta: Metadata, tokens: list[str], types: list[int], unk: int | None) -> hf.Tokenizer:
+    """The pipeline of a SentencePiece vocabulary: "▁" for spaces, merges by score, byte fallback."""
+    path = meta.path
+    scores = _per_token(meta, "tokenizer.ggml.scores", "float[]", tokens, None)
+    bytes_ = (t for t, kind in zip(tokens, types, strict=True) if kind == TokenType.BYTE)
+    misspelt = next((t for t in bytes_ if not _BYTE_TOKEN.fullmatch(t)), None)
+    if misspelt is not None:
+        raise CheckpointError(f"{path}: tokenizer.ggml.token_type makes {misspelt!r} a byte token, but byte tokens "
+                              "are spelt <0x00> to <0xFF>; convert the file again")
+    vocab = _vocabulary(path, tokens)
+    backend = hf.Tokenizer(models.BPE(vocab, _merges_by_score(tokens, scores, vocab), byte_fallback=True,
+                                      fuse_unk=True, unk_token=None if unk is None else tokens[unk]))
+    prefix = meta.get("tokenizer.ggml.add_space_prefix", "bool", True)
+    # A normalizer, not a pre-tokenizer, so that the "▁" goes before every run of text between special tokens,
+    # even one that starts with a space, as llama.cpp puts it.
+    spaces = [normalizers.Replace(" ", _SPACE)]
+    texts = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        spaces.insert(0, normalizers.Prepend(_SPACE))
+        texts.append(decoders.Strip(" ", 1, 0))
+    backend.normalizer = normalizers.Sequence(spaces)
+    backend.decoder = decoders.Sequence(texts)
+    return backend
+
+
+def _merges_by_score(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Every pair of tokens that joins into a token, the best-scored join first.
+
+    llama.cpp merges the adjacent pair whose join is the token of highest score; as BPE merges, that is these
+    pairs in this order. Joins of equal score: the longer left part first, as transformers orders them.
+    """
+    ranked = []
+    for index, (token, score) in enumerate(zip(tokens, scores, strict=True)):
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-score, -cut, cut - len(token), index, left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
