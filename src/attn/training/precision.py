@@ -24,16 +24,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from attn.core.errors import ConfigError
+from attn.artifacts.dtypes import AUTO_ENV, auto_precision
 
-AUTO_ENV = "ATTN_AUTO_PRECISION"  # "bf16" or "fp32": what "auto" chooses on a CPU instead of probing
 BF16_MIN_SPEEDUP = 1.1  # "measurably faster": bf16 must beat fp32 by this factor to be chosen
 PASSES_MIN_SPEEDUP = 0.5  # a matmul probe below this found bf16 emulated: its training passes are not worth timing
 _PROBE_BUDGET_S = 0.05  # the timed repetitions of one dtype stop once they have taken this long
@@ -202,17 +200,14 @@ def choose_precision(
 
 
 def auto_override() -> Precision | None:
-    """The precision `ATTN_AUTO_PRECISION` makes "auto" choose on a CPU, or None to probe.
+    """The precision `ATTN_AUTO_PRECISION` makes "auto" choose on a CPU, or None to probe (`auto_precision`, which
+    loading's "auto" dtype reads too).
 
     Raises:
         ConfigError: the variable holds anything but bf16, fp32, probe or nothing.
     """
-    value = os.environ.get(AUTO_ENV, "").strip().lower()
-    if value in ("", "probe"):
-        return None
-    if value not in (Precision.BF16.value, Precision.FP32.value):
-        raise ConfigError(AUTO_ENV, f"{value!r} is not a choice; set it to bf16, fp32 or probe, or unset it")
-    return Precision(value)
+    forced = auto_precision()
+    return None if forced is None else Precision(forced)
 
 
 def _choose_on_gpu(requested: Precision, device: torch.device) -> PrecisionChoice:
