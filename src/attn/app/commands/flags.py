@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from attn.artifacts.dtypes import CHOICES as DTYPES
 from attn.core.quantized import Quantization
 from attn.data.text import check_unicode
 
@@ -38,10 +39,13 @@ def subcommand(sub: argparse._SubParsersAction, name: str, run: Callable[[argpar
 
 
 def model_flags(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--model", "-m", required=True, help=what)
+    p.add_argument("--model", "-m", required=True,
+                   help=f"{what}, or a Hugging Face Hub model: ORG/NAME, or ORG/NAME:QUANT for its GGUF file of that "
+                   "quantization (from huggingface_hub's cache, downloaded when it lacks it unless HF_HUB_OFFLINE=1)")
     p.add_argument("--device", default="auto",
                    help="where the model runs: auto (the GPU when there is one), cpu, cuda or cuda:N")
     quantize_flag(p)
+    dtype_flag(p)
 
 
 def quantize_flag(p: argparse.ArgumentParser) -> None:
@@ -49,6 +53,13 @@ def quantize_flag(p: argparse.ArgumentParser) -> None:
                    help="the weights in 8 bits (int8), 8 bits with each layer's input quantized per token too "
                    "(int8-dynamic: the fastest, less exact) or 4 bits (int4: linear layers in groups of 32); "
                    "smaller, on the CPU (--device cpu)")
+
+
+def dtype_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="the dtype of the float weights (default float32); auto takes bfloat16 (float16 on a GPU "
+                   "without it) where a decode step measured at load runs faster and the next-token distributions "
+                   "stay close to float32's (ATTN_AUTO_PRECISION=bf16 or fp32 decides it on a CPU instead)")
 
 
 def input_flags(p: argparse.ArgumentParser, json_flag: bool = True) -> None:

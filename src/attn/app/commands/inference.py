@@ -47,7 +47,7 @@ def add_translate_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     config = generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
-    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     outputs = translate(bundle, read_inputs(args), config)
     if args.json:
         print(json.dumps([{"translation": t} for t in outputs], ensure_ascii=False))
@@ -84,7 +84,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise ConfigError("--system", "is the system message of a chat: give --chat as well")
     inputs = list(args.text) or (read_inputs(args) if args.input else [args.prompt])
-    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     prompts, shown = inputs, inputs  # shown: what is printed before each continuation
     if args.chat:  # each input is a user's message; its answer is printed alone
         prompts = [bundle.render_chat(conversation(text, args.system)) for text in inputs]
@@ -119,7 +119,7 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     config = generation_config(args, "--max-tokens")  # checked before a model is loaded
-    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     session = ChatSession(bundle, config, args.system)
     with inference(bundle.model):  # weights packed once for every answer, not once for each
         return _chat_loop(session, args.model)
@@ -173,7 +173,7 @@ def add_classify_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     texts = read_inputs(args)
     if bundle.fields.text_pair_field:
         firsts, seconds = _split_pairs(texts)
@@ -211,13 +211,13 @@ def add_embed_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
-    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     texts = read_inputs(args)
     vectors = embed(bundle, texts, args.batch_size)
     if args.output and args.output.endswith(".npy"):
         import numpy as np
 
-        write_output(args.output, lambda path: np.save(path, vectors.numpy()))
+        write_output(args.output, lambda path: np.save(path, vectors.float().numpy()))  # numpy has no bfloat16
         print(f"wrote {len(texts)} embeddings of size {vectors.size(1)} to {args.output}")
     elif args.output and args.output.endswith(".safetensors"):
         from safetensors.torch import save_file
@@ -243,7 +243,7 @@ def add_attention_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     view = attention_of(bundle, " ".join(args.text), args.kind, args.layer, args.head)
     path = plot_attention(view.weights, view.queries, view.keys, view.title, args.output)
     print(f"wrote {path}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attn.app.commands.flags import quantize_flag, subcommand
+from attn.app.commands.flags import dtype_flag, quantize_flag, subcommand
 from attn.app.serve import (
     ServeOptions,
     api_keys,
@@ -19,9 +19,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    "classification, attention; a page at /)", "attn serve --model runs/quickstart/translation "
                    "--model lm=runs/quickstart/shakespeare --port 8000")
     p.add_argument("--model", "-m", action="append", required=True, metavar="[NAME=]DIR",
-                   help="a model to serve, named NAME or after its folder (repeatable)")
+                   help="a model to serve, named NAME or after its folder (repeatable); DIR may be a Hugging Face Hub "
+                   "model, ORG/NAME or ORG/NAME:QUANT")
     p.add_argument("--device", default="auto", help="where the models run: auto, cpu, cuda or cuda:N")
     quantize_flag(p)
+    dtype_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=1 << 20,
@@ -57,5 +59,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            args.request_timeout, args.max_tokens_cap, args.max_n, args.max_concurrent_per_key,
                            tuple(args.cors_origins))
     bound = listen(options)  # before the models load: a port in use is said at once
-    run_server(load_served_models(args.model, args.device, args.quantize), options, bound)
+    run_server(load_served_models(args.model, args.device, args.quantize, args.dtype), options, bound)
     return 0

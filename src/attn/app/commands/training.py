@@ -167,7 +167,7 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = generation_config(args, beam_size=4, length_penalty=0.6)  # checked before a model is loaded
-    bundle = load_model(args.model, args.device, quantize=args.quantize)
+    bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     result = evaluate(bundle, args.data, EvalOptions(config, args.limit, args.context, args.stride))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))

@@ -92,6 +92,9 @@ def parse_model_specs(specs: Sequence[str]) -> list[tuple[str, str]]:
     return found
 
 
-def load_served_models(specs: Sequence[str], device: str = "auto", quantize: str | None = None) -> list[ServedModel]:
-    """Loads every `DIR` or `NAME=DIR` of `specs` with `load_model` (int8 weights with `quantize="int8"`)."""
-    return [ServedModel(name, load_model(path, device, quantize=quantize)) for name, path in parse_model_specs(specs)]
+def load_served_models(specs: Sequence[str], device: str = "auto", quantize: str | None = None,
+                       dtype: str = "float32") -> list[ServedModel]:
+    """Loads every `DIR` or `NAME=DIR` of `specs` with `load_model` (int8 weights with `quantize="int8"`, float
+    weights in `dtype`)."""
+    return [ServedModel(name, load_model(path, device, quantize=quantize, dtype=dtype))
+            for name, path in parse_model_specs(specs)]
