@@ -72,6 +72,14 @@ def test_int8_linear_is_x_times_the_dequantized_weight(bias, shape):
     torch.testing.assert_close(int8(x[:, -1:]), expected[:, -1:], atol=1e-5, rtol=1e-5)  # a strided view
 
 
+def test_many_rows_meet_the_weight_a_slice_at_a_time(monkeypatch):
+    """More rows than the kernel takes: the weight is dequantized 7 rows at a time (40 = 5 x 7 + 5), same result."""
+    monkeypatch.setattr(quantize_module, "DEQUANTIZED_WEIGHTS", 48 * 7)
+    _, int8, weight, b = _int8_layer(Int8Linear, True)
+    x = torch.randn(2, 9, 48)
+    torch.testing.assert_close(int8(x), F.linear(x, weight.float(), b), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("exact_int8_sums", [True, False])  # False: the float32 path of CPUs without VNNI
 @pytest.mark.parametrize("shape", [(1, 48), (3, 5, 48)])
 @pytest.mark.parametrize("bias", [False, True])

@@ -6,7 +6,7 @@ s_i = max_j |W_ij| / 127, Q_ij = round(W_ij / s_i), so W_ij ~ s_i Q_ij with an e
 embedding and output projection share one int8 matrix, as they shared one float matrix. `Int8Linear` multiplies its
 float32 input by the int8 rows with PyTorch's weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`):
 y = (x Q^T) s + b. That kernel reads the weights once for every `KERNEL_ROWS` input rows, so more rows (a batch,
-beams, a prompt) are multiplied by the dequantized float32 weight instead.
+beams, a prompt) are multiplied by the dequantized float32 weight instead, a slice of rows at a time.
 
 `quantize(model, "int8-dynamic")` quantizes each linear layer's input too, per row at run time (as CTranslate2's
 int8 and PyTorch's dynamic quantization do): x_t ~ r_t P_t with P_t int8, y = (P Q^T) r s + b, the product summed in
@@ -48,6 +48,7 @@ class Quantization(StrEnum):
 
 GROUP = 32  # int4 weights per scale and minimum
 KERNEL_ROWS = 4  # the int8 and int4 kernels read the weights once per this many input rows
+DEQUANTIZED_WEIGHTS = 2**22  # weights of an int8 layer dequantized at a time for more than KERNEL_ROWS rows
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -70,16 +71,18 @@ class QuantizedLinear(nn.Module):
     def kernel(self, rows: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def dequantized(self) -> Tensor:
+    def dequantized(self, rows: slice = slice(None)) -> Tensor:
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        if rows.size(0) > KERNEL_ROWS:
-            y = linear(rows, self.dequantized(), self.bias)
+        if rows.size(0) > KERNEL_ROWS:  # a slice of the weight at a time: no float32 copy of a whole large matrix
+            step = max(1, DEQUANTIZED_WEIGHTS // self.in_features)
+            y = torch.cat([linear(rows, self.dequantized(slice(start, start + step)), None)
+                           for start in range(0, self.out_features, step)], dim=1)
         else:
             y = self.kernel(rows)
-            y = y if self.bias is None else y + self.bias
+        y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
@@ -94,9 +97,9 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
 
-    def dequantized(self) -> Tensor:
-        """The float32 weight the int8 rows stand for, (out, in)."""
-        return self.weight.float() * self.scale.unsqueeze(1)
+    def dequantized(self, rows: slice = slice(None)) -> Tensor:
+        """The float32 weight the int8 rows stand for, (out, in), or its `rows`."""
+        return self.weight[rows].float().mul_(self.scale[rows].unsqueeze(1))
 
     def kernel(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
