@@ -1,9 +1,12 @@
 """Tiny GGUF files written with `gguf.GGUFWriter`, for the tests of `attn.artifacts.pretrained.gguf`.
 
-`write_gguf` writes a model of the Llama family the way llama.cpp's converter does: Hugging Face
-weights (drawn at random) under GGUF's names, q_proj and k_proj rows reordered for "llama"'s
-interleaved rotary layout, and a byte-level BPE vocabulary in the metadata. It returns the Hugging
-Face state dict it wrote, so that a test compares what the reader gives back with what went in.
+`write_gguf` writes a model the way llama.cpp's converter (convert_hf_to_gguf.py) does: Hugging Face
+weights (drawn at random, or a `transformers` model's) under GGUF's names, q_proj and k_proj rows
+reordered for "llama"'s interleaved rotary layout, 1 added to Gemma's norms, Gemma 2's output
+projection left out and Gemma 3's embedding cut to the vocabulary, and a byte-level BPE vocabulary in
+the metadata. `converted_metadata` gives the `{arch}.*` keys the converter writes for a `transformers`
+config. `write_gguf` returns the Hugging Face state dict it wrote, so that a test compares what the
+reader gives back with what went in.
 """
 
 from __future__ import annotations
@@ -24,6 +27,21 @@ TOKENS = [*SPECIALS, *sorted(pre_tokenizers.ByteLevel.alphabet()), "Ġt", "he", 
 TOKEN_TYPES = [3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS))
 
 
+TOKENIZER = {
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.pre": "gpt-2",
+    "tokenizer.ggml.tokens": TOKENS,
+    "tokenizer.ggml.token_type": TOKEN_TYPES,
+    "tokenizer.ggml.merges": MERGES,
+    "tokenizer.ggml.bos_token_id": 1,
+    "tokenizer.ggml.eos_token_id": 2,
+    "tokenizer.ggml.padding_token_id": 2,
+    "tokenizer.ggml.unknown_token_id": 0,
+    "tokenizer.ggml.add_bos_token": False,
+    "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}",
+}
+
+
 def metadata(arch: str = "llama", vocab: int = len(TOKENS)) -> dict[str, Any]:
     """The key-value metadata of a tiny model of `arch` (the architecture key itself excluded)."""
     return {
@@ -37,18 +55,41 @@ def metadata(arch: str = "llama", vocab: int = len(TOKENS)) -> dict[str, Any]:
         f"{arch}.rope.freq_base": 10000.0,
         f"{arch}.rope.dimension_count": HEAD_DIM,
         f"{arch}.vocab_size": vocab,
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "gpt-2",
-        "tokenizer.ggml.tokens": TOKENS,
-        "tokenizer.ggml.token_type": TOKEN_TYPES,
-        "tokenizer.ggml.merges": MERGES,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.padding_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0,
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}",
+        **TOKENIZER,
     }
+
+
+def converted_metadata(config: Any) -> dict[str, Any]:
+    """The `{arch}.*` keys llama.cpp's converter writes for a `transformers` config of a Llama-style decoder."""
+    arch = ARCHES.get(config.model_type, config.model_type)
+    rope = config.rope_parameters
+    full, local = rope.get("full_attention", rope), rope.get("sliding_attention", {})
+    keys = {
+        "block_count": config.num_hidden_layers, "context_length": config.max_position_embeddings,
+        "embedding_length": config.hidden_size, "feed_forward_length": config.intermediate_size,
+        "attention.head_count": config.num_attention_heads, "attention.head_count_kv": config.num_key_value_heads,
+        "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps), "rope.freq_base": float(full["rope_theta"]),
+    }
+    if "head_dim" in config.to_dict():  # written where config.json states it
+        keys |= {"attention.key_length": config.head_dim, "attention.value_length": config.head_dim}
+    if full.get("rope_type") == "linear":
+        keys |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])}
+    if arch == "gemma2":  # Gemma2Model writes no rope base
+        del keys["rope.freq_base"]
+        keys |= {"attn_logit_softcapping": float(config.attn_logit_softcapping),
+                 "final_logit_softcapping": float(config.final_logit_softcapping),
+                 "attention.sliding_window": config.sliding_window}
+    if arch == "gemma3":
+        if config.final_logit_softcapping:
+            keys["final_logit_softcapping"] = float(config.final_logit_softcapping)
+        if "sliding_attention" in config.layer_types:
+            keys["attention.sliding_window"] = config.sliding_window
+        keys["rope.freq_base_swa"] = float(local["rope_theta"])
+    if arch == "phi3":
+        rotary = int(full.get("partial_rotary_factor", 1.0) * config.hidden_size) // config.num_attention_heads
+        keys |= {"rope.dimension_count": rotary, "attention.sliding_window": config.sliding_window or 0,
+                 "rope.scaling.original_context_length": config.original_max_position_embeddings}
+    return {f"{arch}.{key}": value for key, value in keys.items()}
 
 
 def hf_weights(
@@ -76,21 +117,43 @@ def hf_weights(
     return {name: rng.normal(0, 0.2, shape).astype(np.float32) for name, shape in shapes.items()}
 
 
+ARCHES = {"gemma3_text": "gemma3"}  # GGUF's architecture of a transformers model_type, where they differ
 GGUF_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }
+POST_NORMED = {"gemma2", "gemma3", "olmo2"}  # post_attention_layernorm follows attention: post_attention_norm
+NORM_PLUS_ONE = {"gemma2", "gemma3"}  # the converter stores Gemma's norms as 1 + w
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     """llama.cpp's name of a Hugging Face tensor: model.layers.0.mlp.up_proj.weight -> blk.0.ffn_up.weight."""
     if hf_name in GGUF_NAMES:
         return GGUF_NAMES[hf_name]
     _, _, layer, *module, suffix = hf_name.split(".")
-    return f"blk.{layer}.{GGUF_NAMES['.'.join(module)]}.{suffix}"
+    name = ".".join(module)
+    ours = "post_attention_norm" if arch in POST_NORMED and name == "post_attention_layernorm" else GGUF_NAMES[name]
+    return f"blk.{layer}.{ours}.{suffix}"
+
+
+def converted(arch: str, hf_name: str, tensor: np.ndarray, heads: tuple[int, int],
+              tokens: int) -> np.ndarray | None:
+    """A Hugging Face tensor as llama.cpp's converter stores it (before quantization), or None where it leaves it
+    out; `heads` are the model's query and key/value heads, `tokens` the vocabulary's size."""
+    if arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        return permute(tensor, heads[0] if hf_name.endswith("q_proj.weight") else heads[1])
+    if arch in NORM_PLUS_ONE and hf_name.endswith("norm.weight"):
+        return tensor + np.float32(1)
+    if arch == "gemma2" and hf_name == "lm_head.weight":
+        return None
+    if arch == "gemma3" and hf_name == "model.embed_tokens.weight":  # the rows of the vocabulary's tokens only
+        return tensor[:tokens]
+    return tensor
 
 
 def permute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -140,6 +203,7 @@ def write_gguf(
     changes: Mapping[str, Any] | None = None,
     skip: Collection[str] = (),
     extra: Mapping[str, np.ndarray] | None = None,
+    config: Any = None,
 ) -> dict[str, np.ndarray]:
     """Writes a tiny GGUF model of `arch` at `path`.
 
@@ -152,21 +216,24 @@ def write_gguf(
         changes: metadata to set (None removes a key), over `metadata(arch)`.
         skip: GGUF tensor names to leave out.
         extra: GGUF tensors to add as they are.
+        config: a `transformers` config of the weights: the metadata is then the converter's for it
+            (`converted_metadata`) and the tokenizer's.
 
     Returns:
         The Hugging Face state dict, before any permutation or quantization.
     """
     weights = dict(weights if weights is not None else hf_weights(arch))
-    values = {**metadata(arch), **(changes or {})}
+    model = metadata(arch) if config is None else {**converted_metadata(config), **TOKENIZER}
+    values = {**model, **(changes or {})}
     writer = GGUFWriter(path, arch)
     for key, value in values.items():
         if value is not None:
             writer.add_key_value(key, *_typed(value))
-    tensors = {gguf_name(name): tensor for name, tensor in weights.items()}
-    for name, tensor in tensors.items():
-        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
-            tensor = permute(tensor, HEADS if ".attn_q." in name else KV_HEADS)
-        if name in skip:
+    heads = (HEADS, KV_HEADS) if config is None else (config.num_attention_heads, config.num_key_value_heads)
+    for hf_name, stored in weights.items():
+        name = gguf_name(hf_name, arch)
+        tensor = converted(arch, hf_name, stored, heads, len(values["tokenizer.ggml.tokens"]))
+        if tensor is None or name in skip:
             continue
         kind = quant(name) if callable(quant) else quant
         if tensor.ndim == 2 and kind != GGMLQuantizationType.F32:

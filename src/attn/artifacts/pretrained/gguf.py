@@ -1,12 +1,17 @@
-"""GGUF files (llama.cpp's format) of the Llama family: config, weights, tokenizer and chat template.
+"""GGUF files (llama.cpp's format) of Llama-style decoders: config, weights, tokenizer and chat template.
 
 `read_gguf(path)` reads one file into a `GgufModel`: the config.json that `transformers` would hold for the model,
-its weights under Hugging Face's names (`GgufTensor`s, read from disk when asked), its tokenizer and chat template. The Hugging Face
-importer takes it from there; nothing here knows our own model. Architectures: `llama`, `qwen2` and `qwen3`
-(Mistral's files are `llama`); tokenizers: byte-level BPE.
+its weights under Hugging Face's names (`GgufTensor`s, read from disk when asked), its tokenizer and chat template.
+The Hugging Face importer takes it from there; nothing here knows our own model. Architectures: `llama` (Mistral's
+files are `llama`), `qwen2`, `qwen3`, `gemma2`, `gemma3` (its text model), `olmo2` and `phi3`; tokenizers:
+byte-level BPE.
 
 What the reader undoes of llama.cpp's conversion:
-- Names: `blk.{i}.attn_q.weight` is `model.layers.{i}.self_attn.q_proj.weight`, and so on (`_tensor_table`).
+- Names: `blk.{i}.attn_q.weight` is `model.layers.{i}.self_attn.q_proj.weight`, and so on (`_tensor_table`);
+  a layer's norms are named by their place (`NORMS`). Phi-3's fused `attn_qkv` and `ffn_up` (gate, then up)
+  are its checkpoint's `qkv_proj` and `gate_up_proj` as they are.
+- Gemma's norms: its converter adds 1 to every norm weight (`*norm.weight`, q and k norms included), storing the
+  1 + w that x / rms(x) * (1 + w) multiplies by; `GgufTensor` subtracts it.
 - Dimensions: GGUF lists a tensor's dimensions innermost first, [in, out] for a linear map; the arrays `gguf`
   gives are row-major (out, in), the layout of `torch.nn.Linear.weight`.
 - Rotary layout (`llama` only): llama.cpp rotates interleaved pairs (2j, 2j+1) where Hugging Face rotates two
@@ -24,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from attn.artifacts.pretrained.gguf_config import (
     ARCHITECTURES,
@@ -37,6 +42,7 @@ from attn.artifacts.pretrained.gguf_config import (
 from attn.artifacts.pretrained.gguf_file import GgufTensorInfo, Metadata, check_dequantizable, open_gguf
 from attn.artifacts.pretrained.gguf_tokenizer import tokenizer_of
 from attn.artifacts.pretrained.gguf_weights import GgufTensor
+from attn.core.config import NormPlacement, QKNorm
 from attn.core.errors import CheckpointError
 from attn.data.tokenizers import Tokenizer
 
@@ -46,7 +52,7 @@ class GgufModel:
     """What a GGUF file holds, in Hugging Face's terms.
 
     Attributes:
-        architecture: its `general.architecture`: "llama", "qwen2" or "qwen3".
+        architecture: its `general.architecture`, a key of `ARCHITECTURES`.
         hf_config: the config.json of the model, bos/eos/pad ids included.
         weights: Hugging Face state-dict names -> the file's tensors: linear maps (out, in), norms (d,); no
             `lm_head.weight` when the embedding is tied.
@@ -67,7 +73,7 @@ class GgufModel:
 
 
 def read_gguf(path: str | Path) -> GgufModel:
-    """Reads a GGUF file of the Llama family: config, weights (left on disk), tokenizer, chat template.
+    """Reads a GGUF file of a Llama-style decoder: config, weights (left on disk), tokenizer, chat template.
 
     Raises:
         CheckpointError: the file is not GGUF, is cut short or inconsistent, or holds an architecture, tokenizer,
@@ -88,49 +94,73 @@ def read_gguf(path: str | Path) -> GgufModel:
         hyper = dataclasses.replace(hyper, rope_scaling=llama3_scaling(meta, tensors.pop("rope_freqs.weight"), hyper))
     table = _tensor_table(family, hyper)
     _check_tensors(meta, tensors, table, hyper)
-    config = hf_config(family, hyper, ids, tied="output.weight" not in tensors)
-    weights = {table[name][0]: GgufTensor(path, tensor, table[name][2]) for name, tensor in tensors.items()}
+    config = hf_config(meta, family, hyper, ids, tied="output.weight" not in tensors)
+    weights = {table[name].hf_name: GgufTensor(path, tensor, table[name].heads, table[name].offset)
+               for name, tensor in tensors.items()}
     return GgufModel(path, architecture, config, weights, tokenizer, chat_template, ids["eot"], add_bos)
 
 
 # -- tensors --------------------------------------------------------------------------------------
 
 
-def _tensor_table(
-    family: GgufArchitecture, hyper: HyperParameters
-) -> dict[str, tuple[str, tuple[int, ...], int | None]]:
-    """GGUF tensor name -> (Hugging Face name, GGUF dimensions (innermost first), heads whose rows
-    llama.cpp reordered or None)."""
-    d, q, kv = hyper.hidden, hyper.heads * hyper.head_dim, hyper.kv_heads * hyper.head_dim
+class _Entry(NamedTuple):
+    """Where a GGUF tensor goes: its Hugging Face name, its GGUF dimensions (innermost first), the heads whose rows
+    llama.cpp reordered (or None), and what its converter added to each value."""
+
+    hf_name: str
+    dims: tuple[int, ...]
+    heads: int | None = None
+    offset: float = 0.0
+
+
+# A layer's norms, by place: GGUF name -> Hugging Face name.
+NORMS: dict[NormPlacement, dict[str, str]] = {
+    NormPlacement.PRE: {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"},
+    NormPlacement.PRE_POST: {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                             "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+    NormPlacement.OUTPUT: {"post_attention_norm": "post_attention_layernorm",
+                           "post_ffw_norm": "post_feedforward_layernorm"},
+}
+
+
+def _tensor_table(family: GgufArchitecture, hyper: HyperParameters) -> dict[str, _Entry]:
+    """GGUF tensor name -> where it goes, for every tensor of the model (`output.weight` absent when tied)."""
+    d, ffn, q, kv = hyper.hidden, hyper.ffn, hyper.heads * hyper.head_dim, hyper.kv_heads * hyper.head_dim
     permuted = family.permuted
-    layer = {
-        "attn_norm.weight": ("input_layernorm.weight", (d,), None),
-        "attn_q.weight": ("self_attn.q_proj.weight", (d, q), hyper.heads if permuted else None),
-        "attn_k.weight": ("self_attn.k_proj.weight", (d, kv), hyper.kv_heads if permuted else None),
-        "attn_v.weight": ("self_attn.v_proj.weight", (d, kv), None),
-        "attn_output.weight": ("self_attn.o_proj.weight", (q, d), None),
-        "ffn_norm.weight": ("post_attention_layernorm.weight", (d,), None),
-        "ffn_gate.weight": ("mlp.gate_proj.weight", (d, hyper.ffn), None),
-        "ffn_up.weight": ("mlp.up_proj.weight", (d, hyper.ffn), None),
-        "ffn_down.weight": ("mlp.down_proj.weight", (hyper.ffn, d), None),
-    }
+    if family.fused:
+        layer = {"attn_qkv.weight": _Entry("self_attn.qkv_proj.weight", (d, q + 2 * kv)),
+                 "ffn_up.weight": _Entry("mlp.gate_up_proj.weight", (d, 2 * ffn))}
+    else:
+        layer = {
+            "attn_q.weight": _Entry("self_attn.q_proj.weight", (d, q), hyper.heads if permuted else None),
+            "attn_k.weight": _Entry("self_attn.k_proj.weight", (d, kv), hyper.kv_heads if permuted else None),
+            "attn_v.weight": _Entry("self_attn.v_proj.weight", (d, kv)),
+            "ffn_gate.weight": _Entry("mlp.gate_proj.weight", (d, ffn)),
+            "ffn_up.weight": _Entry("mlp.up_proj.weight", (d, ffn)),
+        }
+    layer |= {"attn_output.weight": _Entry("self_attn.o_proj.weight", (q, d)),
+              "ffn_down.weight": _Entry("mlp.down_proj.weight", (ffn, d))}
+    norms = {f"{ours}.weight": (f"{theirs}.weight", d) for ours, theirs in NORMS[family.norms].items()}
+    if family.qk_norm != QKNorm.NONE:
+        whole = family.qk_norm == QKNorm.PROJECTION
+        norms |= {f"attn_{x}_norm.weight": (f"self_attn.{x}_norm.weight", width if whole else hyper.head_dim)
+                  for x, width in (("q", q), ("k", kv))}
+    layer |= {name: _Entry(hf_name, (width,), offset=family.norm_offset) for name, (hf_name, width) in norms.items()}
     if family.qkv_bias:
-        layer |= {f"attn_{x}.bias": (f"self_attn.{x}_proj.bias", (n,), None) for x, n in (("q", q), ("k", kv), ("v", kv))}
-    if family.qk_norm:
-        layer |= {f"attn_{x}_norm.weight": (f"self_attn.{x}_norm.weight", (hyper.head_dim,), None) for x in "qk"}
+        layer |= {f"attn_{x}.bias": _Entry(f"self_attn.{x}_proj.bias", (n,)) for x, n in (("q", q), ("k", kv), ("v", kv))}
     table = {
-        "token_embd.weight": ("model.embed_tokens.weight", (d, hyper.vocab), None),
-        "output_norm.weight": ("model.norm.weight", (d,), None),
-        "output.weight": ("lm_head.weight", (d, hyper.vocab), None),
+        "token_embd.weight": _Entry("model.embed_tokens.weight", (d, hyper.vocab)),
+        "output_norm.weight": _Entry("model.norm.weight", (d,), offset=family.norm_offset),
+        "output.weight": _Entry("lm_head.weight", (d, hyper.vocab)),
     }
     for i in range(hyper.layers):
-        table |= {f"blk.{i}.{ours}": (f"model.layers.{i}.{hf_name}", dims, heads)
-                  for ours, (hf_name, dims, heads) in layer.items()}
+        table |= {f"blk.{i}.{name}": entry._replace(hf_name=f"model.layers.{i}.{entry.hf_name}")
+                  for name, entry in layer.items()}
     return table
 
 
-def _check_tensors(meta: Metadata, tensors: Mapping[str, GgufTensorInfo],
-                   table: Mapping[str, tuple[str, tuple[int, ...], int | None]], hyper: HyperParameters) -> None:
+def _check_tensors(meta: Metadata, tensors: Mapping[str, GgufTensorInfo], table: Mapping[str, _Entry],
+                   hyper: HyperParameters) -> None:
     """Checks each tensor's name, dimensions and block format; `output.weight` is absent when tied."""
     path = meta.path
     unknown = sorted(set(tensors) - set(table))
@@ -141,7 +171,7 @@ def _check_tensors(meta: Metadata, tensors: Mapping[str, GgufTensorInfo],
                                   f"{meta.get('general.architecture', 'str')} model; the file is incomplete, or a "
                                   "variant attn does not read: convert or download it again")
     for name, tensor in tensors.items():
-        dims, expected = tuple(int(n) for n in tensor.shape), table[name][1]
+        dims, expected = tuple(int(n) for n in tensor.shape), table[name].dims
         if dims != expected:
             raise CheckpointError(f"{path}: tensor {name} has dimensions {list(dims)}, but the metadata make it "
                                   f"{list(expected)} ({hyper.heads} heads of {hyper.head_dim}, "

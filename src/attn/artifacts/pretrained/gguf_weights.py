@@ -8,9 +8,9 @@
 
 A fused projection (q, k and v stacked) is int4 when all its parts are 4-bit and fit the kernel, float when all are
 floats, else int8 rows. A token embedding stored quantized becomes int8 rows (`Int8Embedding`), converted a slice of
-rows at a time; a tied output projection shares them. Every other tensor (norms, biases) is float32. What keeping
-a file's blocks costs against its dequantized float32 model is measured by `benchmarks/quantized.py` (its "gguf"
-rows).
+rows at a time; a tied output projection shares them, or, soft-capped (Gemma 2's), takes them in float32. Every
+other tensor (norms, biases) is float32. What keeping a file's blocks costs against its dequantized float32 model
+is measured by `benchmarks/quantized.py` (its "gguf" rows).
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ class GgufTensor:
 
     Attributes:
         heads: the heads whose rows llama.cpp reordered for its rotary layout (q and k of "llama"), or None.
+        offset: what llama.cpp's converter added to every value (1 to Gemma's norms), taken off again by `floats`.
     """
 
     path: Path
     tensor: GgufTensorInfo
     heads: int | None = None
+    offset: float = 0.0
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -63,6 +65,8 @@ class GgufTensor:
     def floats(self, rows: slice = slice(None)) -> Tensor:
         """The dequantized float32 values (of `rows` of a matrix), in Hugging Face's row order."""
         values = torch.from_numpy(gguf.quants.dequantize(self._bytes(rows), self.type).copy())
+        if self.offset:
+            values -= self.offset
         return _unpermuted(values.view(-1) if len(self.shape) == 1 else values, self.heads)
 
     def groups(self) -> tuple[Tensor, Tensor]:
@@ -131,6 +135,9 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
     parts = {r.ours: [weights[name] for name in r.theirs] for r in table.expanded(table.is_prefixed(weights))
              if all(name in weights for name in r.theirs)}
     names = {module: name for name, module in model.named_modules()}
+    tied: dict[int, list[str]] = {}  # every name of each parameter as built (tied ones share one)
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(tensor), []).append(name)
     embedded: dict[int, Int8Embedding] = {}  # id of a meta weight -> the int8 rows that replaced it
     for owner in list(model.modules()):
         if isinstance(owner, Embeddings) and isinstance(owner.tokens, nn.Embedding):
@@ -143,12 +150,13 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
                 layer = _linear(child, names[child], parts, embedded)
                 if layer is not None:
                     setattr(owner, child_name, layer)
-    tied: dict[int, list[str]] = {}  # the names of each parameter still empty (tied ones share it)
+    # Parameters still empty take float32, a soft-capped output projection tied to int8 rows among them.
+    empty: dict[int, list[str]] = {}
     for name, tensor in model.named_parameters(remove_duplicate=False):
         if tensor.is_meta:
-            tied.setdefault(id(tensor), []).append(name)
-    for group in tied.values():
-        stored = [name for name in group if name in parts]
+            empty.setdefault(id(tensor), []).append(name)
+    for key, group in empty.items():
+        stored = [name for name in tied[key] if name in parts]
         if not stored:
             raise CheckpointError(f"{source}: nothing in the file fills {group[0]}; the file is incomplete")
         value = nn.Parameter(torch.cat([part.floats() for part in parts[stored[0]]]), requires_grad=False)
