@@ -15,6 +15,7 @@ from tiny_gguf import HEADS, KV_HEADS, TOKENS, hf_weights, permute, write_gguf
 
 from attn import GenerationConfig, generate, load_model, save_model
 from attn.artifacts.pretrained.gguf import read_gguf
+from attn.artifacts.pretrained import gguf_weights
 from attn.artifacts.pretrained.gguf_weights import GgufTensor
 from attn.core.quantized import Int4Linear, Int8Embedding, Int8Linear, quantization_of
 
@@ -63,10 +64,16 @@ def q4_k_m(name: str) -> Q:
     return Q.Q8_0 if name == "token_embd.weight" else Q.Q4_K
 
 
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
 @pytest.mark.parametrize("kind", [*FOUR_BIT, *OTHER, *FLOATS, q4_k_m], ids=lambda k: getattr(k, "name", "Q4_K_M"))
-def test_each_block_type_is_held_as_its_layer_with_the_numbers_of_its_blocks(tmp_path: Path, kind) -> None:
+def test_each_block_type_is_held_as_its_layer_with_the_numbers_of_its_blocks(
+    tmp_path: Path, kind, sliced: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """4-bit blocks: int4 codes exact, scales and zeros rounded to bfloat16 (2^-9 of each); other blocks: int8 rows
-    within half a step of the dequantized row; floats: float32 as read. A fused projection of mixed parts is int8."""
+    within half a step of the dequantized row; floats: float32 as read. A fused projection of mixed parts is int8.
+    Sliced: each matrix is read a few rows (whole heads of the reordered q and k) at a time, as large ones are."""
+    if sliced:
+        monkeypatch.setattr(gguf_weights, "DEQUANTIZED_WEIGHTS", 256 * 12)
     write_wide(tmp_path / "m.gguf", kind, tied=False)
     kept = load_model(tmp_path / "m.gguf", "cpu").model
     floats = dict(load_model(tmp_path / "m.gguf", "cpu", dequantize=True).model.named_modules())

@@ -245,6 +245,16 @@ def test_int4_keeps_a_tied_projection_and_odd_sized_layers_in_int8():
     assert (got - expected).abs().max() < 0.2 * expected.abs().max()  # 4 bits: a coarser grid than int8
 
 
+def test_int4_rows_packed_a_slice_at_a_time_are_the_kernels_packing_of_the_whole(monkeypatch):
+    monkeypatch.setattr(quantize_module, "PACK_ROWS", 64)  # 176 rows: slices of 64, 64 and 48
+    torch.manual_seed(0)
+    codes = torch.randint(0, 16, (176, 64), dtype=torch.uint8)
+    layer = Int4Linear(codes[:, 0::2] | (codes[:, 1::2] << 4), torch.rand(176, 2, 2), None)
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
+    assert torch.equal(layer.weight, whole)
+    assert torch.equal(layer.codes(), codes)
+
+
 def test_an_int4_checkpoint_loads_with_its_codes_packed_again(lm_checkpoint, tmp_path):
     bundle = load_model(lm_checkpoint, "cpu", quantize="int4")
     reloaded = load_model(save_model(bundle, tmp_path / "int4"), "cpu")

@@ -48,7 +48,8 @@ class Quantization(StrEnum):
 
 GROUP = 32  # int4 weights per scale and minimum
 KERNEL_ROWS = 4  # the int8 and int4 kernels read the weights once per this many input rows
-DEQUANTIZED_WEIGHTS = 2**22  # weights of an int8 layer dequantized at a time for more than KERNEL_ROWS rows
+PACK_ROWS = 1024  # rows of an int4 layer packed for its kernel at a time (a multiple of the kernel's blocks of rows)
+DEQUANTIZED_WEIGHTS = 2**20  # weights of an int8 layer dequantized at a time for more than KERNEL_ROWS rows
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -161,8 +162,11 @@ class Int4Linear(nn.Module):
         self.register_state_dict_post_hook(Int4Linear._save_codes)
 
     def _pack(self, weight: Tensor, scales: Tensor) -> None:
-        codes = torch.stack([weight & 15, weight >> 4], -1).view(self.out_features, self.in_features)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
+        # The kernel's layout keeps each block of 64 (AVX-512) or 32 rows together, so slices of PACK_ROWS rows pack
+        # alone: the int32 codes the packing takes never exist for the whole matrix at once.
+        packed = torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            torch.stack([part & 15, part >> 4], -1).view(part.size(0), self.in_features).int(), 2)
+            for part in weight.split(PACK_ROWS)])
         self.register_buffer("weight", packed, persistent=False)  # the state dict holds the portable codes
         scale, low = scales.float().unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
         zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).to(torch.bfloat16).contiguous()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -113,18 +114,26 @@ def build_empty(config: ModelConfig, attention: str = "fast") -> Model:
 
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
-    register = nn.Module.register_parameter
+    """Puts every parameter registered meanwhile on the meta device, and skips `nn.init.normal_` for meta tensors:
+    torch runs it there through its Python reference operators, whose first use imports torch._dynamo and sympy,
+    resident for the rest of the process, for values that are never read."""
+    register, normal = nn.Module.register_parameter, nn.init.normal_
 
     def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         if param is not None and not param.is_meta:  # a parameter already on meta is a tie: kept as it is
             param = nn.Parameter(param.to("meta"), param.requires_grad)
         register(module, name, param)
 
+    def normal_unless_meta(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return tensor if tensor.is_meta else normal(tensor, *args, **kwargs)
+
     nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    nn.init.normal_ = normal_unless_meta
     try:
         yield
     finally:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
+        nn.init.normal_ = normal
 
 
 class _Parts:

@@ -7,16 +7,22 @@
 | every other type `gguf` dequantizes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q2_K, Q3_K, IQ*, TQ*) | `Int8Linear`: int8 rows, one scale per row | re-quantized from the dequantized row |
 
 A fused projection (q, k and v stacked) is int4 when all its parts are 4-bit and fit the kernel, float when all are
-floats, else int8 rows. A token embedding stored quantized becomes int8 rows (`Int8Embedding`), converted a slice of
-rows at a time; a tied output projection shares them, or, soft-capped (Gemma 2's), takes them in float32. Every
+floats, else int8 rows. A token embedding stored quantized becomes int8 rows (`Int8Embedding`); a tied output
+projection shares them, or, soft-capped (Gemma 2's), takes them in float32. Every
 other tensor (norms, biases) is float32. What keeping a file's blocks costs against its dequantized float32 model
 is measured by `benchmarks/quantized.py` (its "gguf" rows).
+
+Loading holds one tensor's temporaries at a time: int8 rows are dequantized a slice at a time, and the heap's freed
+pages go back to the system after each layer; what a file costs in memory and load time beside llama.cpp is measured
+by `benchmarks/gguf_memory.py`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import gguf
@@ -29,11 +35,10 @@ from attn.artifacts.pretrained.gguf_file import GgufTensorInfo, tensor_bytes
 from attn.artifacts.pretrained.keymap import KeyTable
 from attn.core.errors import CheckpointError
 from attn.core.layers import Embeddings, SoftCappedProjection
-from attn.core.quantized import GROUP, Int4Linear, Int8Embedding, Int8Linear, quantize_rows
+from attn.core.quantized import DEQUANTIZED_WEIGHTS, GROUP, Int4Linear, Int8Embedding, Int8Linear, quantize_rows
 
 INT4_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
-ROWS_AT_ONCE = 4096  # rows of an embedding dequantized together on their way to int8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,21 +68,34 @@ class GgufTensor:
         return int(self.tensor.n_elements)
 
     def floats(self, rows: slice = slice(None)) -> Tensor:
-        """The dequantized float32 values (of `rows` of a matrix), in Hugging Face's row order."""
+        """The dequantized float32 values (of `rows` of a matrix, whole heads where they were reordered), in Hugging
+        Face's row order."""
         values = torch.from_numpy(gguf.quants.dequantize(self._bytes(rows), self.type).copy())
         if self.offset:
             values -= self.offset
-        return _unpermuted(values.view(-1) if len(self.shape) == 1 else values, self.heads)
+        if len(self.shape) == 1:
+            return values.view(-1)
+        heads = None if self.heads is None else self.heads * values.size(0) // self.shape[0]
+        return _unpermuted(values, heads)
 
-    def groups(self) -> tuple[Tensor, Tensor]:
+    def row_slices(self) -> list[slice]:
+        """The rows of a matrix in slices of whole heads, each of at most DEQUANTIZED_WEIGHTS weights (or one head)."""
+        count, width = self.shape
+        unit = count // self.heads if self.heads else 1
+        step = max(unit, DEQUANTIZED_WEIGHTS // width // unit * unit)
+        return [slice(start, min(start + step, count)) for start in range(0, count, step)]
+
+    def groups(self, rows: slice = slice(None)) -> tuple[Tensor, Tensor]:
         """A 4-bit tensor's codes (out, in) uint8 in 0..15 and scales (out, in / 32, 2) float32 [scale, minimum]
-        per group of 32, with W = scale q + minimum exactly as `gguf.quants.dequantize` computes it."""
-        out, size = self.shape
-        blocks = self._bytes(slice(None)).reshape(-1, gguf.GGML_QUANT_SIZES[self.type][1])
-        codes, scale, low = _GROUPS[self.type](blocks)
-        scales = torch.from_numpy(np.stack([scale, low], -1).reshape(out, size // GROUP, 2))
-        codes = torch.from_numpy(codes.reshape(out, size))
-        return _unpermuted(codes, self.heads), _unpermuted(scales, self.heads)
+        per group of 32 (of `rows`, whole heads where they were reordered), with W = scale q + minimum exactly as
+        `gguf.quants.dequantize` computes it."""
+        stored = self._bytes(rows)
+        count, size = stored.shape[0], self.shape[1]
+        codes, scale, low = _GROUPS[self.type](stored.reshape(-1, gguf.GGML_QUANT_SIZES[self.type][1]))
+        scales = torch.from_numpy(np.stack([scale, low], -1).reshape(count, size // GROUP, 2))
+        codes = torch.from_numpy(codes.reshape(count, size))
+        heads = None if self.heads is None else self.heads * count // self.shape[0]
+        return _unpermuted(codes, heads), _unpermuted(scales, heads)
 
     def _bytes(self, rows: slice) -> np.ndarray:
         """The stored bytes of `rows`, (rows, bytes per row), read from the file (not from its memory map, whose
@@ -143,13 +161,15 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
         if isinstance(owner, Embeddings) and isinstance(owner.tokens, nn.Embedding):
             found = parts[names[owner.tokens] + ".weight"]
             if found[0].type not in FLOAT_TYPES:
-                embedded[id(owner.tokens.weight)] = owner.tokens = _int8_embedding(found[0])
+                embedded[id(owner.tokens.weight)] = owner.tokens = Int8Embedding(*_int8_rows(found[0]))
+                _release_freed_memory()
     for owner in list(model.modules()):
         for child_name, child in list(owner.named_children()):
             if isinstance(child, nn.Linear) and not isinstance(child, SoftCappedProjection):
                 layer = _linear(child, names[child], parts, embedded)
                 if layer is not None:
                     setattr(owner, child_name, layer)
+                    _release_freed_memory()
     # Parameters still empty take float32, a soft-capped output projection tied to int8 rows among them.
     empty: dict[int, list[str]] = {}
     for name, tensor in model.named_parameters(remove_duplicate=False):
@@ -166,6 +186,21 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
     model.requires_grad_(False)
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, or None where the C library has none."""
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
+def _release_freed_memory() -> None:
+    """Hands the pages of freed heap memory back to the system. Each tensor's temporaries (its bytes read, its
+    codes and scales decoded) are freed between the weights kept before and after them; glibc keeps such holes
+    resident, and a large file's load would peak far above the weights it holds (`benchmarks/gguf_memory.py`)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _linear(layer: nn.Linear, name: str, parts: Mapping[str, list[GgufTensor]],
             embedded: Mapping[int, Int8Embedding]) -> nn.Module | None:
     """The layer that holds `name`'s weight: int4, int8 rows, or None to keep the float layer (filled later)."""
@@ -178,21 +213,28 @@ def _linear(layer: nn.Linear, name: str, parts: Mapping[str, list[GgufTensor]],
     bias = _bias(name, parts)
     fits = layer.in_features % GROUP == 0 and layer.out_features % 16 == 0
     if fits and all(p.type in INT4_TYPES for p in found):
-        codes, scales = (torch.cat(each) for each in zip(*(p.groups() for p in found), strict=True))
-        return Int4Linear(codes[:, 0::2] | (codes[:, 1::2] << 4), scales, bias)
-    rows, scales = zip(*(quantize_rows(p.floats()) for p in found), strict=True)
-    return Int8Linear(torch.cat(rows), torch.cat(scales).squeeze(-1), bias)
+        packed, scales = zip(*(_int4_groups(p, rows) for p in found for rows in p.row_slices()), strict=True)
+        return Int4Linear(torch.cat(packed), torch.cat(scales), bias)
+    rows, scales = zip(*(_int8_rows(p) for p in found), strict=True)
+    return Int8Linear(torch.cat(rows), torch.cat(scales), bias)
 
 
 def _bias(name: str, parts: Mapping[str, list[GgufTensor]]) -> Tensor | None:
     return torch.cat([p.floats() for p in parts[name + ".bias"]]) if name + ".bias" in parts else None
 
 
-def _int8_embedding(tensor: GgufTensor) -> Int8Embedding:
-    vocab, width = tensor.shape
-    rows, scale = torch.empty(vocab, width, dtype=torch.int8), torch.empty(vocab)
-    for start in range(0, vocab, ROWS_AT_ONCE):
-        part = slice(start, min(start + ROWS_AT_ONCE, vocab))
+def _int4_groups(tensor: GgufTensor, rows: slice) -> tuple[Tensor, Tensor]:
+    """`rows` of a 4-bit tensor as `Int4Linear` takes them: codes two to a byte (even columns in the low nibble)
+    and the groups' scales and minimums."""
+    codes, scales = tensor.groups(rows)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scales
+
+
+def _int8_rows(tensor: GgufTensor) -> tuple[Tensor, Tensor]:
+    """A matrix as int8 rows (out, in) and their scales (out,), dequantized a slice of rows at a time."""
+    count, width = tensor.shape
+    rows, scale = torch.empty(count, width, dtype=torch.int8), torch.empty(count)
+    for part in tensor.row_slices():
         rows[part], scales = quantize_rows(tensor.floats(part))
         scale[part] = scales.squeeze(-1)
-    return Int8Embedding(rows, scale)
+    return rows, scale
