@@ -164,9 +164,11 @@ class Int4Linear(nn.Module):
     def _pack(self, weight: Tensor, scales: Tensor) -> None:
         # The kernel's layout keeps each block of 64 (AVX-512) or 32 rows together, so slices of PACK_ROWS rows pack
         # alone: the int32 codes the packing takes never exist for the whole matrix at once.
-        packed = torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            torch.stack([part & 15, part >> 4], -1).view(part.size(0), self.in_features).int(), 2)
-            for part in weight.split(PACK_ROWS)])
+        packed = torch.empty_like(weight)
+        for start in range(0, self.out_features, PACK_ROWS):
+            part = weight[start : start + PACK_ROWS]
+            codes = torch.stack([part & 15, part >> 4], -1).view(part.size(0), self.in_features)
+            packed[start : start + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
         self.register_buffer("weight", packed, persistent=False)  # the state dict holds the portable codes
         scale, low = scales.float().unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
         zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).to(torch.bfloat16).contiguous()

@@ -213,8 +213,7 @@ def _linear(layer: nn.Linear, name: str, parts: Mapping[str, list[GgufTensor]],
     bias = _bias(name, parts)
     fits = layer.in_features % GROUP == 0 and layer.out_features % 16 == 0
     if fits and all(p.type in INT4_TYPES for p in found):
-        packed, scales = zip(*(_int4_groups(p, rows) for p in found for rows in p.row_slices()), strict=True)
-        return Int4Linear(torch.cat(packed), torch.cat(scales), bias)
+        return Int4Linear(*_int4_groups(found, layer), bias)
     rows, scales = zip(*(_int8_rows(p) for p in found), strict=True)
     return Int8Linear(torch.cat(rows), torch.cat(scales), bias)
 
@@ -223,11 +222,19 @@ def _bias(name: str, parts: Mapping[str, list[GgufTensor]]) -> Tensor | None:
     return torch.cat([p.floats() for p in parts[name + ".bias"]]) if name + ".bias" in parts else None
 
 
-def _int4_groups(tensor: GgufTensor, rows: slice) -> tuple[Tensor, Tensor]:
-    """`rows` of a 4-bit tensor as `Int4Linear` takes them: codes two to a byte (even columns in the low nibble)
-    and the groups' scales and minimums."""
-    codes, scales = tensor.groups(rows)
-    return codes[:, 0::2] | (codes[:, 1::2] << 4), scales
+def _int4_groups(parts: list[GgufTensor], layer: nn.Linear) -> tuple[Tensor, Tensor]:
+    """The 4-bit parts of `layer`, stacked, as `Int4Linear` takes them: codes two to a byte (even columns in the low
+    nibble) and the groups' scales and minimums; filled a slice of rows at a time."""
+    packed = torch.empty(layer.out_features, layer.in_features // 2, dtype=torch.uint8)
+    scales = torch.empty(layer.out_features, layer.in_features // GROUP, 2)
+    start = 0
+    for part in parts:
+        for rows in part.row_slices():
+            codes, groups = part.groups(rows)
+            done = slice(start + rows.start, start + rows.stop)
+            packed[done], scales[done] = codes[:, 0::2] | (codes[:, 1::2] << 4), groups
+        start += part.shape[0]
+    return packed, scales
 
 
 def _int8_rows(tensor: GgufTensor) -> tuple[Tensor, Tensor]:
