@@ -34,11 +34,12 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_gguf, when run as a script
 
-from tiny_gguf import write_gguf
+from gguf import GGMLQuantizationType
+from tiny_gguf import hf_weights, write_gguf
 
 from attn.artifacts.checkpoint import load_weights
 from attn.artifacts.pretrained import export_pretrained
-from attn.artifacts.pretrained.families import load_pretrained, read_weights
+from attn.artifacts.pretrained.families import load_gguf, load_pretrained, read_weights
 from attn.artifacts.pretrained.gguf import read_gguf
 from attn.data.tokenizers import Tokenizer
 from attn.core.errors import AttnError
@@ -314,6 +315,31 @@ def _gguf(root: Path) -> Reader:
                   lambda p: _use(read_gguf(p).tokenizer))
 
 
+# A SentencePiece vocabulary as llama.cpp stores one: unknown, control, 256 byte tokens, then pieces by score.
+SPM_TOKENS = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "\u2581", "t", "h", "e", "\u2581t", "he",
+              "\u2581the"]
+
+
+def _gguf_sentencepiece(root: Path) -> Reader:
+    path = root / "sentencepiece.gguf"
+    pieces = len(SPM_TOKENS) - 259
+    write_gguf(path, weights=hf_weights(vocab=len(SPM_TOKENS)), changes={
+        "llama.vocab_size": len(SPM_TOKENS), "tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": None,
+        "tokenizer.ggml.merges": None, "tokenizer.ggml.tokens": SPM_TOKENS,
+        "tokenizer.ggml.scores": [0.0] * 259 + [-float(i) for i in range(1, pieces + 1)],
+        "tokenizer.ggml.token_type": [2, 3, 3, *[6] * 256, *[1] * pieces]})
+    return Reader(gguf_files(path.read_bytes(), *gguf_layout(path)), "model.gguf",
+                  lambda p: _use(read_gguf(p).tokenizer))
+
+
+def _gguf_kept(root: Path) -> Reader:
+    """4-bit and 8-bit blocks, loaded kept quantized: the fuzzed dimensions and block types reach the weights."""
+    path = root / "quantized.gguf"
+    q4, q8 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0
+    write_gguf(path, quant=lambda name: q8 if "ffn" in name or "token_embd" in name else q4)
+    return Reader(gguf_files(path.read_bytes(), *gguf_layout(path)), "model.gguf", load_gguf)
+
+
 def _tokenizer_json(root: Path) -> Reader:
     Tokenizer.train_bpe([TEXT], 60).save(root / "bpe")
     base = json.loads((root / "bpe" / "tokenizer.json").read_text(encoding="utf-8"))
@@ -346,6 +372,7 @@ def _config_json(root: Path) -> Reader:
 # Each reader, built with the valid files its strategy starts from written under a folder.
 READERS: dict[str, Callable[[Path], Reader]] = {
     "safetensors": _safetensors, "checkpoint-weights": _checkpoint_weights, "gguf": _gguf,
+    "gguf-sentencepiece": _gguf_sentencepiece, "gguf-kept": _gguf_kept,
     "tokenizer.json": _tokenizer_json, "sentencepiece": _sentencepiece, "config.json": _config_json,
 }
 

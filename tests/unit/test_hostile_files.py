@@ -38,8 +38,8 @@ from attn.data.tokenizers import Tokenizer
 from attn.core.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
-CI = {"safetensors": 1500, "checkpoint-weights": 1500, "gguf": 2000, "tokenizer.json": 1500, "sentencepiece": 1500,
-      "config.json": 2000}
+CI = {"safetensors": 1500, "checkpoint-weights": 1500, "gguf": 1000, "gguf-sentencepiece": 500, "gguf-kept": 500,
+      "tokenizer.json": 1500, "sentencepiece": 1500, "config.json": 2000}
 
 
 def _fuzz(reader: str, examples: int) -> dict[str, int]:
