@@ -10,7 +10,7 @@ A fused projection (q, k and v stacked) is int4 when all its parts are 4-bit and
 floats, else int8 rows. A token embedding stored quantized becomes int8 rows (`Int8Embedding`); a tied output
 projection shares them, or, soft-capped (Gemma 2's), takes them in float32. Every
 other tensor (norms, biases) is float32. What keeping a file's blocks costs against its dequantized float32 model
-is measured by `benchmarks/quantized.py` (its "gguf" rows).
+is measured by `benchmarks/quantized.py` (its "gguf" rows), and per block type by `benchmarks/probes/gguf-types.py`.
 
 Loading holds one tensor's temporaries at a time: int8 rows are dequantized a slice at a time, and the heap's freed
 pages go back to the system after each layer; what a file costs in memory and load time beside llama.cpp is measured
