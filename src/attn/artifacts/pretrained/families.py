@@ -105,8 +105,7 @@ def load_gguf(path: str | Path, attention: str = "fast",
     found = read_gguf(path)
     source, hf = str(found.path), found.hf_config
     family = family_of(hf, found.path)
-    weights = {name: tensor.floats() for name, tensor in found.weights.items()} if dequantize else found.weights
-    model, info = convert(family, hf, weights, hf, found.path, source, attention)
+    model, info = convert(family, hf, found.weights, hf, found.path, source, attention, dequantize)
     return model, dataclasses.replace(found, weights={}), info
 
 
@@ -118,21 +117,23 @@ def convert(
     config_path: Path,
     source: str,
     attention: str = "fast",
+    dequantize: bool = False,
 ) -> tuple[Model, PretrainedInfo]:
     """An `attn` model holding a Hugging Face checkpoint's weights, and what else the import learnt.
 
     Args:
         hf: the config.json (or what a GGUF file's metadata says it would be).
         weights: tensors under the checkpoint's names, or a GGUF file's tensors, which stay quantized
-            (`gguf_weights.load_quantized` fills a model built without weights).
+            (`gguf_weights.load_quantized` fills a model built without weights, one tensor at a time).
+        dequantize: a GGUF file's tensors all become float32 parameters, trainable.
         generation: where the decoding defaults are read (generation_config.json, else config.json).
         config_path, source: the config's and the weights' file, for messages.
     """
     config = _our_config(family, hf, weights, config_path)
     _check_size(config, weights, config_path)
-    if any(isinstance(tensor, GgufTensor) for tensor in weights.values()):  # a GGUF file's blocks, kept quantized
+    if any(isinstance(tensor, GgufTensor) for tensor in weights.values()):  # a GGUF file's blocks
         model, unused = build_empty(config, attention), {}
-        load_quantized(model, family.key_table(config), weights, source)
+        load_quantized(model, family.key_table(config), weights, source, keep=not dequantize)
     else:
         model = build_model(config, attention)
         unused = load_into(model, family.key_table(config), weights, source)

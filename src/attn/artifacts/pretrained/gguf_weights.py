@@ -143,9 +143,11 @@ def _unpermuted(rows: Tensor, heads: int | None) -> Tensor:
     return rows.reshape(heads, half, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
-def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, GgufTensor], source: str) -> None:
+def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, GgufTensor], source: str,
+                   keep: bool = True) -> None:
     """Fills `model`, built with its parameters on the meta device, from the file's tensors under Hugging Face's
-    names: linear layers and the token embedding as the module docstring says, every other tensor in float32.
+    names: linear layers and the token embedding as the module docstring says, every other tensor in float32; or,
+    without `keep`, every tensor as a trainable float32 parameter.
 
     Raises:
         CheckpointError: a tensor of the model that no rule fills (the key table and the model disagree).
@@ -157,13 +159,13 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
     for name, tensor in model.named_parameters(remove_duplicate=False):
         tied.setdefault(id(tensor), []).append(name)
     embedded: dict[int, Int8Embedding] = {}  # id of a meta weight -> the int8 rows that replaced it
-    for owner in list(model.modules()):
+    for owner in list(model.modules()) if keep else []:
         if isinstance(owner, Embeddings) and isinstance(owner.tokens, nn.Embedding):
             found = parts[names[owner.tokens] + ".weight"]
             if found[0].type not in FLOAT_TYPES:
                 embedded[id(owner.tokens.weight)] = owner.tokens = Int8Embedding(*_int8_rows(found[0]))
                 _release_freed_memory()
-    for owner in list(model.modules()):
+    for owner in list(model.modules()) if keep else []:
         for child_name, child in list(owner.named_children()):
             if isinstance(child, nn.Linear) and not isinstance(child, SoftCappedProjection):
                 layer = _linear(child, names[child], parts, embedded)
@@ -179,11 +181,12 @@ def load_quantized(model: nn.Module, table: KeyTable, weights: Mapping[str, Gguf
         stored = [name for name in tied[key] if name in parts]
         if not stored:
             raise CheckpointError(f"{source}: nothing in the file fills {group[0]}; the file is incomplete")
-        value = nn.Parameter(torch.cat([part.floats() for part in parts[stored[0]]]), requires_grad=False)
+        value = nn.Parameter(torch.cat([part.floats() for part in parts[stored[0]]]), requires_grad=not keep)
         for name in group:
             owner, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(owner), leaf, value)
-    model.requires_grad_(False)
+        _release_freed_memory()
+    model.requires_grad_(not keep)
 
 
 @functools.cache
