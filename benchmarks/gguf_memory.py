@@ -44,6 +44,7 @@ BPE_TOKENS, SPECIAL_TOKENS = 128_000, 256
 
 
 def _status_mb(field: str) -> float:
+    """/proc/self/status's `field` in MB (not `benchmarks.memory`'s reader, which imports torch into llama.cpp's probe)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024

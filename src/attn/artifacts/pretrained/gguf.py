@@ -4,7 +4,7 @@
 its weights under Hugging Face's names (`GgufTensor`s, read from disk when asked), its tokenizer and chat template.
 The Hugging Face importer takes it from there; nothing here knows our own model. Architectures: `llama` (Mistral's
 files are `llama`), `qwen2`, `qwen3`, `gemma2`, `gemma3` (its text model), `olmo2` and `phi3`; tokenizers:
-byte-level BPE.
+byte-level BPE and SentencePiece (`gguf_tokenizer`).
 
 What the reader undoes of llama.cpp's conversion:
 - Names: `blk.{i}.attn_q.weight` is `model.layers.{i}.self_attn.q_proj.weight`, and so on (`_tensor_table`);

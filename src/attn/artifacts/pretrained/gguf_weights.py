@@ -98,8 +98,7 @@ class GgufTensor:
         return _unpermuted(codes, heads), _unpermuted(scales, heads)
 
     def _bytes(self, rows: slice) -> np.ndarray:
-        """The stored bytes of `rows`, (rows, bytes per row), read from the file (not from its memory map, whose
-        pages would stay resident)."""
+        """The stored bytes of `rows`, (rows, bytes per row), read from the file (`tensor_bytes`)."""
         count = self.shape[0] if len(self.shape) == 2 else 1
         start, stop, _ = rows.indices(count)
         row_bytes = int(self.tensor.n_bytes) // count
