@@ -4,7 +4,8 @@
 `Int8Embedding`. Both keep a matrix W as int8 rows with one float32 scale per row (per output channel, symmetric):
 s_i = max_j |W_ij| / 127, Q_ij = round(W_ij / s_i), so W_ij ~ s_i Q_ij with an error of at most s_i / 2. A tied
 embedding and output projection share one int8 matrix, as they shared one float matrix. `Int8Linear` multiplies its
-float32 input by the int8 rows with PyTorch's weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`):
+input by the int8 rows with PyTorch's weight-only int8 kernel (`torch.ops.aten._weight_int8pack_mm`) in bfloat16,
+the one input type it vectorises (inputs, scales and outputs rounded to bfloat16, sums in float32):
 y = (x Q^T) s + b. That kernel reads the weights once for every `KERNEL_ROWS` input rows, so more rows (a batch,
 beams, a prompt) are multiplied by the dequantized float32 weight instead, a slice of rows at a time.
 
@@ -29,7 +30,7 @@ A quantized model is for inference: it has no gradients. Gemma 2's soft-capped o
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from enum import StrEnum
 
 import torch
@@ -103,7 +104,9 @@ class Int8Linear(QuantizedLinear):
         return self.weight[rows].float().mul_(self.scale[rows].unsqueeze(1))
 
     def kernel(self, rows: Tensor) -> Tensor:
-        return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
+        # bfloat16 in: the kernel's only vectorised input type (float32 takes a scalar loop, eight times slower)
+        return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight,
+                                                  self.scale.to(torch.bfloat16)).float()
 
 
 @functools.cache
@@ -142,6 +145,58 @@ def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor]:
     return q[:, 0::2] | (q[:, 1::2] << 4), torch.cat([scale, low], -1)
 
 
+@functools.cache
+def int4_kernel_block() -> int | None:
+    """The rows the int4 kernel's layout keeps together (64 with AVX-512, 32 with AVX2) where `_kernel_layout` writes
+    it as the kernel's own packing does (checked on random codes); None where it does not: the kernel packs them."""
+    codes = torch.randint(0, 16, (128, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
+    return next((block for block in (64, 32) if torch.equal(_kernel_layout(codes, block), packed)), None)
+
+
+def _kernel_layout(codes: Tensor, block: int) -> Tensor:
+    """(rows, in) uint8 codes, rows a multiple of `block` -> the int4 kernel's layout, (rows, in / 2) uint8: for each
+    block of rows and each column, block / 2 bytes, byte j holding row j's code in its low nibble and row
+    j + block / 2's in its high one. Worked in 64-bit words: the rows paired into bytes, then each square of 8 x 8
+    bytes transposed by three swaps between words (of bytes, of pairs, of quads), then the words put in order."""
+    rows, size = codes.shape
+    words = codes.contiguous().view(torch.int64).view(rows // block, 2, block // 2, size // 8)
+    paired = (words[:, 1] << 4).bitwise_or_(words[:, 0])  # (blocks, block / 2, in / 8): rows j and j + block / 2
+    blocks, eights = paired.size(0), block // 16
+    square = paired.view(blocks, eights, 8, size // 8).transpose(1, 2)  # (blocks, 8, eights, in / 8)
+    for step, shift, mask in ((1, 8, 0x00FF00FF00FF00FF), (2, 16, 0x0000FFFF0000FFFF), (4, 32, 0xFFFFFFFF)):
+        pairs = square.view(blocks, 4 // step, 2, step, eights, size // 8)
+        low, high = pairs[:, :, 0], pairs[:, :, 1]
+        swapped = (low >> shift).bitwise_xor_(high).bitwise_and_(mask)
+        high ^= swapped
+        low ^= swapped.bitwise_left_shift_(shift)
+    # word (r, e, c) now holds, at column 8c + r, the bytes of the eight rows 8e..8e+7: one column's bytes in a row
+    return square.permute(0, 3, 1, 2).contiguous().view(torch.uint8).view(rows, size // 2)
+
+
+def _packed(groups: Iterable[tuple[Tensor, Tensor]], out_features: int, in_features: int) -> tuple[Tensor, Tensor]:
+    """The int4 kernel's weight (out, in / 2) uint8 and scale_and_zero (in / GROUP, out, 2) bfloat16 of codes
+    (rows, in) uint8 and scales (rows, in / GROUP, 2) [scale, minimum] given a slice of rows at a time: rows wait
+    for a whole block of the kernel's layout, and the last ones, fewer than a block, the kernel packs itself."""
+    block = int4_kernel_block()
+    weight = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
+    zeros = torch.empty(in_features // GROUP, out_features, 2, dtype=torch.bfloat16)
+    packed, waiting = 0, torch.empty(0, in_features, dtype=torch.uint8)
+    for codes, scales in groups:
+        rows = slice(packed + waiting.size(0), packed + waiting.size(0) + codes.size(0))
+        scale, low = scales.float().unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
+        zeros[:, rows, 0], zeros[:, rows, 1] = scale.t(), (low + 8 * scale).t()
+        codes = torch.cat([waiting, codes]) if waiting.numel() else codes
+        whole = codes.size(0) // (block or PACK_ROWS) * (block or PACK_ROWS)
+        if whole:
+            weight[packed : packed + whole] = (_kernel_layout(codes[:whole], block) if block else
+                                               torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[:whole].int(), 2))
+        packed, waiting = packed + whole, codes[whole:]
+    if waiting.numel():
+        weight[packed:] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(waiting.int(), 2)
+    return weight, zeros
+
+
 class Int4Linear(nn.Module):
     """y = x W^T + b with W in 4-bit groups (see the module's docstring): (..., in) -> (..., out).
 
@@ -155,24 +210,34 @@ class Int4Linear(nn.Module):
         """weight (out, in / 2) uint8 codes, scales (out, in / GROUP, 2) float32 [scale, minimum], bias (out,)
         or None."""
         super().__init__()
-        self.in_features, self.out_features = 2 * weight.size(1), weight.size(0)
-        self.register_buffer("bias", bias)
+        self._start(weight.size(0), 2 * weight.size(1), bias)
         self._pack(weight, scales)
+
+    @classmethod
+    def from_groups(cls, groups: Iterable[tuple[Tensor, Tensor]], out_features: int, in_features: int,
+                    bias: Tensor | None) -> Int4Linear:
+        """The layer of codes (rows, in) uint8 in 0..15 and scales (rows, in / GROUP, 2) float32 [scale, minimum]
+        given a slice of rows at a time, in order: no copy of the whole weight is made but the kernel's."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._start(out_features, in_features, bias)
+        layer._hold(*_packed(groups, out_features, in_features))
+        return layer
+
+    def _start(self, out_features: int, in_features: int, bias: Tensor | None) -> None:
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", bias)
         self.register_load_state_dict_pre_hook(Int4Linear._load_codes)
         self.register_state_dict_post_hook(Int4Linear._save_codes)
 
     def _pack(self, weight: Tensor, scales: Tensor) -> None:
-        # The kernel's layout keeps each block of 64 (AVX-512) or 32 rows together, so slices of PACK_ROWS rows pack
-        # alone: the int32 codes the packing takes never exist for the whole matrix at once.
-        packed = torch.empty_like(weight)
-        for start in range(0, self.out_features, PACK_ROWS):
-            part = weight[start : start + PACK_ROWS]
-            codes = torch.stack([part & 15, part >> 4], -1).view(part.size(0), self.in_features)
-            packed[start : start + PACK_ROWS] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
-        self.register_buffer("weight", packed, persistent=False)  # the state dict holds the portable codes
-        scale, low = scales.float().unbind(-1)  # the kernel's form: W = (q - 8) scale + zero
-        zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).to(torch.bfloat16).contiguous()
-        self.register_buffer("scale_and_zero", zeros, persistent=False)  # (in / GROUP, out, 2)
+        slices = [slice(start, start + PACK_ROWS) for start in range(0, self.out_features, PACK_ROWS)]
+        codes = (torch.stack([weight[rows] & 15, weight[rows] >> 4], -1).flatten(1) for rows in slices)
+        self._hold(*_packed(zip(codes, (scales[rows] for rows in slices)), self.out_features, self.in_features))
+
+    def _hold(self, weight: Tensor, scale_and_zero: Tensor) -> None:
+        self.register_buffer("weight", weight, persistent=False)  # the state dict holds the portable codes
+        self.register_buffer("scale_and_zero", scale_and_zero, persistent=False)  # (in / GROUP, out, 2)
 
     def codes(self) -> Tensor:
         """The 4-bit codes, (out, in) uint8 in 0..15, read back through the kernel: rows of the identity times the
