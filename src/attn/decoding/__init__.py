@@ -30,11 +30,15 @@ from attn.decoding.generation_config import (
 from attn.decoding.continuous import RowToken, RunningBatch
 from attn.decoding.generation import decode_rows, generate, generate_seq2seq, stream
 from attn.decoding.sampling import (
+    add_logit_bias,
     ban_repeated_ngrams,
     choose_tokens,
+    keep_min_p,
     keep_top_k,
     keep_top_p,
+    penalize_counts,
     penalize_repeats,
+    warped,
 )
 from attn.decoding.session import Session, start_decoder, start_seq2seq
 from attn.decoding.text import CompletionText, GeneratedToken, StopStrings, TextStream, text_pieces
@@ -42,7 +46,8 @@ from attn.decoding.text import CompletionText, GeneratedToken, StopStrings, Text
 __all__ = [
     "CompletionText", "DEFAULT_NEW_TOKENS", "PAPER_EXTRA_LENGTH", "Decode", "EarlyStopping", "GeneratedToken", "GenerationConfig", "Hypothesis", "LengthNorm", "RowToken", "RunningBatch",
     "Session", "StopStrings", "TextStream",
-    "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention", "check_samples",
-    "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_top_k", "keep_top_p",
-    "length_penalty", "penalize_repeats", "requested", "start_decoder", "start_seq2seq", "stream", "text_pieces",
+    "add_logit_bias", "attention_maps", "ban_repeated_ngrams", "beam_search", "beam_search_seq2seq", "capture_attention", "check_samples",
+    "choose_tokens", "decode_rows", "generate", "generate_seq2seq", "huggingface_config", "keep_min_p", "keep_top_k",
+    "keep_top_p", "length_penalty", "penalize_counts", "penalize_repeats", "requested", "start_decoder",
+    "start_seq2seq", "stream", "text_pieces", "warped",
 ]

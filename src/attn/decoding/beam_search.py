@@ -249,7 +249,7 @@ def search(session: Session, config: GenerationConfig, eos_id: int | None) -> li
     for step in range(int(session.limits.max())):
         history = state.history.flatten(0, 1)[:, : session.offset + step]
         at_limit = (state.limits == step + 1).repeat_interleave(k)
-        logprobs = adjust_logits(logprobs, history, config, eos_id, at_limit)
+        logprobs = adjust_logits(logprobs, history, config, eos_id, at_limit, session.offset)
         state, parents = advance(state, logprobs, step, session.offset, config, eos_id)
         parents = placed[parents]  # the cache rows the new beams continue
         done = sentences_done(state, step + 1, config)

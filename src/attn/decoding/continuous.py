@@ -30,6 +30,7 @@ from attn.decoding.generation_config import Decode, GenerationConfig
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
     check_call,
+    check_logit_bias,
     check_prompts,
     decode_one_token,
     decoder_limit,
@@ -48,7 +49,7 @@ class RowToken:
         key: the key the row was added with.
         token: the chosen token id (the EOS id too, when the row ends with it).
         scores: (V,) float, the scores the token was chosen from: the model's logits after the logit
-            adjustments (penalties, bans, forced EOS), before temperature, top-k and top-p.
+            adjustments (logit bias, penalties, bans, forced EOS), before temperature, top-k, top-p and min-p.
         finish: None while the row goes on; "stop" (EOS, a stop id or a stop string) or "length" (its
             token limit) on its last step.
     """
@@ -119,13 +120,15 @@ class RunningBatch:
 
         Raises:
             GenerationError: beam search (it cannot join a batch row by row), an empty prompt, an id
-                outside the vocabulary, a prompt and limit beyond `max_positions`, or settings that need
-                what this batch lacks (stop strings without `decode`, `force_eos` without `eos_id`).
+                outside the vocabulary (in the prompt or `logit_bias`), a prompt and limit beyond
+                `max_positions`, or settings that need what this batch lacks (stop strings without `decode`,
+                `force_eos` without `eos_id`).
         """
         if config.beam_size > 1:
             raise GenerationError("beam search cannot join a running batch; set beam_size=1")
         check_call(config, self.eos_id, self.decode)
         check_prompts(self.model, [prompt])
+        check_logit_bias(self.model, config)
         limit = decoder_limit(config.max_new_tokens, len(prompt), self.model.max_positions)
         stops = StopStrings(config.stop, self.decode) if config.stop and self.decode is not None else None
         generator = generator if generator is not None else seeded_generator(config.seed, model_device(self.model))
@@ -184,7 +187,8 @@ class RunningBatch:
         logits = self.logits[index : index + 1]  # (1, V)
         at_limit = len(row.history) - row.prompt_length + 1 == row.limit
         history = torch.tensor([row.history], device=logits.device)
-        adjusted = adjust_logits(logits, history, row.config, self.eos_id, torch.tensor([at_limit]))
+        adjusted = adjust_logits(logits, history, row.config, self.eos_id, torch.tensor([at_limit]),
+                                 row.prompt_length)
         token = int(choose_tokens(adjusted, row.config, row.generator))
         row.history.append(token)
         return RowToken(row.key, token, adjusted[0], self._finish(row, token, at_limit))

@@ -57,7 +57,7 @@ def decode_rows(session: Session, config: GenerationConfig, eos_id: int | None) 
     ends = torch.tensor(config.end_ids(eos_id), dtype=torch.long, device=rows.device)
     for step in range(int(limits.max())):
         column = session.offset + step
-        logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1)
+        logits = adjust_logits(logits, history[:, :column], config, eos_id, limits == step + 1, session.offset)
         tokens = choose_tokens(logits, config, generator)
         history[:, column] = tokens
         yield rows, tokens

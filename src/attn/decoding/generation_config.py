@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from attn.core.config import coerce_fields
 from attn.core.errors import ConfigError, GenerationError
 
+MAX_PENALTY = 2.0  # OpenAI's range of frequency_penalty and presence_penalty: [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range of a logit_bias entry: [-100, 100]
 PAPER_EXTRA_LENGTH = 50  # section 6.1: "maximum output length to input length + 50"
 DEFAULT_NEW_TOKENS = 200  # a decoder-only model's continuation when nothing sets a limit
 
@@ -41,6 +43,14 @@ def _fail(field: str, message: str) -> None:
 class GenerationConfig:
     """How to decode. The defaults are greedy decoding; `GenerationConfig.paper()` is the paper's beam search.
 
+    The settings mean what they mean in OpenAI's API and vLLM, applied in this order (`attn.decoding.sampling`):
+    `logit_bias` ({token id: bias}, given as a mapping or as (id, bias) pairs) is added to the scores first; then
+    `repetition_penalty` (CTRL's, over the prompt and the new tokens), `frequency_penalty` and `presence_penalty`
+    (OpenAI's: score -= count x frequency_penalty + (count > 0) x presence_penalty, counting the new tokens only),
+    the n-gram ban and the suppressed tokens: all of them change greedy choices too. A sampled token is then drawn
+    after `temperature`, `top_k`, `top_p` and `min_p` (keeps the tokens at least min_p times as likely as the most
+    likely one), in transformers' order.
+
     `max_new_tokens=None` means: source length + 50 for translation, and as many as the model's positions allow for
     a decoder-only model. `stop_ids` end a row as the EOS id does (a chat model's end-of-turn token, `<|im_end|>` in
     ChatML) and, like it, are no part of the output. `seed` seeds a `torch.Generator` for sampling (None uses torch's
@@ -57,7 +67,11 @@ class GenerationConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     no_repeat_ngram: int = 0
     suppress: tuple[int, ...] = ()
     force_eos: bool = False
@@ -71,12 +85,15 @@ class GenerationConfig:
     n_best: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, Mapping):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
         try:
             coerce_fields(self)
         except ConfigError as error:
             raise GenerationError(error.detail, error.field) from None
         self._validate_sampling()
         self._validate_penalties()
+        self._validate_logit_bias()
         self._validate_beam()
 
     def end_ids(self, eos_id: int | None) -> tuple[int, ...]:
@@ -96,8 +113,10 @@ class GenerationConfig:
             _fail("top_p", f"must be in (0, 1], got {self.top_p}; 1.0 turns nucleus sampling off")
         if self.top_k < 0:
             _fail("top_k", f"must be >= 0, got {self.top_k}; 0 turns top-k filtering off")
+        if not 0 <= self.min_p <= 1:
+            _fail("min_p", f"must be in [0, 1], got {self.min_p}; 0 turns min-p filtering off")
         if not self.sample:
-            for name, neutral in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0)):
+            for name, neutral in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
                 if getattr(self, name) != neutral:
                     _fail(name, f"only applies when sampling; set sample=True or leave {name}={neutral}")
 
@@ -106,6 +125,9 @@ class GenerationConfig:
             _fail("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}; use None for the default limit")
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
             _fail("repetition_penalty", f"must be > 0, got {self.repetition_penalty}; 1.0 turns it off")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                _fail(name, f"must be in [-2, 2], got {getattr(self, name)}; 0 turns it off")
         if self.no_repeat_ngram < 0:
             _fail("no_repeat_ngram", f"must be >= 0, got {self.no_repeat_ngram}; 0 turns it off")
         for name in ("suppress", "stop_ids"):
@@ -113,6 +135,12 @@ class GenerationConfig:
                 _fail(name, f"token ids must be >= 0, got {getattr(self, name)}")
         if not all(self.stop):
             _fail("stop", "stop strings must not be empty")
+
+    def _validate_logit_bias(self) -> None:
+        pairs = tuple(_bias_pair(pair) for pair in self.logit_bias)
+        if len({token for token, _ in pairs}) < len(pairs):
+            _fail("logit_bias", "a token id is given twice; give each token one bias")
+        object.__setattr__(self, "logit_bias", pairs)
 
     def _validate_beam(self) -> None:
         if self.beam_size < 1:
@@ -127,11 +155,23 @@ class GenerationConfig:
             _fail("stop", "beam search stops at EOS only; set beam_size=1 to use stop strings")
 
 
+def _bias_pair(pair: object) -> tuple[int, float]:
+    """One `logit_bias` entry as (token id, bias), checked."""
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        _fail("logit_bias", f"expected a mapping of token ids to biases, or (id, bias) pairs, got {pair!r}")
+    token, bias = pair
+    if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+        _fail("logit_bias", f"token ids must be ints >= 0, got {token!r}")
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not abs(bias) <= MAX_LOGIT_BIAS:
+        _fail("logit_bias", f"the bias of token {token} must be a number in [-100, 100], got {bias!r}")
+    return token, float(bias)
+
+
 def requested(temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-              **fields: Any) -> GenerationConfig:
+              min_p: float | None = None, **fields: Any) -> GenerationConfig:
     """The decoding settings a user asked for (command-line flags, a request body, library arguments), in one
-    convention, OpenAI's: temperature 0 (the default) decodes greedily, and top_p and top_k then change nothing;
-    above 0 it samples at that temperature. A setting given as None takes its default.
+    convention, OpenAI's: temperature 0 (the default) decodes greedily, and top_p, top_k and min_p then change
+    nothing; above 0 it samples at that temperature. A setting given as None takes its default.
 
     Raises:
         GenerationError: a setting out of range, naming its field.
@@ -147,8 +187,10 @@ def requested(temperature: float | None = None, top_p: float | None = None, top_
         _fail("top_p", f"must be in (0, 1], got {top_p}; 1.0 turns nucleus sampling off")
     if top_k is not None and top_k < 0:
         _fail("top_k", f"must be >= 0, got {top_k}; 0 turns top-k filtering off")
+    if min_p is not None and not 0 <= min_p <= 1:
+        _fail("min_p", f"must be in [0, 1], got {min_p}; 0 turns min-p filtering off")
     if temperature:
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
         asked |= {"sample": True} | {name: value for name, value in sampling.items() if value is not None}
     return GenerationConfig(**asked)
 

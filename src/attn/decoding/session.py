@@ -65,6 +65,7 @@ def start_decoder(model: Decoder, prompts: Sequence[Sequence[int]], config: Gene
             beyond `model.max_positions`.
     """
     check_prompts(model, prompts)
+    check_logit_bias(model, config)
     longest = max(map(len, prompts))
     limit = decoder_limit(config.max_new_tokens, longest, model.max_positions)
     cache = model.new_cache(len(prompts), longest + limit - 1)
@@ -82,6 +83,15 @@ def check_call(config: GenerationConfig, eos_id: int | None, decode: Decode | No
         raise GenerationError("stop strings need the tokenizer's decode function: pass decode=tokenizer.decode")
     if config.force_eos and eos_id is None:
         raise GenerationError("force_eos needs eos_id: pass the tokenizer's end-of-sequence id")
+
+
+def check_logit_bias(model: object, config: GenerationConfig) -> None:
+    """Raises a GenerationError (field "logit_bias") naming the first biased id outside the model's vocabulary."""
+    vocab_size = _embedding_rows(model, "embeddings")
+    bad = next((token for token, _ in config.logit_bias if vocab_size is not None and token >= vocab_size), None)
+    if bad is not None:
+        raise GenerationError(f"token id {bad} is outside the model's vocabulary of {vocab_size} ids "
+                              f"(0..{vocab_size - 1}); bias the model's own token ids", "logit_bias")
 
 
 def check_prompts(model: Decoder, prompts: Sequence[Sequence[int]]) -> None:
@@ -146,6 +156,7 @@ def start_seq2seq(
     limits = _seq2seq_limits(config.max_new_tokens, [len(s) for s in sources], model.max_positions)
     check_token_ids(sources, _embedding_rows(model, "encoder", "embeddings"), "source")
     check_token_ids([[start_id]], _embedding_rows(model, "embeddings"), "start_id")
+    check_logit_bias(model, config)
     device = model.lm_head.weight.device
     longest = max(map(len, sources))
     src = torch.tensor([list(s) + [pad_id] * (longest - len(s)) for s in sources], dtype=torch.long, device=device)
