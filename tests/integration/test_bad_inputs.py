@@ -274,6 +274,20 @@ CASES = [
          "--top-p: must be in (0, 1], got 0.0"),
     Case("top-p-above-one", "nucleus mass 1.5", generate_from("--top-p", "1.5", "ROMEO."), 2,
          "--top-p: must be in (0, 1], got 1.5"),
+    Case("min-p-above-one", "a min-p above 1", generate_from("--temperature", "1", "--min-p", "1.5", "ROMEO."), 2,
+         "--min-p: must be in [0, 1], got 1.5"),
+    Case("presence-penalty-beyond-two", "a presence penalty outside OpenAI's -2..2",
+         generate_from("--presence-penalty", "2.5", "ROMEO."), 2, "--presence-penalty: must be in [-2, 2], got 2.5"),
+    Case("logit-bias-not-a-pair", "a logit bias without its id", generate_from("--logit-bias", "5", "ROMEO."), 2,
+         "argument --logit-bias: '5' is not ID=BIAS"),
+    Case("logit-bias-beyond-100", "a logit bias outside OpenAI's -100..100",
+         generate_from("--logit-bias", "5=101", "ROMEO."), 2,
+         "--logit-bias: the bias of token 5 must be a number in [-100, 100], got 101.0"),
+    Case("logit-bias-outside-vocabulary", "a biased token id the model does not have",
+         generate_from("--logit-bias", "100000=5", "ROMEO."), 2, "--logit-bias: token id 100000 is outside the "
+         "model's vocabulary"),
+    Case("chat-logit-bias-outside-vocabulary", "a biased token id the model does not have, in a chat",
+         ("chat", "--model", "{lm}", "--logit-bias", "100000=-100"), 2, "--logit-bias: token id 100000 is outside"),
     Case("beam-size-zero", "beam size 0", translate("--beam-size", "0", "x"), 2, "--beam-size: must be >= 1, got 0"),
     Case("max-new-tokens-zero", "no new tokens allowed", generate_from("--max-new-tokens", "0", "ROMEO."), 2,
          "--max-new-tokens: must be >= 1, got 0"),
@@ -702,10 +716,10 @@ DOCS_HEADER = """# What `attn` says about bad input
 Every one exits with status 2 (a usage or configuration mistake) or 1 (anything else), prints one
 line that names what was wrong and the fix (argparse adds its usage line above), shows no
 traceback and leaves no partial file. `tiny/` holds one-step configs and their data, `runs/` the
-runs they trained, `.` the folder the command runs in. No command takes token ids, so ids outside
+runs they trained, `.` the folder the command runs in. Only `--logit-bias` takes token ids, so ids outside
 the vocabulary are tested through the Python API (`generate` names the first bad id); from the
-command line they can only come from a tokenizer that does not belong to its model
-(`tokenizer-of-another-model`). The HTTP server's bad requests (`attn serve`) have their own
+command line they come from a tokenizer that does not belong to its model (`tokenizer-of-another-model`) or
+from `--logit-bias`, which names the id (`logit-bias-outside-vocabulary`). The HTTP server's bad requests (`attn serve`) have their own
 catalogue, `tests/integration/test_serve_bad_inputs.py`, with the server's caps (`max-tokens-over-cap`,
 `n-over-cap`, ...) and the extremes that the generated requests of `tests/integration/test_serve_schema.py`
 send: a `top_p` or `temperature` of 5e-324 (0 in float32) samples the most likely token

@@ -35,8 +35,8 @@ def loaded(model: Path) -> Bundle:
     return load_model(model, "cpu")
 
 
-def answer_of(loaded: Bundle, messages: list[dict[str, str]]) -> str:
-    config = loaded.generation_config(GenerationConfig(max_new_tokens=LIMIT), chat=True)
+def answer_of(loaded: Bundle, messages: list[dict[str, str]], config: GenerationConfig | None = None) -> str:
+    config = loaded.generation_config(config or GenerationConfig(max_new_tokens=LIMIT), chat=True)
     return continue_texts(loaded, [loaded.render_chat(messages)], config)[0][0].text
 
 
@@ -51,6 +51,18 @@ def test_chat_answers_each_line_remembers_the_conversation_and_resets(model: Pat
     assert first and second and first != second
     assert found.stdout == f"{first}\n{second}\n{first}\n"  # after /reset the first answer again; a blank line is none
     assert found.stderr.count("attn chat: a new conversation") == 1 and "Traceback" not in found.stderr
+
+
+def test_chat_decodes_under_every_sampling_flag(model: Path, loaded: Bundle) -> None:
+    flags = {"temperature": 0.8, "top_k": 30, "top_p": 0.9, "min_p": 0.05, "seed": 5, "repetition_penalty": 1.1,
+             "frequency_penalty": 0.4, "presence_penalty": 0.6}
+    args = [item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value))]
+    found = run_cli("chat", "--model", str(model), "--device", "cpu", "--max-tokens", str(LIMIT), *args,
+                    "--logit-bias", "7=1.5", stdin="Tell me a joke.\n")
+    assert found.returncode == 0, found.stderr
+    config = GenerationConfig(max_new_tokens=LIMIT, sample=True, logit_bias={7: 1.5}, **flags)
+    expected = answer_of(loaded, conversation("Tell me a joke."), config)
+    assert found.stdout == f"{expected}\n" and expected != answer_of(loaded, conversation("Tell me a joke."))
 
 
 def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(model: Path, loaded: Bundle) -> None:
@@ -141,6 +153,8 @@ def test_generate_chat_answers_each_prompt_as_a_users_message(model: Path, loade
     (("generate", "--system", "Be brief.", "Hi"), "--system: is the system message of a chat: give --chat as well"),
     (("chat", "--temperature", "-1"), "--temperature: must be a number >= 0, got -1.0; 0 decodes greedily"),
     (("chat", "--max-tokens", "0"), "--max-tokens: must be >= 1, got 0; use None for the default limit"),
+    (("chat", "--temperature", "1", "--min-p", "-0.5"), "--min-p: must be in [0, 1], got -0.5; 0 turns min-p "
+                                                        "filtering off"),
 ])
 def test_flags_that_do_not_fit_are_refused_before_the_model_loads(args: tuple[str, ...], message: str,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:

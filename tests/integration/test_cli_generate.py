@@ -115,8 +115,30 @@ def test_a_stop_string_ends_the_text_before_it_streamed_or_not(lm: Path, capsys:
         assert shown == before
 
 
+def test_every_sampling_flag_reaches_decoding(lm: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attn.artifacts.checkpoint import load_checkpoint
+    from attn.decoding import generate
+
+    checkpoint = load_checkpoint(lm)
+    tokenizer = checkpoint.tokenizer
+    a = tokenizer.encode("a")[0]
+    biased = generate_json(capsys, "--model", str(lm), "--max-new-tokens", "6", "--logit-bias", f"{a}=100", "J")
+    assert biased[0]["continuations"][0]["text"] == "aaaaaa"
+    flags = {"temperature": "0.9", "top_k": "20", "top_p": "0.95", "min_p": "0.05", "seed": "4",
+             "repetition_penalty": "1.2", "frequency_penalty": "0.5", "presence_penalty": "-0.5"}
+    args = [item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", value)]
+    found = generate_json(capsys, "--model", str(lm), "--max-new-tokens", "12", *args, "--logit-bias", f"{a}=2.5",
+                          "--logit-bias", "3=-1", "ROMEO.")
+    config = GenerationConfig(max_new_tokens=12, sample=True, logit_bias={a: 2.5, 3: -1.0},
+                              **{name: float(value) if "." in value else int(value) for name, value in flags.items()})
+    (tokens,) = generate(checkpoint.model, [tokenizer.encode("ROMEO.")], config, tokenizer.eos_id)
+    assert found[0]["continuations"][0]["text"] == tokenizer.decode(tokens)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("--n", "0"), "--n: must be >= 1, got 0"),
+    (("--min-p", "0.5", "--temperature", "1", "--frequency-penalty", "-3"), "--frequency-penalty: must be in [-2, 2]"),
+    (("--logit-bias", "7=-100.5"), "--logit-bias: the bias of token 7 must be a number in [-100, 100]"),
     (("--n", "3"), "--n: greedy decoding and beam search give one continuation per prompt"),
     (("--beam-size", "2", "--temperature", "0.8"), "--temperature: beam search does not sample"),
     (("--n-best", "2"), "--n-best: must be in [1, beam_size=1], got 2"),

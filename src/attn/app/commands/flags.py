@@ -74,8 +74,6 @@ def decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam-size", dest="beam_size", type=int, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", dest="length_penalty", type=float, help="GNMT length penalty alpha")
     sampling_flags(p)
-    p.add_argument("--top-k", dest="top_k", type=int, help="keep the k most likely tokens (with --temperature)")
-    p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float)
     p.add_argument("--no-repeat-ngram", dest="no_repeat_ngram", type=int)
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
                    help="most new tokens (default: translate source length + 50; generate 200, fewer when the "
@@ -83,7 +81,30 @@ def decoding_flags(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of each token's choice, as OpenAI's and vLLM's settings of the same names mean them."""
     p.add_argument("--temperature", type=float,
                    help="0 (the default) decodes greedily; above 0 samples at that temperature")
+    p.add_argument("--top-k", dest="top_k", type=int, help="keep the k most likely tokens (with --temperature)")
     p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling mass in (0, 1] (with --temperature)")
+    p.add_argument("--min-p", dest="min_p", type=float,
+                   help="keep the tokens at least this times as likely as the most likely one, in [0, 1] "
+                   "(with --temperature)")
     p.add_argument("--seed", type=int, help="seed of the sampler (with --temperature)")
+    p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float,
+                   help="CTRL's penalty (> 0; 1 = off) on every token of the prompt and the answer so far")
+    p.add_argument("--frequency-penalty", dest="frequency_penalty", type=float,
+                   help="in [-2, 2]: each token's score less this times its count among the new tokens")
+    p.add_argument("--presence-penalty", dest="presence_penalty", type=float,
+                   help="in [-2, 2]: each token's score less this once it is among the new tokens")
+    p.add_argument("--logit-bias", dest="logit_bias", action="append", type=_bias, metavar="ID=BIAS",
+                   help="add BIAS (-100..100) to token ID's score before any other setting (repeatable)")
+
+
+def _bias(text: str) -> tuple[int, float]:
+    """`ID=BIAS` as (token id, bias)."""
+    token, _, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ID=BIAS; give a token id and a number, e.g. "
+                                         "--logit-bias 42=-100") from None

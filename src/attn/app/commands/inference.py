@@ -19,6 +19,7 @@ from attn.app.commands.flags import (
     subcommand,
 )
 from attn.app.commands.io import (
+    check_bias_ids,
     flag_error,
     generation_config,
     read_inputs,
@@ -85,6 +86,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("--system", "is the system message of a chat: give --chat as well")
     inputs = list(args.text) or (read_inputs(args) if args.input else [args.prompt])
     bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
+    check_bias_ids(bundle.model, config)
     prompts, shown = inputs, inputs  # shown: what is printed before each continuation
     if args.chat:  # each input is a user's message; its answer is printed alone
         prompts = [bundle.render_chat(conversation(text, args.system)) for text in inputs]
@@ -120,6 +122,7 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_chat(args: argparse.Namespace) -> int:
     config = generation_config(args, "--max-tokens")  # checked before a model is loaded
     bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
+    check_bias_ids(bundle.model, config)
     session = ChatSession(bundle, config, args.system)
     with inference(bundle.model):  # weights packed once for every answer, not once for each
         return _chat_loop(session, args.model)

@@ -11,6 +11,7 @@ from pathlib import Path
 from attn.core.errors import AttnError, ConfigError, GenerationError
 from attn.data.text import decode_text, read_text
 from attn.decoding import GenerationConfig, requested
+from attn.decoding.session import check_logit_bias
 
 
 def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
@@ -64,8 +65,9 @@ def generation_config(args: argparse.Namespace, limit_flag: str = "--max-new-tok
     """
     sampled = bool(getattr(args, "temperature", None))
     fields = {k: v for k, v in defaults.items() if not (sampled and k in ("beam_size", "length_penalty"))}
-    for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
-                 "repetition_penalty", "no_repeat_ngram", "n_best", "stop"):
+    for name in ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens", "seed",
+                 "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "no_repeat_ngram",
+                 "n_best", "stop"):
         value = getattr(args, name, None)
         if value is not None:
             fields[name] = value
@@ -73,6 +75,14 @@ def generation_config(args: argparse.Namespace, limit_flag: str = "--max-new-tok
         return requested(**fields)
     except GenerationError as error:
         raise flag_error(error, {"sample": "--temperature", "max_new_tokens": limit_flag}) from None
+
+
+def check_bias_ids(model: object, config: GenerationConfig) -> None:
+    """Raises a ConfigError naming --logit-bias when it biases an id outside the model's vocabulary."""
+    try:
+        check_logit_bias(model, config)
+    except GenerationError as error:
+        raise flag_error(error) from None
 
 
 def flag_error(error: AttnError, flags: dict[str, str] | None = None) -> AttnError:
