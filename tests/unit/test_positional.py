@@ -34,10 +34,11 @@ def test_sinusoidal_concatenated_entries(pos, i):
 
 
 def test_rotary_rotates_feature_pairs_by_position_angle():
-    rope = RotaryPositions(16, rotary_frequencies(4, 10000.0))
-    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 1, 1, 4).expand(1, 1, 3, 4)
-    rotated = rope.rotation(torch.tensor([[0, 1, 5]]))(x)
-    for t, pos in enumerate([0, 1, 5]):
+    """Far positions too: their angles are computed in float64 (in float32, the cosine of 131,071 x 0.01 is off by 2.4e-5)."""
+    rope = RotaryPositions(rotary_frequencies(4, 10000.0))
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 1, 1, 4).expand(1, 1, 4, 4)
+    rotated = rope.rotation(torch.tensor([[0, 1, 5, 131_071]]))(x)
+    for t, pos in enumerate([0, 1, 5, 131_071]):
         for j, freq in enumerate([1.0, 10000 ** (-2 / 4)]):
             a, b = x[0, 0, t, j].item(), x[0, 0, t, j + 2].item()
             c, s = math.cos(pos * freq), math.sin(pos * freq)
@@ -46,7 +47,7 @@ def test_rotary_rotates_feature_pairs_by_position_angle():
 
 
 def test_rotary_scores_depend_only_on_relative_position():
-    rope = RotaryPositions(64, rotary_frequencies(8, 10000.0))
+    rope = RotaryPositions(rotary_frequencies(8, 10000.0))
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
 

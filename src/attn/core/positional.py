@@ -85,20 +85,22 @@ class RotaryPositions(PositionScheme):
     """Rotary position embedding: feature pairs (j, j + d/2) rotate by angle pos * inv_freq[j].
 
     Only the first `dims` features of a head rotate (all of them unless the model rotates a
-    fraction, as Phi-3 may); `scale` multiplies cos and sin (YaRN's attention factor).
+    fraction, as Phi-3 may); `scale` multiplies cos and sin (YaRN's attention factor). The angles of each call's
+    positions are computed in float64, then rounded to float32: no table of every position is held (a model of
+    131,072 positions would hold 64 MB for it).
     """
 
-    def __init__(self, max_positions: int, inv_freq: Tensor, scale: float = 1.0) -> None:
+    def __init__(self, inv_freq: Tensor, scale: float = 1.0) -> None:
         super().__init__()
-        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (P, d/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (P, d)
-        self.dims = angles.size(-1)
-        self.register_buffer("cos", (angles.cos() * scale).float(), persistent=False)
-        self.register_buffer("sin", (angles.sin() * scale).float(), persistent=False)
+        self.register_buffer("inv_freq", inv_freq.double(), persistent=False)
+        self.dims = 2 * inv_freq.numel()
+        self.scale = scale
 
     def rotation(self, positions: Tensor) -> Callable[[Tensor], Tensor]:
-        cos = self.cos[positions][:, None]  # (B, 1, T, d)
-        sin = self.sin[positions][:, None]
+        angles = positions[..., None].double() * self.inv_freq  # (B, T, d/2)
+        angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, d)
+        cos = (angles.cos() * self.scale).float()
+        sin = (angles.sin() * self.scale).float()
         dims = self.dims
 
         def rotate(x: Tensor) -> Tensor:

@@ -148,7 +148,7 @@ class _Parts:
         return {
             Positional.SINUSOIDAL: lambda: SinusoidalPositions(c.max_positions, c.d_model, c.sinusoidal_layout),
             Positional.LEARNED: lambda: LearnedPositions(c.max_positions, c.d_model),
-            Positional.ROTARY: lambda: RotaryPositions(c.max_positions, *rope_frequencies(c)),
+            Positional.ROTARY: lambda: RotaryPositions(*rope_frequencies(c)),
             Positional.RELATIVE: lambda: RelativePositionBias(
                 c.heads, c.relative_buckets, c.relative_max_distance, bidirectional
             ),
@@ -263,7 +263,7 @@ class _Parts:
             return None
         if c.positional == Positional.ROTARY and c.local_rotary_base:
             local = c.replace(rotary_base=c.local_rotary_base, rope_scaling=RopeScaling.NONE)
-            return SlidingWindow(c.sliding_window, RotaryPositions(c.max_positions, *rope_frequencies(local)))
+            return SlidingWindow(c.sliding_window, RotaryPositions(*rope_frequencies(local)))
         return SlidingWindow(c.sliding_window, positions if c.positional == Positional.ROTARY else NoPositions())
 
     def decoder(self) -> Decoder:
