@@ -53,13 +53,16 @@ PACK_ROWS = 1024  # rows of an int4 layer packed for its kernel at a time (a mul
 DEQUANTIZED_WEIGHTS = 2**20  # weights of an int8 layer dequantized at a time for more than KERNEL_ROWS rows
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_rows(x: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(..., n) float -> int8 (..., n) and float32 scales (..., 1): x ~ q * scale, per row, symmetric; a row of
-    zeros gets scale 1, so nothing divides by zero."""
+    zeros gets scale 1, so nothing divides by zero. Given `out`, the codes go there and float32 `x` is overwritten
+    on the way (no temporary the size of x)."""
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).div_(127)
+    scale = torch.maximum(x.amax(dim=-1, keepdim=True), x.amin(dim=-1, keepdim=True).neg_()).div_(127)
     scale.masked_fill_(scale == 0, 1.0)
-    return (x / scale).round_().to(torch.int8), scale
+    if out is None:
+        return (x / scale).round_().to(torch.int8), scale
+    return out.copy_(x.div_(scale).round_()), scale
 
 
 class QuantizedLinear(nn.Module):

@@ -22,11 +22,11 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 from torch import Tensor, nn
@@ -35,7 +35,8 @@ from attn.artifacts.pretrained.gguf_file import GgufTensorInfo, tensor_bytes
 from attn.artifacts.pretrained.keymap import KeyTable
 from attn.core.errors import CheckpointError
 from attn.core.layers import Embeddings, SoftCappedProjection
-from attn.core.quantized import DEQUANTIZED_WEIGHTS, GROUP, Int4Linear, Int8Embedding, Int8Linear, quantize_rows
+from attn.core.quantized import (DEQUANTIZED_WEIGHTS, GROUP, Int4Linear, Int8Embedding, Int8Linear, int4_kernel_block,
+                                 quantize_rows)
 
 INT4_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
@@ -70,18 +71,21 @@ class GgufTensor:
     def floats(self, rows: slice = slice(None)) -> Tensor:
         """The dequantized float32 values (of `rows` of a matrix, whole heads where they were reordered), in Hugging
         Face's row order."""
-        values = torch.from_numpy(gguf.quants.dequantize(self._bytes(rows), self.type).copy())
+        stored = self._bytes(rows)
+        decode = _FLOATS.get(self.type)
+        if decode is None:
+            values = torch.from_numpy(gguf.quants.dequantize(stored.numpy(), self.type).copy())
+        else:
+            values = decode(stored.view(-1, gguf.GGML_QUANT_SIZES[self.type][1])).view(stored.size(0), -1)
         if self.offset:
             values -= self.offset
-        if len(self.shape) == 1:
-            return values.view(-1)
-        heads = None if self.heads is None else self.heads * values.size(0) // self.shape[0]
-        return _unpermuted(values, heads)
+        return values.view(-1) if len(self.shape) == 1 else values
 
-    def row_slices(self) -> list[slice]:
-        """The rows of a matrix in slices of whole heads, each of at most DEQUANTIZED_WEIGHTS weights (or one head)."""
+    def row_slices(self, together: int = 1) -> list[slice]:
+        """The rows of a matrix in slices of whole heads and of a multiple of `together` rows, each of at most
+        DEQUANTIZED_WEIGHTS weights (or one such unit)."""
         count, width = self.shape
-        unit = count // self.heads if self.heads else 1
+        unit = math.lcm(count // self.heads if self.heads else 1, together)
         step = max(unit, DEQUANTIZED_WEIGHTS // width // unit * unit)
         return [slice(start, min(start + step, count)) for start in range(0, count, step)]
 
@@ -90,47 +94,122 @@ class GgufTensor:
         per group of 32 (of `rows`, whole heads where they were reordered), with W = scale q + minimum exactly as
         `gguf.quants.dequantize` computes it."""
         stored = self._bytes(rows)
-        count, size = stored.shape[0], self.shape[1]
-        codes, scale, low = _GROUPS[self.type](stored.reshape(-1, gguf.GGML_QUANT_SIZES[self.type][1]))
-        scales = torch.from_numpy(np.stack([scale, low], -1).reshape(count, size // GROUP, 2))
-        codes = torch.from_numpy(codes.reshape(count, size))
-        heads = None if self.heads is None else self.heads * count // self.shape[0]
-        return _unpermuted(codes, heads), _unpermuted(scales, heads)
+        count, size = stored.size(0), self.shape[1]
+        codes, scale, low = _GROUPS[self.type](stored.view(-1, gguf.GGML_QUANT_SIZES[self.type][1]))
+        return codes.view(count, size), torch.stack([scale, low], -1).view(count, size // GROUP, 2)
 
-    def _bytes(self, rows: slice) -> np.ndarray:
-        """The stored bytes of `rows`, (rows, bytes per row), read from the file (`tensor_bytes`)."""
+    def _bytes(self, rows: slice) -> Tensor:
+        """The stored bytes of `rows`, (rows, bytes per row), read from the file (`tensor_bytes`), whole heads
+        where they were reordered put back in Hugging Face's order."""
         count = self.shape[0] if len(self.shape) == 2 else 1
         start, stop, _ = rows.indices(count)
         row_bytes = int(self.tensor.n_bytes) // count
-        return tensor_bytes(self.path, self.tensor, start * row_bytes, (stop - start) * row_bytes).reshape(
-            stop - start, row_bytes)
+        stored = torch.from_numpy(tensor_bytes(self.path, self.tensor, start * row_bytes, (stop - start) * row_bytes))
+        heads = None if self.heads is None else self.heads * (stop - start) // self.shape[0]
+        return _unpermuted(stored.view(stop - start, row_bytes), heads)
 
 
-def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    scale = blocks[:, :2].view(np.float16).astype(np.float32)
+# Each block type's decoder takes its blocks (n, bytes per block) uint8 and computes what gguf.quants.dequantize
+# does, operation for operation in float32, so the values are the same to the bit (tests/unit/test_gguf_blocks.py).
+
+def _halves(stored: Tensor) -> Tensor:
+    """float16 numbers stored in bytes, as float32."""
+    return stored.view(torch.float16).float()
+
+
+def _nibbles(stored: Tensor) -> Tensor:
+    """(..., n) bytes -> (..., 2, n): their low nibbles, then their high ones."""
+    stored = stored.contiguous()  # a strided view of the blocks costs each operation more than this copy
+    codes = stored.new_empty(*stored.shape[:-1], 2, stored.size(-1))
+    torch.bitwise_and(stored, 15, out=codes.select(-2, 0))
+    torch.bitwise_right_shift(stored, 4, out=codes.select(-2, 1))
+    return codes
+
+
+def _q4_0(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    scale = _halves(blocks[:, :2]).squeeze(-1)
     return _nibbles(blocks[:, 2:]), scale, -8 * scale
 
 
-def _q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    halves = blocks[:, :4].view(np.float16).astype(np.float32)
-    return _nibbles(blocks[:, 4:]), halves[:, :1], halves[:, 1:]
+def _q4_1(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    halves = _halves(blocks[:, :4])
+    return _nibbles(blocks[:, 4:]), halves[:, 0], halves[:, 1]
 
 
-def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _k_scales(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """Q4_K's and Q5_K's eight scales and minimums (n, 8) float32: 6-bit numbers times d and dmin, unpacked from
+    their 12 bytes four at a time (in 32-bit words)."""
+    d, dmin = _halves(blocks[:, :4]).unbind(-1)
+    low, high, rest = blocks[:, 4:16].view(torch.int32).unbind(-1)
+    six = torch.stack([low & 0x3F3F3F3F, (rest & 0x0F0F0F0F) | ((low >> 2) & 0x30303030),
+                       high & 0x3F3F3F3F, ((rest >> 4) & 0x0F0F0F0F) | ((high >> 2) & 0x30303030)], -1)
+    scales, mins = six.view(torch.uint8).float().view(-1, 2, 8).unbind(1)
+    return d[:, None] * scales, dmin[:, None] * mins
+
+
+def _q4_k(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Super-blocks of 256: eight groups of 32 with 6-bit scales and minimums of d and dmin; each 32 bytes of codes
     hold a group in their low nibbles and the next in their high ones."""
-    d, dmin = blocks[:, :4].view(np.float16).astype(np.float32).T
-    sc, m = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
-    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    return (qs & 15).reshape(-1, 256), d[:, None] * sc.astype(np.float32), -(dmin[:, None] * m.astype(np.float32))
+    scale, low = _k_scales(blocks)
+    return _nibbles(blocks[:, 16:].reshape(-1, 4, 32)), scale, -low
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """A Q4_0 or Q4_1 block's 32 codes: the low nibbles of its 16 bytes, then the high ones."""
-    return np.concatenate([qs & 15, qs >> 4], -1)
+def _q8_0(blocks: Tensor) -> Tensor:
+    return blocks[:, 2:].view(torch.int8).float() * _halves(blocks[:, :2])
+
+
+def _fifth_bits(stored: Tensor) -> Tensor:
+    """(n, bytes) -> (n, 8, bytes) uint8: bit b of each byte at place 4 (16) of row b."""
+    stored = stored.contiguous()
+    return torch.stack([(stored << 4) & 16, (stored << 3) & 16, (stored << 2) & 16, (stored << 1) & 16,
+                        stored & 16, (stored >> 1) & 16, (stored >> 2) & 16, (stored >> 3) & 16], 1)
+
+
+def _q5(blocks: Tensor, start: int) -> Tensor:
+    """Q5_0's and Q5_1's 5-bit codes (n, 32) float32: low nibbles as Q4's, the fifth bits from 4 bytes at `start`."""
+    high = _fifth_bits(blocks[:, start : start + 4]).transpose(1, 2).reshape(-1, 32)
+    return (_nibbles(blocks[:, start + 4 :]).flatten(1) | high).float()
+
+
+def _q5_0(blocks: Tensor) -> Tensor:
+    return _halves(blocks[:, :2]) * (_q5(blocks, 2) - 16)
+
+
+def _q5_1(blocks: Tensor) -> Tensor:
+    halves = _halves(blocks[:, :4])
+    return halves[:, :1] * _q5(blocks, 4) + halves[:, 1:]
+
+
+def _q5_k(blocks: Tensor) -> Tensor:
+    scale, low = _k_scales(blocks)
+    codes = _nibbles(blocks[:, 48:].reshape(-1, 4, 32)).view(-1, 8, 32) | _fifth_bits(blocks[:, 16:48])
+    return (scale[..., None] * codes.float() - low[..., None]).flatten(1)
+
+
+def _q6_k(blocks: Tensor) -> Tensor:
+    """Super-blocks of 256 in two halves of 128, each in four quarters of 32: low nibbles from 64 bytes (quarters 0
+    and 1 low, 2 and 3 high), top two bits from 32 bytes (bits 2s and 2s + 1 for quarter s), an int8 scale per
+    16, times d."""
+    count = blocks.size(0)
+    codes = _nibbles(blocks[:, :128].reshape(count, 2, 64)).view(count, 2, 4, 32)
+    high = blocks[:, 128:192].contiguous().view(count, 2, 1, 32)
+    for quarter, bits in enumerate((high << 4, high << 2, high, high >> 2)):
+        codes[:, :, quarter : quarter + 1] |= bits & 0x30
+    scale = _halves(blocks[:, 208:]) * blocks[:, 192:208].view(torch.int8).float()
+    return codes.view(count, 16, 16).float().sub_(32).mul_(scale.view(count, 16, 1)).flatten(1)
+
+
+def _grouped(decode: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]) -> Callable[[Tensor], Tensor]:
+    """A 4-bit type's values from its codes, scales and minimums: scale q + minimum."""
+    def floats(blocks: Tensor) -> Tensor:
+        codes, scale, low = decode(blocks)
+        return codes.view(-1, GROUP).float().mul_(scale.view(-1, 1)).add_(low.view(-1, 1)).view(blocks.size(0), -1)
+    return floats
 
 
 _GROUPS = {Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q4_K: _q4_k}
+_FLOATS = {Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.Q5_1: _q5_1, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k,
+           **{kind: _grouped(decode) for kind, decode in _GROUPS.items()}}
 
 
 def _unpermuted(rows: Tensor, heads: int | None) -> Tensor:
@@ -215,7 +294,7 @@ def _linear(layer: nn.Linear, name: str, parts: Mapping[str, list[GgufTensor]],
     bias = _bias(name, parts)
     fits = layer.in_features % GROUP == 0 and layer.out_features % 16 == 0
     if fits and all(p.type in INT4_TYPES for p in found):
-        return Int4Linear(*_int4_groups(found, layer), bias)
+        return Int4Linear.from_groups(_int4_groups(found), layer.out_features, layer.in_features, bias)
     rows, scales = zip(*(_int8_rows(p) for p in found), strict=True)
     return Int8Linear(torch.cat(rows), torch.cat(scales), bias)
 
@@ -224,19 +303,12 @@ def _bias(name: str, parts: Mapping[str, list[GgufTensor]]) -> Tensor | None:
     return torch.cat([p.floats() for p in parts[name + ".bias"]]) if name + ".bias" in parts else None
 
 
-def _int4_groups(parts: list[GgufTensor], layer: nn.Linear) -> tuple[Tensor, Tensor]:
-    """The 4-bit parts of `layer`, stacked, as `Int4Linear` takes them: codes two to a byte (even columns in the low
-    nibble) and the groups' scales and minimums; filled a slice of rows at a time."""
-    packed = torch.empty(layer.out_features, layer.in_features // 2, dtype=torch.uint8)
-    scales = torch.empty(layer.out_features, layer.in_features // GROUP, 2)
-    start = 0
+def _int4_groups(parts: list[GgufTensor]) -> Iterator[tuple[Tensor, Tensor]]:
+    """The codes and scales of 4-bit parts stacked, a slice of rows at a time, as `Int4Linear.from_groups` takes them:
+    slices of whole blocks of the kernel's layout, packed as they come where the parts' sizes allow."""
     for part in parts:
-        for rows in part.row_slices():
-            codes, groups = part.groups(rows)
-            done = slice(start + rows.start, start + rows.stop)
-            packed[done], scales[done] = codes[:, 0::2] | (codes[:, 1::2] << 4), groups
-        start += part.shape[0]
-    return packed, scales
+        for rows in part.row_slices(together=int4_kernel_block() or 1):
+            yield part.groups(rows)
 
 
 def _int8_rows(tensor: GgufTensor) -> tuple[Tensor, Tensor]:
@@ -244,6 +316,5 @@ def _int8_rows(tensor: GgufTensor) -> tuple[Tensor, Tensor]:
     count, width = tensor.shape
     rows, scale = torch.empty(count, width, dtype=torch.int8), torch.empty(count)
     for part in tensor.row_slices():
-        rows[part], scales = quantize_rows(tensor.floats(part))
-        scale[part] = scales.squeeze(-1)
+        scale[part] = quantize_rows(tensor.floats(part), out=rows[part])[1].squeeze(-1)
     return rows, scale
