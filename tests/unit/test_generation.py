@@ -261,6 +261,7 @@ def test_translation_length_defaults_to_source_plus_50_within_the_positions(seq2
         ({"repetition_penalty": 0.0}, "repetition_penalty: must be > 0"),
         ({"no_repeat_ngram": -1}, "no_repeat_ngram: must be >= 0"),
         ({"beam_size": 2, "n_best": 3}, r"n_best: must be in \[1, beam_size=2\]"),
+        ({"beam_size": 2, "length_penalty": 1e300}, r"length_penalty: must be in \[-10, 10\], got 1e\+300"),
         ({"beam_size": 2, "sample": True}, "beam search does not sample"),
         ({"length_norm": "average"}, "length_norm: unknown value 'average'"),
         ({"stop": ("",)}, "stop strings must not be empty"),

@@ -61,6 +61,18 @@ def test_repetition_penalty_is_transformers(penalty):
     assert_close(penalize_repeats(logits, history, penalty), reference)
 
 
+BIG = torch.finfo(torch.float32).max
+
+
+@pytest.mark.parametrize(("penalty", "expected"), [(5e-324, [BIG, -0.0, BIG]), (1e-30, [2e30, -2e-30, 1e30]),
+                                                   (1e39, [2e-39, -BIG, 1e-39])])
+def test_an_extreme_repetition_penalty_overflows_no_score(penalty, expected):
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, float("-inf")]])
+    penalized = penalize_repeats(logits, torch.tensor([[0, 1, 2, 4]]), penalty)
+    assert_close(penalized, torch.tensor([[*expected, 0.5, float("-inf")]]))
+    assert not penalized.log_softmax(-1).isnan().any()
+
+
 @pytest.mark.parametrize(("frequency", "presence"), [(0.7, 0.0), (0.0, 1.5), (-0.4, 2.0), (2.0, -2.0)])
 def test_frequency_and_presence_penalties_are_openais_formula(frequency, presence):
     logits, generated = _logits(), _history(length=12)

@@ -13,6 +13,7 @@ from attn.core.errors import ConfigError, GenerationError
 
 MAX_PENALTY = 2.0  # OpenAI's range of frequency_penalty and presence_penalty: [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range of a logit_bias entry: [-100, 100]
+MAX_LENGTH_PENALTY = 10.0  # lp(|Y|) = |Y| ** alpha stays a float for any length a model decodes (GNMT uses 0.6)
 PAPER_EXTRA_LENGTH = 50  # section 6.1: "maximum output length to input length + 50"
 DEFAULT_NEW_TOKENS = 200  # a decoder-only model's continuation when nothing sets a limit
 
@@ -147,8 +148,8 @@ class GenerationConfig:
             _fail("beam_size", f"must be >= 1, got {self.beam_size}; 1 decodes greedily (or samples)")
         if not 1 <= self.n_best <= self.beam_size:
             _fail("n_best", f"must be in [1, beam_size={self.beam_size}], got {self.n_best}")
-        if not math.isfinite(self.length_penalty):
-            _fail("length_penalty", f"must be a finite number, got {self.length_penalty}; 0 turns it off")
+        if not abs(self.length_penalty) <= MAX_LENGTH_PENALTY:
+            _fail("length_penalty", f"must be in [-10, 10], got {self.length_penalty}; 0 turns it off")
         if self.beam_size > 1 and self.sample:
             _fail("sample", "beam search does not sample; set beam_size=1 to sample or sample=False")
         if self.beam_size > 1 and self.stop:

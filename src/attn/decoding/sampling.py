@@ -59,12 +59,15 @@ def penalize_repeats(logits: Tensor, history: Tensor, penalty: float) -> Tensor:
     """CTRL's repetition penalty (Keskar et al. 2019) on every token in history (R, T).
 
     A seen token's positive score is divided by `penalty`, a negative one multiplied by it, so
-    penalty > 1 makes repeats less likely whatever the sign.
+    penalty > 1 makes repeats less likely whatever the sign; a finite score stays within its dtype's range.
     """
     # Padding (-1) points at the row's last token, which is real, so the scatter writes only True.
     index = torch.where(history >= 0, history, history[:, -1:])
     seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, index, True)  # (R, V)
-    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    finite = torch.finfo(logits.dtype)  # a penalty near 0 or huge overflows no finite score (infinities give NaN)
+    penalized = torch.where(torch.isfinite(logits), penalized.clamp(finite.min, finite.max), logits)
+    return torch.where(seen, penalized, logits)
 
 
 def ban_repeated_ngrams(logits: Tensor, history: Tensor, n: int) -> Tensor:

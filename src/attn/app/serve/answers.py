@@ -6,7 +6,7 @@ Nothing here waits or validates: the routes do.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -25,7 +25,11 @@ class Answer:
         prompt_tokens: the prompts' tokens, each prompt counted once.
         attention: (layer, head, or None for the mean over heads) of the attention each streamed token carries,
             or None.
+        include_usage: a stream's chunks carry "usage": null, and one more chunk, with the usage and no choices,
+            follows the last.
     """
+
+    chunk_object: ClassVar[str]  # the "object" of a streamed chunk
 
     served: ServedModel
     rows: RowsJob
@@ -33,6 +37,7 @@ class Answer:
     param: str
     prompt_tokens: int
     attention: tuple[int, int | None] | None
+    include_usage: bool
 
     def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
         """One choice of the whole answer, from all its chunks."""
@@ -43,8 +48,15 @@ class Answer:
         raise NotImplementedError
 
     def usage_event(self, tokens: int) -> dict[str, Any] | None:
-        """The object streamed after the last chunk, when there is one."""
-        return None
+        """The chunk streamed after the last one, with the usage, when the request asked for it."""
+        if not self.include_usage:
+            return None
+        return {**self.head, "object": self.chunk_object, "choices": [], "usage": self.usage(tokens)}
+
+    def streamed(self, choice: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
+        """The streamed object of one chunk's `choice`."""
+        return {**self.head, "object": self.chunk_object, "choices": [choice],
+                **({"usage": None} if self.include_usage else {}), **self.token_attention(chunk)}
 
     def answer(self, chunks: list[Chunk]) -> dict[str, Any]:
         choices = [self.choice([c for c in chunks if c.index == i]) for i in range(len(self.rows.prompts))]
@@ -76,6 +88,7 @@ class Completion(Answer):
 
     prompts: list[str]
     logprobs: bool
+    chunk_object: ClassVar[str] = "text_completion"
     offsets: list[int] = dataclasses.field(init=False)  # where each streamed choice's next text starts
 
     def __post_init__(self) -> None:
@@ -90,7 +103,7 @@ class Completion(Answer):
         choice = {"text": chunk.token.text, "index": chunk.index,
                   "logprobs": self._logprobs([chunk], self.offsets[chunk.index]), "finish_reason": chunk.token.finish}
         self.offsets[chunk.index] += len(chunk.token.text)
-        return {**self.head, "choices": [choice], **self.token_attention(chunk)}
+        return self.streamed(choice, chunk)
 
     def _logprobs(self, chunks: list[Chunk], offset: int) -> dict[str, list] | None:
         if not self.logprobs:
@@ -105,14 +118,13 @@ class Completion(Answer):
                 "text_offset": offsets}
 
 
-
 @dataclasses.dataclass
 class ChatCompletion(Answer):
     """A chat completion: assistant messages (streamed as deltas, the first with the role), logprobs in the
-    chat shape, and with `include_usage` a last chunk that holds the usage."""
+    chat shape."""
 
     logprobs: bool
-    include_usage: bool
+    chunk_object: ClassVar[str] = "chat.completion.chunk"
     started: set[int] = dataclasses.field(default_factory=set)  # the streamed choices that sent their role
 
     def choice(self, chunks: list[Chunk]) -> dict[str, Any]:
@@ -126,13 +138,7 @@ class ChatCompletion(Answer):
             delta = {"role": "assistant", **delta}
         choice = {"index": chunk.index, "delta": delta, "logprobs": self._logprobs([chunk]),
                   "finish_reason": chunk.token.finish}
-        return {**self.head, "object": "chat.completion.chunk", "choices": [choice],
-                **({"usage": None} if self.include_usage else {}), **self.token_attention(chunk)}
-
-    def usage_event(self, tokens: int) -> dict[str, Any] | None:
-        if not self.include_usage:
-            return None
-        return {**self.head, "object": "chat.completion.chunk", "choices": [], "usage": self.usage(tokens)}
+        return self.streamed(choice, chunk)
 
     def _logprobs(self, chunks: list[Chunk]) -> dict[str, Any] | None:
         if not self.logprobs:

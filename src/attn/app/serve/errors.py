@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from attn.app.serve.engine import QueueFull
+from attn.core.errors import AttnError
 
 log = logging.getLogger("attn.serve")
 
@@ -55,14 +56,18 @@ def _validation_message(error: dict) -> tuple[str, str | None]:
     # The path after "body", without the names pydantic gives the alternatives of a union (`str`, `list[str]`).
     location = [str(part) for part in error.get("loc", ())[1:] if isinstance(part, int) or part not in _UNION_TAGS]
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
-    if location:
-        param = ".".join(location)
-        return f"{param}: {message}", param
-    # A check of several fields raises an AttnError that names the one at fault.
-    return message, getattr(error.get("ctx", {}).get("error"), "field", None)
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, AttnError) and cause.field is not None:  # our check, which names the field at fault
+        location += [] if location[-1:] == [cause.field] else [cause.field]
+        message = cause.detail
+    if error.get("type") == "extra_forbidden":
+        message = ("is not supported by this server; leave it out (docs/serve-api.md lists the fields each route "
+                   "reads)")
+    param = ".".join(location) or None
+    return (f"{param}: {message}" if param else message), param
 
 
-_UNION_TAGS = {"str", "int", "float", "bool", "list[str]", "list[int]"}
+_UNION_TAGS = {"str", "int", "float", "bool", "list[str]", "list[int]", "list[TextPart]"}
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -80,7 +85,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = error.errors()
+        # The deepest complaint: of a union's alternatives, the one whose shape the body took.
+        errors = sorted(error.errors(), key=lambda e: -len(e.get("loc", ())))
         message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
         return error_response(422, message, param)
 

@@ -32,23 +32,25 @@ from attn.app.serve.gate import Traffic
 from attn.app.serve.prometheus import ServeMetrics
 from attn.app.serve.options import ServeOptions
 from attn.app.serve.served_models import ServedModel
-from attn.app.serve.schemas import (
-    AttentionRequest,
+from attn.app.serve.responses import (
     AttentionResponse,
-    ChatCompletionRequest,
     ChatCompletionResponse,
-    ClassifyRequest,
     ClassifyResponse,
-    CompletionRequest,
     CompletionResponse,
-    DecodingRequest,
-    EmbeddingRequest,
     EmbeddingResponse,
     ErrorBody,
     Health,
     ModelList,
-    TranslateRequest,
     TranslateResponse,
+)
+from attn.app.serve.schemas import (
+    AttentionRequest,
+    ChatCompletionRequest,
+    ClassifyRequest,
+    CompletionRequest,
+    DecodingRequest,
+    EmbeddingRequest,
+    TranslateRequest,
 )
 from attn.app.serve.work import (
     Chunk,
@@ -169,11 +171,10 @@ def _invalid(error: AttnError, param: str) -> ApiError:
 
 def _decoding_config(request: Request, body: DecodingRequest, served: ServedModel, max_tokens: int | None,
                      prompt_length: int | None = None, chat: bool = False) -> GenerationConfig:
-    """What the body asks (`requested`: temperature 0 is greedy decoding, top_p and top_k then do nothing) under the
-    model's rules (`Bundle.generation_config`); `n` within the server's --max-n."""
+    """What the body asks (`requested`: temperature 0 is greedy decoding, top_p, top_k and min_p then do nothing)
+    under the model's rules (`Bundle.generation_config`); `n` within the server's --max-n."""
     check_choices(_state(request).options, body.n)
-    asked = requested(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_new_tokens=max_tokens,
-                      stop=body.stops(), seed=body.seed)
+    asked = requested(**body.settings(), max_new_tokens=max_tokens)
     config = served.bundle.generation_config(asked, prompt_length=prompt_length, chat=chat)
     check_samples(body.n, config)
     return config
@@ -207,8 +208,8 @@ def _completion(request: Request, body: CompletionRequest) -> Completion:
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": served.name}
     prompts = [p for p in body.prompts() for _ in range(body.n)]
-    return Completion(served, rows, head, "prompt", sum(map(len, ids)), attention, prompts,
-                       body.logprobs is not None)
+    return Completion(served, rows, head, "prompt", sum(map(len, ids)), attention, body.include_usage(), prompts,
+                      body.logprobs is not None)
 
 
 def _chat_completion(request: Request, body: ChatCompletionRequest) -> ChatCompletion:
@@ -226,8 +227,7 @@ def _chat_completion(request: Request, body: ChatCompletionRequest) -> ChatCompl
     rows = _rows(served, "chat/completions", [prompt], config, body.n, top, attention)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": served.name}
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.logprobs, include_usage)
+    return ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.include_usage(), body.logprobs)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAMED,

@@ -1,12 +1,15 @@
-"""Request and response bodies of the HTTP API (docs/serve-api.md), as pydantic models.
+"""Request bodies of the HTTP API (docs/serve-api.md), as pydantic models (the responses' are in `responses`).
 
-Requests are strict (a string where a number goes is a 422, not a conversion) and ignore fields
-they do not know, as OpenAI clients send some (`user`, `presence_penalty`, ...).
+Requests are strict (a string where a number goes is a 422, not a conversion) and ignore nothing: a field the
+server does not read is a 422 naming it. The fields OpenAI's clients may send that change nothing here (`user`,
+`store`, `metadata`, a message's `name`, ...) are declared, and those whose other values ask for what the server
+does not do (`response_format`, `tool_choice`, `modalities`, `echo`, ...) are accepted at their no-op values only.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,7 +20,7 @@ MAX_SEED = 2**63 - 1  # seed + j (j < n) must fit the 64 bits of torch's generat
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str | None = Field(None, description="a served model's name; may be left out when only one is served")
 
@@ -28,6 +31,14 @@ class Request(BaseModel):
         escape, which JSON allows), naming its field: `messages.0.content`, `inputs.1`."""
         _check_strings(body, "")
         return body
+
+
+def _only_neutral(body: BaseModel, fields: dict[str, tuple[tuple[Any, ...], str]]) -> None:
+    """Refuses each field of `fields` ({name: (the values that change nothing, what to do instead)}) whose value
+    is another, naming it: the field asks for what this server does not do."""
+    for name, (neutral, fix) in fields.items():
+        if getattr(body, name) not in neutral:
+            raise ConfigError(name, f"{getattr(body, name)!r} is not supported by this server; {fix}")
 
 
 def _check_strings(body: object, root: str) -> None:
@@ -67,18 +78,36 @@ class AttentionOption(BaseModel):
     head: int | None = Field(None, ge=0, description="one head; null: the mean over heads")
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    include_usage: bool = Field(False, description="a last chunk, before [DONE], with the usage and no choices")
+    include_obfuscation: bool = Field(True, description="accepted; chunks carry no obfuscation field either way")
+
+
 class DecodingRequest(Request):
-    """The decoding settings that completions and chat completions share."""
+    """The decoding settings that completions and chat completions share, as OpenAI and vLLM mean them."""
 
     temperature: float = Field(1.0, ge=0, description="0: greedy decoding")
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0, description="0: off")
+    top_k: int = Field(0, ge=-1, description="0 or -1: off")
+    min_p: float = Field(0.0, ge=0, le=1, description="keep the tokens at least min_p times as likely as the most "
+                                                      "likely one; 0: off")
+    repetition_penalty: float = Field(1.0, gt=0, description="CTRL's, on the prompt's and the answer's tokens; 1: off")
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="each token's score less this times its count "
+                                                                   "in the answer so far")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="each token's score less this once it is in the "
+                                                                  "answer")
+    logit_bias: dict[str, float] | None = Field(None, description="{token id: bias in -100..100}, added to the "
+                                                                  "scores before every other setting")
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seeds choice j of each prompt with seed + j")
     n: int = Field(1, ge=1, le=16, description="choices per prompt")
     stream: bool = False
+    stream_options: StreamOptions | None = None
     attention: AttentionOption | None = Field(None, description="stream: send the attention with which each token "
                                                                 "was chosen")
+    user: str | None = Field(None, description="accepted; changes nothing")
 
     @model_validator(mode="after")
     def _stops(self) -> DecodingRequest:
@@ -87,24 +116,54 @@ class DecodingRequest(Request):
         return self
 
     @model_validator(mode="after")
-    def _attention_streamed(self) -> DecodingRequest:
+    def _streamed(self) -> DecodingRequest:
         if self.attention is not None and not self.stream:
             raise ConfigError("attention", "is sent with streamed tokens only; set stream: true")
+        if self.stream_options is not None and not self.stream:
+            raise ConfigError("stream_options", "applies to streamed answers only; set stream: true")
         return self
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or {}:
+            if not re.fullmatch("[0-9]+", key):
+                raise ConfigError("logit_bias", f"{key!r} is not a token id; give each key as a token id in a string, "
+                                  "e.g. {\"50256\": -100}")
+        return bias
 
     def stops(self) -> tuple[str, ...]:
         return () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def settings(self) -> dict[str, Any]:
+        """The decoding settings as `requested` takes them."""
+        bias = {int(key): value for key, value in (self.logit_bias or {}).items()}
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": max(self.top_k, 0),
+                "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+                "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
+                "logit_bias": bias, "stop": self.stops(), "seed": self.seed}
 
 
 class CompletionRequest(DecodingRequest):
     prompt: str | list[str] = Field(description="one prompt or several; \"\" starts from the start token")
     max_tokens: int = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = Field(None, description="false only: the prompt is not echoed")
+    suffix: str | None = Field(None, description="null or \"\" only: no insertion before a suffix")
+    best_of: int | None = Field(None, description="n only: every choice drawn is returned")
 
     @model_validator(mode="after")
     def _prompts(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
             raise ConfigError("prompt", "give a prompt or a non-empty list of prompts")
+        _only_neutral(self, {"echo": ((None, False), "leave echo out or false: the text holds the new tokens only"),
+                             "suffix": ((None, ""), "leave suffix out: the server continues prompts, it does not "
+                                                    "insert text"),
+                             "best_of": ((None, self.n), "leave best_of out or equal to n: every choice drawn is "
+                                                         "returned")})
         return self
 
     def prompts(self) -> list[str]:
@@ -112,18 +171,31 @@ class CompletionRequest(DecodingRequest):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"] = Field(description="\"developer\" is read as "
                                                                                    "\"system\"")
     content: str | list[TextPart] = Field(description="the text, or text parts, which are joined")
+    name: str | None = Field(None, description="accepted; the chat template is not given it")
+    refusal: str | None = Field(None, description="null only (an assistant message sent back as it came)")
+    tool_calls: list | None = Field(None, description="null or [] only: the server calls no tools")
+    function_call: dict | None = Field(None, description="null only: the server calls no functions")
+    audio: dict | None = Field(None, description="null only: the server reads text only")
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ChatMessage:
+        _only_neutral(self, {"refusal": ((None,), "send an assistant's refusal as its content"),
+                             "tool_calls": ((None, []), "the server calls no tools: leave tool_calls out"),
+                             "function_call": ((None,), "the server calls no functions: leave function_call out"),
+                             "audio": ((None,), "the server reads text only: leave audio out")})
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
@@ -141,29 +213,35 @@ class ChatMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    include_usage: bool = Field(False, description="a last chunk, before [DONE], with the usage and no choices")
-
-
 class ChatCompletionRequest(DecodingRequest):
     messages: list[ChatMessage] = Field(min_length=1, description="the conversation, oldest first")
     max_completion_tokens: int | None = Field(None, ge=1, description="default: 200, fewer when the positions run out")
     max_tokens: int | None = Field(None, ge=1, description="the older name of max_completion_tokens")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: the most likely tokens of each step")
-    stream_options: StreamOptions | None = None
-    tools: list | None = Field(None, description="not supported: a request with tools is refused")
+    tools: list | None = Field(None, description="null or [] only: the server calls no tools")
+    tool_choice: str | dict | None = Field(None, description="\"none\" only: the server calls no tools")
+    parallel_tool_calls: bool | None = Field(None, description="accepted; changes nothing without tools")
+    response_format: dict | None = Field(None, description="{\"type\": \"text\"} only")
+    modalities: list[str] | None = Field(None, description="[\"text\"] only")
+    store: bool | None = Field(None, description="accepted; nothing is stored")
+    metadata: dict[str, str] | None = Field(None, description="accepted; changes nothing")
+    service_tier: str | None = Field(None, description="accepted; every request is served alike")
+    prompt_cache_key: str | None = Field(None, description="accepted; changes nothing")
+    prompt_cache_retention: str | None = Field(None, description="accepted; changes nothing")
+    safety_identifier: str | None = Field(None, description="accepted; changes nothing")
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
         if self.tools:
             raise ConfigError("tools", "this server does not call tools; leave tools out")
+        _only_neutral(self, {"tool_choice": ((None, "none"), "the server calls no tools: leave tool_choice out"),
+                             "response_format": ((None, {"type": "text"}), "it writes plain text only: leave "
+                                                 "response_format out or send {\"type\": \"text\"}"),
+                             "modalities": ((None, ["text"]), "it answers in text only: leave modalities out or send "
+                                            "[\"text\"]")})
         if self.top_logprobs is not None and not self.logprobs:
             raise ConfigError("top_logprobs", "needs logprobs: true")
-        if self.stream_options is not None and not self.stream:
-            raise ConfigError("stream_options", "applies to streamed answers only; set stream: true")
         return self
 
     def conversation(self) -> list[dict[str, str]]:
@@ -174,78 +252,11 @@ class ChatCompletionRequest(DecodingRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class Logprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
-
-
-class CompletionChoice(BaseModel):
-    text: str
-    index: int
-    logprobs: Logprobs | None = None
-    finish_reason: Literal["stop", "length"] | None
-
-
-class EmbeddingUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class Usage(EmbeddingUsage):
-    completion_tokens: int
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChatLogprobs(BaseModel):
-    content: list[TokenLogprob]
-    refusal: None = None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
 class EmbeddingRequest(Request):
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: the little-endian float32 "
                                                                              "bytes of each vector, in base64")
+    user: str | None = Field(None, description="accepted; changes nothing")
 
     @model_validator(mode="after")
     def _some_text(self) -> EmbeddingRequest:
@@ -257,47 +268,12 @@ class EmbeddingRequest(Request):
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
-class Embedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str
-
-
-class EmbeddingResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingUsage
-
-
 class TranslateRequest(TextsRequest):
     beam_size: int = Field(4, ge=1, le=64)
     length_penalty: float = 0.6
     n_best: int = Field(1, ge=1, description="<= beam_size")
     max_tokens: int | None = Field(None, ge=1)
     alignment: bool = False
-
-
-class Scored(BaseModel):
-    text: str
-    score: float
-
-
-class Alignment(BaseModel):
-    source_tokens: list[str]
-    target_tokens: list[str]
-    weights: list[list[float]] = Field(description="target x source")
-
-
-class TranslationOut(BaseModel):
-    text: str
-    n_best: list[Scored]
-    alignment: Alignment | None = None
-
-
-class TranslateResponse(BaseModel):
-    model: str
-    translations: list[TranslationOut]
 
 
 class ClassifyRequest(TextsRequest):
@@ -321,17 +297,6 @@ class ClassifyRequest(TextsRequest):
         return self.pairs if self.pairs is not None else [self.pair] if self.pair is not None else None
 
 
-class ClassifyResult(BaseModel):
-    label: str
-    score: float
-    probabilities: dict[str, float]
-
-
-class ClassifyResponse(BaseModel):
-    model: str
-    results: list[ClassifyResult]
-
-
 class AttentionRequest(Request):
     text: str = Field(min_length=1)
     kind: Literal["encoder", "decoder", "cross", "self"] = "self"
@@ -349,58 +314,3 @@ class AttentionRequest(Request):
             raise ConfigError("head", f"{self.head!r} is not a head: give a head's number (0 or more), \"mean\" for "
                               "the mean over heads, or null for every head")
         return self
-
-
-class AttentionResponse(BaseModel):
-    model: str
-    kind: str
-    layers: int
-    heads: int
-    kv_heads: int
-    groups: list[int] = Field(description="the key/value head each query head shares")
-    queries: list[str]
-    keys: list[str]
-    target: str | None
-    format: Literal["float", "uint16"]
-    weights: list[list[list[list[float]]]] | list[list[str]] = Field(
-        description="float: [layer][head][row][col]; uint16: [layer][head] base64 of rows x cols uint16")
-    scales: list[list[list[float]]] | None = Field(description="uint16: [layer][head][row] the largest weight of "
-                                                               "each row, which 65535 stands for")
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    owned_by: str = "attn"
-    task: str
-    architecture: str
-    max_positions: int
-    layers: int
-    decoder_layers: int | None
-    heads: int
-    kv_heads: int = Field(description="key/value heads, each shared by a group of heads // kv_heads query heads")
-    head_groups: list[int] = Field(description="the key/value head each query head shares")
-    labels: list[str]
-    pairs: bool = Field(False, description="a sentence-pair classifier: /v1/classify needs a second text per input")
-    chat: bool = Field(False, description="a decoder-only model with a chat template: it serves /v1/chat/completions")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class Health(BaseModel):
-    status: Literal["ok", "draining"]
-    models: list[str]
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: int
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
