@@ -256,12 +256,12 @@ def translation_rows(settings: Settings) -> list[Row]:
         if not missing_engine(CT2):
             for kind in CT2_TYPES:
                 _ct2_convert(folder / "hf", kind)
-        workers = _start(stack, TRANSLATION_WORKLOAD, TRANSLATORS, folder, settings.threads, EOS)
-        rates, outputs = _setting(workers, sources, new, len(sources), settings)
+        workers = start_workers(stack, TRANSLATION_WORKLOAD, TRANSLATORS, folder, settings.threads, EOS)
+        rates, outputs = run_setting(workers, sources, new, len(sources), settings)
         rows = rows_against(setting, "sentences/s", {name: rates.get(name, []) for name in TRANSLATORS}, HF)
         for row in rows:
             row.notes = _notes(row.contender, outputs, HF)
-        return rows + _memory_rows(f"{setting} peak resident memory", TRANSLATORS, workers)
+        return rows + memory_rows(f"{setting} peak resident memory", TRANSLATORS, workers)
 
 
 def _notes(name: str, outputs: dict[str, list[list[int]]], reference: str) -> dict[str, Any]:
@@ -279,13 +279,15 @@ def _notes(name: str, outputs: dict[str, list[list[int]]], reference: str) -> di
 # -- chat model: each contender in its own process ------------------------------------------------------
 
 
-def _attn_chat(scheme: str | None) -> Loader:
-    def load(folder: Path, threads: int, eos: int) -> Generate:
-        model = load_model(chat_model.gguf_path(), "cpu", quantize=scheme).model
-        config = GenerationConfig(suppress=(eos,))
-        return lambda prompts, new: generate(model, prompts, dataclasses.replace(config, max_new_tokens=new))
+def attn_generator(path: Path, eos: int, **options: Any) -> Generate:
+    """attn's greedy decoding of the model at `path` (`load_model(path, "cpu", **options)`), `eos` banned."""
+    model = load_model(path, "cpu", **options).model
+    config = GenerationConfig(suppress=(eos,))
+    return lambda prompts, new: generate(model, prompts, dataclasses.replace(config, max_new_tokens=new))
 
-    return load
+
+def _attn_chat(scheme: str | None) -> Loader:
+    return lambda folder, threads, eos: attn_generator(chat_model.gguf_path(), eos, quantize=scheme)
 
 
 def _hf_chat(folder: Path, threads: int, eos: int) -> Generate:
@@ -319,10 +321,16 @@ def _ct2_chat(kind: str) -> Loader:
 
 
 def _llama_cpp_chat(folder: Path, threads: int, eos: int) -> Generate:
+    return llama_cpp_generator(chat_model.gguf_path(), threads, eos)
+
+
+def llama_cpp_generator(path: Path, threads: int, eos: int, context: int = 512) -> Generate:
+    """llama.cpp's greedy decoding (`llama-cpp-python`) of the GGUF file at `path`, one prompt a call, `eos` banned,
+    with room for `context` tokens."""
     import numpy as np
     from llama_cpp import Llama, LogitsProcessorList
 
-    llm = Llama(model_path=str(chat_model.gguf_path()), n_threads=threads, n_threads_batch=threads, verbose=False)
+    llm = Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def ban_eos(_ids: Any, logits: Any) -> Any:
         logits[eos] = -np.inf
@@ -352,8 +360,8 @@ LOADERS: dict[str, dict[str, Loader]] = {
 }
 
 
-def serve(workload: str, name: str, folder: Path, threads: int, eos: int) -> None:
-    """A worker's life: loads contender `name` of `workload`, says how much memory it holds and held at most, then
+def serve(load: Loader, folder: Path, threads: int, eos: int) -> None:
+    """A worker's life: loads its contender (`load`), says how much memory it holds and held at most, then
     answers one JSON request per line of stdin ({"prompts", "new"} -> {"seconds", "tokens"}) until {"stop"} ->
     {"peak_mb"}, the peak since loading."""
     answers = os.fdopen(os.dup(1), "w")  # whatever the libraries print goes to stderr, not into the answers
@@ -365,7 +373,7 @@ def serve(workload: str, name: str, folder: Path, threads: int, eos: int) -> Non
 
     torch.set_num_threads(threads)
     before = resident_bytes()  # Python with this module's libraries: torch, attn
-    run = LOADERS[workload][name](folder, threads, eos)
+    run = load(folder, threads, eos)
     gc.collect()
     gc.freeze()  # the loaded objects: later collections stay short
     answer({"before_mb": before / MB, "loaded_mb": resident_bytes() / MB,
@@ -385,9 +393,11 @@ def serve(workload: str, name: str, folder: Path, threads: int, eos: int) -> Non
 class Worker:
     """The parent's end of one contender's process (`serve`); a context manager that kills it on an error."""
 
-    def __init__(self, workload: str, name: str, folder: Path, threads: int, eos: int) -> None:
+    def __init__(self, workload: str, name: str, folder: Path, threads: int, eos: int,
+                 module: str = "benchmarks.engines") -> None:
+        """Starts `python -m <module> WORKLOAD NAME ...`, whose main calls `serve`."""
         self.name = name
-        command = [sys.executable, "-m", "benchmarks.engines", workload, name, "--folder", str(folder),
+        command = [sys.executable, "-m", module, workload, name, "--folder", str(folder),
                    "--threads", str(threads), "--eos", str(eos)]
         self.process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.loaded: dict[str, float] = {}
@@ -427,32 +437,33 @@ class Worker:
         return peak
 
 
-def _start(stack: contextlib.ExitStack, workload: str, names: Sequence[str], folder: Path, threads: int,
-           eos: int) -> dict[str, Worker]:
+def start_workers(stack: contextlib.ExitStack, workload: str, names: Sequence[str], folder: Path, threads: int,
+                  eos: int, module: str = "benchmarks.engines") -> dict[str, Worker]:
     """A worker for each of `names` whose engine is installed, its model loaded."""
-    workers = {name: stack.enter_context(Worker(workload, name, folder, threads, eos))
+    workers = {name: stack.enter_context(Worker(workload, name, folder, threads, eos, module))
                for name in names if not missing_engine(name)}
     for worker in workers.values():
         worker.ready()
     return workers
 
 
-def _setting(workers: dict[str, Worker], prompts: list[list[int]], new: int, units: int,
-             settings: Settings) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
-    """One setting, every worker that can run it: `units` a second of each timed call, and each one's tokens."""
-    able = {name: worker for name, worker in workers.items() if len(prompts) == 1 or name != LLAMA_CPP}
+def run_setting(workers: dict[str, Worker], prompts: list[list[int]], new: int, units: int,
+                settings: Settings) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+    """One setting, every worker that can run it (llama.cpp's Python API has no batched generate): `units` a second
+    of each timed call, and each one's tokens."""
+    able = {name: worker for name, worker in workers.items() if len(prompts) == 1 or not name.startswith("llama.cpp")}
     outputs = {name: worker.generate(prompts, new)[1] for name, worker in able.items()}
     contenders = [Contender(name, lambda w=worker: w.generate(prompts, new)[0], units) for name, worker in able.items()]
     rates = compare(contenders, settings, clock=self_timed)
     return rates, outputs
 
 
-def _memory_rows(setting: str, names: Sequence[str], workers: dict[str, Worker]) -> list[Row]:
-    """Each worker's peak resident set (loading and generating), which stops it, in rows against transformers'."""
+def memory_rows(setting: str, names: Sequence[str], workers: dict[str, Worker], reference: str = HF) -> list[Row]:
+    """Each worker's peak resident set (loading and generating), which stops it, in rows against `reference`'s."""
     generating = {name: worker.stop() for name, worker in workers.items()}
     peaks = {name: [max(workers[name].loaded["loading_peak_mb"], generating[name])] if name in workers else []
              for name in names}
-    rows = rows_against(setting, "MB", peaks, HF)
+    rows = rows_against(setting, "MB", peaks, reference)
     for row in rows:
         loaded = workers[row.contender].loaded if row.contender in workers else {}
         row.notes = ({"before loading MB": loaded["before_mb"], "after loading MB": loaded["loaded_mb"],
@@ -475,10 +486,10 @@ def chat_rows(settings: Settings) -> list[Row]:
             for kind in CT2_TYPES:
                 _ct2_convert(folder / "hf", kind)
         del bundle
-        workers = _start(stack, CHAT_WORKLOAD, CHATTERS, folder, settings.threads, eos)
+        workers = start_workers(stack, CHAT_WORKLOAD, CHATTERS, folder, settings.threads, eos)
         batches = QUICK_CHAT_BATCHES if settings.quick else CHAT_BATCHES
         for batch, tokens in [*((batch, new) for batch in batches), (1, 1)]:
-            rates, outputs = _setting(workers, prompts[:batch], tokens, batch * tokens, settings)
+            rates, outputs = run_setting(workers, prompts[:batch], tokens, batch * tokens, settings)
             longest = max(map(len, prompts[:batch]))
             if tokens == 1:
                 setting, unit = f"SmolLM2-135M-Instruct first token prompt={longest}", "ms"
@@ -489,7 +500,7 @@ def chat_rows(settings: Settings) -> list[Row]:
             for row in found:
                 row.notes = _notes(row.contender, outputs, ATTN)
             rows += found
-        return rows + _memory_rows("SmolLM2-135M-Instruct peak resident memory", CHATTERS, workers)
+        return rows + memory_rows("SmolLM2-135M-Instruct peak resident memory", CHATTERS, workers)
 
 
 def run(settings: Settings) -> CaseResult:
@@ -516,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.contender not in LOADERS[args.workload]:
         parser.error(f"contender must be one of {sorted(LOADERS[args.workload])}")
-    serve(args.workload, args.contender, args.folder, args.threads, args.eos)
+    serve(LOADERS[args.workload][args.contender], args.folder, args.threads, args.eos)
 
 
 if __name__ == "__main__":

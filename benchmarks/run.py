@@ -9,7 +9,8 @@
 Cases: 1 training throughput, 2 greedy generation, 3 beam search, 4 sentence embeddings,
 5 scaling with length, 6 peak training memory, 7 dense-matmul peak and MFU; 8 the
 quickstart recipes' training steps on the CPU; 9 a real chat model (SmolLM2-135M-Instruct from its
-GGUF file) decoding greedily; 10 attn beside the CPU inference engines CTranslate2 and llama.cpp.
+GGUF file) decoding greedily; 10 attn beside the CPU inference engines CTranslate2 and llama.cpp; 11 GGUF files
+(SmolLM2's and a 1B-shaped one) decoded by attn beside llama.cpp on the same file.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _runners() -> dict[int, Runner]:
         embeddings,
         engines,
         generation,
+        gguf_speed,
         memory,
         peak,
         quickstart,
@@ -65,6 +67,7 @@ def _runners() -> dict[int, Runner]:
         8: quickstart.run,
         9: lambda settings, _: chat_model.run(settings),
         10: lambda settings, _: engines.run(settings),
+        11: lambda settings, _: gguf_speed.run(settings),
     }
 
 
@@ -72,7 +75,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from benchmarks.training import CONTENDERS
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated case numbers, 1 to 10 (default: all)")
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated case numbers, 1 to 11 (default: 1 to 10; case 11 "
+                        "runs on its own: it writes a 0.8 GB file once and takes about half an hour)")
     parser.add_argument("--models", default="", help=f"comma-separated training presets for cases 1 and 6, "
                         f"from {', '.join(CONTENDERS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 warm-up + 2 timed rounds")
@@ -93,9 +97,9 @@ def _cases(text: str) -> list[int]:
         numbers = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         raise SystemExit(f"--cases: expected comma-separated numbers such as 1,2,7, got {text!r}") from None
-    unknown = [n for n in numbers if n not in range(1, 11)]
+    unknown = [n for n in numbers if n not in range(1, 12)]
     if unknown or not numbers:
-        raise SystemExit(f"--cases: the cases are 1 to 10, got {text!r}")
+        raise SystemExit(f"--cases: the cases are 1 to 11, got {text!r}")
     return numbers
 
 

@@ -86,8 +86,8 @@ class RotaryPositions(PositionScheme):
 
     Only the first `dims` features of a head rotate (all of them unless the model rotates a
     fraction, as Phi-3 may); `scale` multiplies cos and sin (YaRN's attention factor). The angles of each call's
-    positions are computed in float64, then rounded to float32: no table of every position is held (a model of
-    131,072 positions would hold 64 MB for it).
+    positions are computed in float64, then rounded to float32: no table of every position is held, which for a
+    long context would outweigh a small model's quantized layers.
     """
 
     def __init__(self, inv_freq: Tensor, scale: float = 1.0) -> None:
