@@ -19,7 +19,7 @@ Settings: tokens/s of `--new` tokens at batch 1 and batch 8 (not llama.cpp: its 
 generate), after chat prompts (SmolLM2: the 20 questions of `benchmarks.chat_model` in its template; the 1B file:
 40 fixed ordinary token ids); the first token (prefill and one choice, ms) after such a prompt and after one of
 1,000 tokens (SmolLM2: Shakespeare's test text; the 1B file: fixed ids); each process's peak resident memory.
-`--quick`: SmolLM2 only, 8 new tokens.
+`--models smollm2` or `--models 1b` runs one file; `--quick`: SmolLM2 only, 8 new tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ CONTEXT = 2048  # llama.cpp's n_ctx: the long prompt and its answer fit
 LONG_PROMPT = 1000
 SHORT_PROMPT = 40
 BATCHES = (1, 8)
+SMOLLM2 = "SmolLM2-135M-Instruct Q4_1"
+FILES = {"smollm2": SMOLLM2, "1b": "Llama-3.2-1B-shaped Q4_K_M mix"}  # --models names -> row names
 ATTN_OPTIONS = {"attn gguf": {}, "attn int8": {"quantize": "int8"}, "attn bf16": {"dequantize": True, "dtype": "bfloat16"},
                 "attn fp32": {"dequantize": True}}
 EVERY_FILE = (*ATTN_OPTIONS, LLAMA_CPP)
@@ -106,7 +108,7 @@ def measure(name: str, path: Path, settings: Settings, new: int) -> list[Row]:
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         folder = Path(scratch)
         (folder / MODEL_FILE).symlink_to(path.resolve())
-        if name == "SmolLM2-135M-Instruct Q4_1":
+        if name == SMOLLM2:
             chats, long, eos = _smollm2_prompts()
             order = (*EVERY_FILE, *SMOLLM2_ONLY)
             if not missing_engine(CT2):
@@ -124,18 +126,21 @@ def measure(name: str, path: Path, settings: Settings, new: int) -> list[Row]:
 
 
 def run(settings: Settings) -> CaseResult:
-    """Case 11. `--quick`: SmolLM2 only, 8 new tokens, batches 1 and 2, a prompt of 100 tokens for the long one."""
+    """Case 11, on the files `settings.models` names (`FILES`; default both). `--quick`: SmolLM2 only, 8 new
+    tokens."""
     new = chat_model.QUICK_NEW_TOKENS if settings.quick else chat_model.NEW_TOKENS
-    paths = {"SmolLM2-135M-Instruct Q4_1": chat_model.gguf_path()}
-    if not settings.quick:
-        paths["Llama-3.2-1B-shaped Q4_K_M mix"] = files(SCRATCH)["Llama-3.2-1B-shaped Q4_K_M (random)"]
-    rows = [row for name, path in paths.items() for row in measure(name, path, settings, new)]
+    chosen = [key for key in FILES if key in settings.models] or (["smollm2"] if settings.quick else list(FILES))
+    rows = [row for key in chosen for row in measure(FILES[key], _path(key), settings, new)]
     summary = {"threads": f"{settings.threads} for torch, CTranslate2 (intra_threads) and llama.cpp",
                "contenders": "one process each, alternated; peak = the process's VmHWM, loading included",
                "1B-shaped file": str(SCRATCH)}
     return CaseResult(11, "GGUF files: attn beside llama.cpp, CTranslate2 and transformers",
                       "> 1 is faster in tokens/s, < 1 is better in ms and MB", rows, summary,
                       ratio="contender / llama.cpp")
+
+
+def _path(key: str) -> Path:
+    return chat_model.gguf_path() if key == "smollm2" else files(SCRATCH)["Llama-3.2-1B-shaped Q4_K_M (random)"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -72,13 +72,15 @@ def _runners() -> dict[int, Runner]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from benchmarks.gguf_speed import FILES as GGUF_FILES
     from benchmarks.training import CONTENDERS
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated case numbers, 1 to 11 (default: 1 to 10; case 11 "
                         "runs on its own: it writes a 0.8 GB file once and takes about half an hour)")
     parser.add_argument("--models", default="", help=f"comma-separated training presets for cases 1 and 6, "
-                        f"from {', '.join(CONTENDERS)} (default: all)")
+                        f"from {', '.join(CONTENDERS)}, and files for case 11, from {', '.join(GGUF_FILES)} "
+                        "(default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 warm-up + 2 timed rounds")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="default fp32")
@@ -104,12 +106,14 @@ def _cases(text: str) -> list[int]:
 
 
 def _models(text: str) -> tuple[str, ...]:
+    from benchmarks.gguf_speed import FILES as GGUF_FILES
     from benchmarks.training import CONTENDERS
 
     models = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [model for model in models if model not in CONTENDERS]
+    unknown = [model for model in models if model not in (*CONTENDERS, *GGUF_FILES)]
     if unknown:
-        raise SystemExit(f"--models: the training presets are {', '.join(CONTENDERS)}, got {text!r}")
+        raise SystemExit(f"--models: the training presets are {', '.join(CONTENDERS)} and the files of case 11 "
+                         f"{', '.join(GGUF_FILES)}, got {text!r}")
     return models
 
 

@@ -19,7 +19,8 @@ grows with the spread of a row's magnitudes, so models whose activations have ou
 `quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of `GROUP` weights
 along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in 0..15,
 s = (max - min) / 15, m = min), multiplied by `torch.ops.aten._weight_int4pack_mm_for_cpu` in bfloat16 (the codes
-exact, scales, zeros, inputs and sums rounded to bfloat16); re-quantizing a GGUF file's dequantized Q4_1 blocks
+exact, scales, zeros, inputs and sums rounded to bfloat16) up to `KERNEL_ROWS` rows, and more rows (a prompt) by
+slices of the float32 weight read back from the kernel's layout, as the int8 layers do; re-quantizing a GGUF file's dequantized Q4_1 blocks
 recovers their codes. A GGUF file's 4-bit blocks become these groups without a float copy
 (`attn.artifacts.pretrained.gguf_weights`). The token embedding (and an output projection tied to it) stays int8,
 as does a layer whose input size is not a multiple of 32 or output size not a multiple of 16 (the kernel's limits).
@@ -67,7 +68,7 @@ def quantize_rows(x: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]
 
 class QuantizedLinear(nn.Module):
     """What the int8 and int4 layers share: up to KERNEL_ROWS input rows go through the layer's `kernel`, more
-    through its `dequantized` float32 weight; (..., in) -> (..., out)."""
+    through its `dequantized` float32 weight, `slice_rows` rows of it at a time; (..., in) -> (..., out)."""
 
     in_features: int
     out_features: int
@@ -79,10 +80,15 @@ class QuantizedLinear(nn.Module):
     def dequantized(self, rows: slice = slice(None)) -> Tensor:
         raise NotImplementedError
 
+    def slice_rows(self) -> int | None:
+        """Rows of the weight dequantized at a time for more than KERNEL_ROWS input rows; None: the kernel takes
+        any number of input rows."""
+        return max(1, DEQUANTIZED_WEIGHTS // self.in_features)
+
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        if rows.size(0) > KERNEL_ROWS:  # a slice of the weight at a time: no float32 copy of a whole large matrix
-            step = max(1, DEQUANTIZED_WEIGHTS // self.in_features)
+        step = self.slice_rows() if rows.size(0) > KERNEL_ROWS else None
+        if step is not None:  # a slice of the weight at a time: no float32 copy of a whole large matrix
             y = torch.cat([linear(rows, self.dequantized(slice(start, start + step)), None)
                            for start in range(0, self.out_features, step)], dim=1)
         else:
@@ -177,6 +183,31 @@ def _kernel_layout(codes: Tensor, block: int) -> Tensor:
     return square.permute(0, 3, 1, 2).contiguous().view(torch.uint8).view(rows, size // 2)
 
 
+def _layout_codes(weight: Tensor, block: int) -> Tensor:
+    """The inverse of the kernel's packing: (rows, in / 2) uint8 in its layout -> (rows, in) uint8 codes. Whole
+    blocks of rows as `_kernel_layout` writes them; rows after the last whole block (as the kernel packs them) in
+    pairs, for each column a byte holding rows 2j (low nibble) and 2j + 1 (high)."""
+    rows, size = weight.size(0), 2 * weight.size(1)
+    whole = rows // block * block
+    parts = [(weight[:whole].reshape(whole // block, size, block // 2), True),
+             (weight[whole:].reshape(1, size, (rows - whole) // 2), False)]
+    codes = [torch.cat([part & 15, part >> 4], -1) if halves else torch.stack([part & 15, part >> 4], -1).flatten(2)
+             for part, halves in parts if part.numel()]
+    return torch.cat([c.transpose(1, 2).reshape(-1, size) for c in codes])
+
+
+@functools.cache
+def int4_readable_block() -> int | None:
+    """`int4_kernel_block()` where `_layout_codes` reads the kernel's packing back (whole blocks and the rows after
+    them, checked on random codes); None where it does not: the codes are then read through the kernel."""
+    block = int4_kernel_block()
+    if block is None:
+        return None
+    codes = torch.randint(0, 16, (2 * block + 16, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 2)
+    return block if torch.equal(_layout_codes(packed, block), codes) else None
+
+
 def _packed(groups: Iterable[tuple[Tensor, Tensor]], out_features: int, in_features: int) -> tuple[Tensor, Tensor]:
     """The int4 kernel's weight (out, in / 2) uint8 and scale_and_zero (in / GROUP, out, 2) bfloat16 of codes
     (rows, in) uint8 and scales (rows, in / GROUP, 2) [scale, minimum] given a slice of rows at a time: rows wait
@@ -200,13 +231,12 @@ def _packed(groups: Iterable[tuple[Tensor, Tensor]], out_features: int, in_featu
     return weight, zeros
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     """y = x W^T + b with W in 4-bit groups (see the module's docstring): (..., in) -> (..., out).
 
     The layer holds the kernel's own layout of the codes as `weight` (it differs between AVX2 and AVX-512) and each
     group's scale and zero in bfloat16, the one input type the kernel vectorises: half a byte per weight and an
-    eighth of a byte per weight for the scales. Its input rows are multiplied in bfloat16 (summed in float32), whatever
-    their number. Its state dict holds the portable form that `quantize_groups` writes, so a file serves every CPU.
+    eighth of a byte per weight for the scales. Its state dict holds the portable form that `quantize_groups` writes, so a file serves every CPU.
     """
 
     def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
@@ -242,32 +272,40 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight", weight, persistent=False)  # the state dict holds the portable codes
         self.register_buffer("scale_and_zero", scale_and_zero, persistent=False)  # (in / GROUP, out, 2)
 
-    def codes(self) -> Tensor:
-        """The 4-bit codes, (out, in) uint8 in 0..15, read back through the kernel: rows of the identity times the
-        codes with scale 1 and zero 0 give q - 8, exact in bfloat16."""
+    def codes(self, rows: slice = slice(None)) -> Tensor:
+        """The 4-bit codes, (out, in) uint8 in 0..15, or those of `rows` (a slice starting at a multiple of 64):
+        read from the kernel's layout where `int4_readable_block` knows it, else through the kernel (rows of the
+        identity times the codes with scale 1 and zero 0 give q - 8, exact in bfloat16)."""
+        block = int4_readable_block()
+        if block is not None:
+            return _layout_codes(self.weight[rows], block)
         unit = torch.zeros_like(self.scale_and_zero)
         unit[..., 0] = 1
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
         columns = [torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight, GROUP, unit)
                    for rows in eye.split(1024)]  # (in, out) in slices, so no (in, in) product is held twice
-        return (torch.cat(columns).t() + 8).to(torch.uint8)
+        return (torch.cat(columns).t() + 8).to(torch.uint8)[rows]
 
     def scales(self) -> Tensor:
         """(out, in / GROUP, 2) float32 [scale, minimum] per group, as the layer holds them."""
         scale, zero = self.scale_and_zero.float().transpose(0, 1).unbind(-1)
         return torch.stack([scale, zero - 8 * scale], -1)
 
-    def dequantized(self) -> Tensor:
-        """The float32 weight the 4-bit groups stand for, (out, in)."""
-        scales = self.scales()
-        codes = self.codes().view(self.out_features, -1, GROUP).float()
-        return (codes * scales[..., :1] + scales[..., 1:]).view(self.out_features, self.in_features)
+    def dequantized(self, rows: slice = slice(None)) -> Tensor:
+        """The float32 weight the 4-bit groups stand for, (out, in), or its `rows` (as `codes` takes them):
+        (q - 8) scale + zero with the layer's bfloat16 scales and zeros."""
+        codes = self.codes(rows)
+        scale, zero = self.scale_and_zero[:, rows].float().unbind(-1)  # (in / GROUP, rows)
+        grouped = codes.view(codes.size(0), -1, GROUP).float().sub_(8)
+        return grouped.mul_(scale.t()[..., None]).add_(zero.t()[..., None]).view(codes.size(0), self.in_features)
 
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight, GROUP, self.scale_and_zero).to(x.dtype)
-        y = y if self.bias is None else y + self.bias.to(x.dtype)
-        return y.view(*x.shape[:-1], self.out_features)
+    def slice_rows(self) -> int | None:
+        """Whole blocks of 64 rows at a time where the codes can be read back, else None: the kernel."""
+        return None if int4_readable_block() is None else max(64, DEQUANTIZED_WEIGHTS // self.in_features // 64 * 64)
+
+    def kernel(self, rows: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.weight, GROUP,
+                                                          self.scale_and_zero).float()
 
     @staticmethod
     def _save_codes(module: Int4Linear, state: dict[str, Tensor], prefix: str, metadata: object) -> None:
