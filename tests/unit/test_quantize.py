@@ -220,7 +220,7 @@ def test_int4_groups_of_32_have_a_scale_and_a_minimum():
     assert unpacked[0, 32:].tolist() == [0] * 32  # a constant group: scale 1, codes 0
 
 
-@pytest.mark.parametrize("shape", [(2, 1, 96), (4, 1, 96)])  # one row, a batch of up to KERNEL_ROWS
+@pytest.mark.parametrize("shape", [(2, 1, 96), (2, 7, 96), (8, 8, 96)])  # one row, a batch, INT4_KERNEL_ROWS
 @pytest.mark.parametrize("bias", [False, True])
 def test_int4_linear_multiplies_a_few_rows_in_bfloat16(bias, shape):
     """The kernel multiplies in bfloat16: the inputs, scales and zeros rounded to it, the sums in float32, the
@@ -245,7 +245,7 @@ def test_int4_linear_multiplies_a_few_rows_in_bfloat16(bias, shape):
 
 @pytest.mark.parametrize("rows", [48, 96, 1040])  # a tail of 16 rows after whole blocks of the kernel's layout
 def test_int4_linear_multiplies_many_rows_by_its_float32_weight_a_slice_at_a_time(rows, monkeypatch):
-    """More than KERNEL_ROWS rows (a prompt): the codes read back from the kernel's layout, a slice of rows at a
+    """More than INT4_KERNEL_ROWS rows (a prompt): the codes read back from the kernel's layout, a slice of rows at a
     time, (q - 8) scale + zero with the layer's bfloat16 scales and zeros, multiplied in float32."""
     if quantize_module.int4_readable_block() is None:
         pytest.skip("this CPU's int4 layout is not read back (no AVX2): every row count goes through the kernel")
@@ -259,7 +259,7 @@ def test_int4_linear_multiplies_many_rows_by_its_float32_weight_a_slice_at_a_tim
     scale = scales[..., 0].bfloat16().double()
     zero = (scales[..., 1] + 8 * scales[..., 0]).bfloat16().double()
     weight = ((q.double().view(rows, 3, 32) - 8) * scale[..., None] + zero[..., None]).view(rows, 96)
-    x = torch.randn(3, 40, 96)
+    x = torch.randn(3, 40, 96)  # 120 rows
     torch.testing.assert_close(layer(x), F.linear(x.double(), weight, b.double()).float(), rtol=1e-5, atol=1e-5)
 
 

@@ -19,8 +19,10 @@ grows with the spread of a row's magnitudes, so models whose activations have ou
 `quantize(model, "int4")` gives the linear layers 4-bit weights instead (`Int4Linear`): each group of `GROUP` weights
 along a row has a scale and a minimum (asymmetric, as llama.cpp's Q4_1: W ~ s q + m with q in 0..15,
 s = (max - min) / 15, m = min), multiplied by `torch.ops.aten._weight_int4pack_mm_for_cpu` in bfloat16 (the codes
-exact, scales, zeros, inputs and sums rounded to bfloat16) up to `KERNEL_ROWS` rows, and more rows (a prompt) by
-slices of the float32 weight read back from the kernel's layout, as the int8 layers do; re-quantizing a GGUF file's dequantized Q4_1 blocks
+exact, scales, zeros, inputs and sums rounded to bfloat16) up to `INT4_KERNEL_ROWS` rows (a step of a batch), and
+more rows (a prompt) by slices of the float32 weight read back from the kernel's layout, as the int8 layers do: the
+kernel's time grows with the rows while reading the weight back takes a fixed time, so past a few dozen rows the
+read-back and a float32 product are faster (`benchmarks/results/gguf-speed/`); re-quantizing a GGUF file's dequantized Q4_1 blocks
 recovers their codes. A GGUF file's 4-bit blocks become these groups without a float copy
 (`attn.artifacts.pretrained.gguf_weights`). The token embedding (and an output projection tied to it) stays int8,
 as does a layer whose input size is not a multiple of 32 or output size not a multiple of 16 (the kernel's limits).
@@ -50,6 +52,7 @@ class Quantization(StrEnum):
 
 GROUP = 32  # int4 weights per scale and minimum
 KERNEL_ROWS = 4  # the int8 and int4 kernels read the weights once per this many input rows
+INT4_KERNEL_ROWS = 64  # the most input rows an int4 layer multiplies through its kernel (see the module docstring)
 PACK_ROWS = 1024  # rows of an int4 layer packed for its kernel at a time (a multiple of the kernel's blocks of rows)
 DEQUANTIZED_WEIGHTS = 2**20  # weights of an int8 layer dequantized at a time for more than KERNEL_ROWS rows
 
@@ -67,9 +70,10 @@ def quantize_rows(x: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]
 
 
 class QuantizedLinear(nn.Module):
-    """What the int8 and int4 layers share: up to KERNEL_ROWS input rows go through the layer's `kernel`, more
+    """What the int8 and int4 layers share: up to `kernel_rows` input rows go through the layer's `kernel`, more
     through its `dequantized` float32 weight, `slice_rows` rows of it at a time; (..., in) -> (..., out)."""
 
+    kernel_rows = KERNEL_ROWS
     in_features: int
     out_features: int
     bias: Tensor | None
@@ -81,13 +85,13 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def slice_rows(self) -> int | None:
-        """Rows of the weight dequantized at a time for more than KERNEL_ROWS input rows; None: the kernel takes
+        """Rows of the weight dequantized at a time for more than `kernel_rows` input rows; None: the kernel takes
         any number of input rows."""
         return max(1, DEQUANTIZED_WEIGHTS // self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        step = self.slice_rows() if rows.size(0) > KERNEL_ROWS else None
+        step = self.slice_rows() if rows.size(0) > self.kernel_rows else None
         if step is not None:  # a slice of the weight at a time: no float32 copy of a whole large matrix
             y = torch.cat([linear(rows, self.dequantized(slice(start, start + step)), None)
                            for start in range(0, self.out_features, step)], dim=1)
@@ -298,6 +302,8 @@ class Int4Linear(QuantizedLinear):
         scale, zero = self.scale_and_zero[:, rows].float().unbind(-1)  # (in / GROUP, rows)
         grouped = codes.view(codes.size(0), -1, GROUP).float().sub_(8)
         return grouped.mul_(scale.t()[..., None]).add_(zero.t()[..., None]).view(codes.size(0), self.in_features)
+
+    kernel_rows = INT4_KERNEL_ROWS
 
     def slice_rows(self) -> int | None:
         """Whole blocks of 64 rows at a time where the codes can be read back, else None: the kernel."""
