@@ -66,10 +66,10 @@ def test_next_token_logits_of_twenty_chat_prompts_match_transformers(models):
 
 
 def test_greedy_answers_are_those_of_transformers_token_for_token(models):
+    """attn answers every prompt in one left-padded batch (the next test: as each alone), transformers one by one."""
     bundle, hf, prompts = models
     config = GenerationConfig(max_new_tokens=NEW_TOKENS)
-    for ids in prompts:
-        ours = generate(bundle.model, [ids], config, eos_id=bundle.eos_id)[0]
+    for ids, ours in zip(prompts, generate(bundle.model, prompts, config, eos_id=bundle.eos_id), strict=True):
         out = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
         theirs = out[: out.index(bundle.eos_id)] if bundle.eos_id in out else out
         assert ours == theirs, bundle.tokenizer.decode(ids)
