@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Llama-3.2-1B's shape
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 16, 2048, 32, 8, 64, 8192
 BPE_TOKENS, SPECIAL_TOKENS = 128_000, 256
+EOS_ID = BPE_TOKENS + 2  # <|eot_id|>, the third special token
 
 
 def _status_mb(field: str) -> float:
@@ -99,7 +100,7 @@ def write_llama_1b(path: Path) -> None:
     writer.add_token_types([1] * len(tokens) + [3] * len(specials))
     writer.add_token_merges(merges)
     writer.add_bos_token_id(len(tokens))
-    writer.add_eos_token_id(len(tokens) + 2)
+    writer.add_eos_token_id(EOS_ID)
     vocab = len(tokens) + len(specials)
 
     def add(name: str, shape: tuple[int, ...], kind: Q) -> None:
@@ -147,7 +148,7 @@ def _attn(path: Path, dequantize: bool, threads: int) -> dict[str, Any]:
     bundle = attn.load_model(path, "cpu", dequantize=dequantize)
     loaded = time.perf_counter() - start
     config = bundle.model_config
-    prompt = _prompt(config.vocab_size)
+    prompt = fixed_prompt(config.vocab_size)
     start = time.perf_counter()
     generate(bundle.model, [prompt], GenerationConfig(max_new_tokens=NEW_TOKENS, suppress=(bundle.eos_id,)))
     seconds = time.perf_counter() - start
@@ -171,7 +172,7 @@ def _llama_cpp(path: Path, threads: int) -> dict[str, Any]:
         return logits
 
     start = time.perf_counter()
-    tokens = llm.generate(_prompt(llm.n_vocab()), top_k=1, temp=0.0, repeat_penalty=1.0,
+    tokens = llm.generate(fixed_prompt(llm.n_vocab()), top_k=1, temp=0.0, repeat_penalty=1.0,
                           logits_processor=LogitsProcessorList([ban_eos]))
     for count, _ in enumerate(tokens, 1):
         if count == NEW_TOKENS:
@@ -185,9 +186,9 @@ def _llama_cpp(path: Path, threads: int) -> dict[str, Any]:
             "kv_mb": 2 * layers * kv_width * LLAMA_CPP_CONTEXT * 2 / MB}
 
 
-def _prompt(vocab: int) -> list[int]:
-    """The same 40 ordinary tokens for every engine."""
-    return [(1000 + 7919 * i) % min(vocab, BPE_TOKENS) for i in range(PROMPT_TOKENS)]
+def fixed_prompt(vocab: int, length: int = PROMPT_TOKENS, row: int = 0) -> list[int]:
+    """The same `length` ordinary tokens for every engine; another `row` gives other tokens."""
+    return [(1000 + 7919 * (i + 13 * row)) % min(vocab, BPE_TOKENS) for i in range(length)]
 
 
 def probe(contender: str, path: Path, threads: int) -> dict[str, Any]:

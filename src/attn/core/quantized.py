@@ -22,8 +22,8 @@ s = (max - min) / 15, m = min), multiplied by `torch.ops.aten._weight_int4pack_m
 exact, scales, zeros, inputs and sums rounded to bfloat16) up to `INT4_KERNEL_ROWS` rows (a step of a batch), and
 more rows (a prompt) by slices of the float32 weight read back from the kernel's layout, as the int8 layers do: the
 kernel's time grows with the rows while reading the weight back takes a fixed time, so past a few dozen rows the
-read-back and a float32 product are faster (`benchmarks/results/gguf-speed/`); re-quantizing a GGUF file's dequantized Q4_1 blocks
-recovers their codes. A GGUF file's 4-bit blocks become these groups without a float copy
+read-back and a float32 product are faster (`benchmarks/results/gguf-speed/`); re-quantizing a GGUF file's
+dequantized Q4_1 blocks recovers their codes. A GGUF file's 4-bit blocks become these groups without a float copy
 (`attn.artifacts.pretrained.gguf_weights`). The token embedding (and an output projection tied to it) stays int8,
 as does a layer whose input size is not a multiple of 32 or output size not a multiple of 16 (the kernel's limits).
 
@@ -54,7 +54,7 @@ GROUP = 32  # int4 weights per scale and minimum
 KERNEL_ROWS = 4  # the int8 and int4 kernels read the weights once per this many input rows
 INT4_KERNEL_ROWS = 64  # the most input rows an int4 layer multiplies through its kernel (see the module docstring)
 PACK_ROWS = 1024  # rows of an int4 layer packed for its kernel at a time (a multiple of the kernel's blocks of rows)
-DEQUANTIZED_WEIGHTS = 2**20  # weights of an int8 layer dequantized at a time for more than KERNEL_ROWS rows
+DEQUANTIZED_WEIGHTS = 2**20  # weights of a layer dequantized at a time for more rows than its kernel takes
 
 
 def quantize_rows(x: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -117,7 +117,7 @@ class Int8Linear(QuantizedLinear):
         return self.weight[rows].float().mul_(self.scale[rows].unsqueeze(1))
 
     def kernel(self, rows: Tensor) -> Tensor:
-        # bfloat16 in: the kernel's only vectorised input type (float32 takes a scalar loop, eight times slower)
+        # bfloat16 in: the kernel's only vectorised input type (float32 takes a scalar loop)
         return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight,
                                                   self.scale.to(torch.bfloat16)).float()
 
@@ -227,8 +227,9 @@ def _packed(groups: Iterable[tuple[Tensor, Tensor]], out_features: int, in_featu
         codes = torch.cat([waiting, codes]) if waiting.numel() else codes
         whole = codes.size(0) // (block or PACK_ROWS) * (block or PACK_ROWS)
         if whole:
-            weight[packed : packed + whole] = (_kernel_layout(codes[:whole], block) if block else
-                                               torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[:whole].int(), 2))
+            weight[packed : packed + whole] = (
+                _kernel_layout(codes[:whole], block) if block
+                else torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[:whole].int(), 2))
         packed, waiting = packed + whole, codes[whole:]
     if waiting.numel():
         weight[packed:] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(waiting.int(), 2)
@@ -240,7 +241,8 @@ class Int4Linear(QuantizedLinear):
 
     The layer holds the kernel's own layout of the codes as `weight` (it differs between AVX2 and AVX-512) and each
     group's scale and zero in bfloat16, the one input type the kernel vectorises: half a byte per weight and an
-    eighth of a byte per weight for the scales. Its state dict holds the portable form that `quantize_groups` writes, so a file serves every CPU.
+    eighth of a byte per weight for the scales. Its state dict holds the portable form that `quantize_groups` writes,
+    so a file serves every CPU.
     """
 
     def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
