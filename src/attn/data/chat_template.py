@@ -8,7 +8,8 @@ special tokens (tests/parity/test_chat_templates_as_transformers.py compares the
 - the helpers templates call: `raise_exception(message)`, `strftime_now(format)` (local time) and a `tojson` filter
   that writes JSON as `json.dumps` does (non-ASCII and `<>&'` kept) and takes `indent`, `separators`, `sort_keys`;
 - the variables: `messages` (plain dicts and lists; keys whose value is None left out), `add_generation_prompt`,
-  `tools` and `documents` (always None) and the special tokens given (`bos_token`, `eos_token`, ...).
+  `tools` (the tool schemas given, as `apply_chat_template(tools=...)` passes them, else None), `documents` (always
+  None) and the special tokens given (`bos_token`, `eos_token`, ...).
 
 A template is code that comes with a model, so it runs in Jinja's immutable sandbox: reading a Python internal (a
 name that starts with "_") is an error at once, the messages cannot be changed, a `namespace` holds no "_" names,
@@ -226,19 +227,23 @@ class ChatTemplate:
         self.special_tokens = {name: token for name, token in (special_tokens or {}).items() if token is not None}
         self._template = _compile(source)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The conversation as the template writes it.
 
         Args:
             messages: oldest first: mappings with "role" and "content" (and whatever else the template reads), made
                 of strings, numbers, booleans, None, lists and mappings.
             add_generation_prompt: end with the start of an assistant's turn (what a model continues to answer).
+            tools: the functions the model may call, each {"type": "function", "function": {"name", "description",
+                "parameters"}}, or None.
 
         Raises:
             ChatTemplateError: the messages are not such mappings or the template refuses them (`raise_exception`),
                 both with field "messages"; the template breaks the sandbox's rules, fails, or runs too long.
         """
-        variables = {**self.special_tokens, "messages": _plain_messages(messages), "tools": None, "documents": None,
+        variables = {**self.special_tokens, "messages": _plain_messages(messages),
+                     "tools": None if tools is None else list(tools), "documents": None,
                      "add_generation_prompt": add_generation_prompt}
         deadline = time.monotonic() + RENDER_SECONDS
 
