@@ -27,7 +27,9 @@ dequantized Q4_1 blocks recovers their codes. A GGUF file's 4-bit blocks become 
 (`attn.artifacts.pretrained.gguf_weights`). The token embedding (and an output projection tied to it) stays int8,
 as does a layer whose input size is not a multiple of 32 or output size not a multiple of 16 (the kernel's limits).
 
-A quantized model is for inference: it has no gradients. Gemma 2's soft-capped output projection stays in float32.
+A quantized layer's weights get no gradient; an input that requires one gets it through the dequantized weight
+(`InputGradient`), as LoRA's adapters over a frozen quantized base need (`attn.core.lora`). Gemma 2's soft-capped
+output projection stays in float32.
 """
 
 from __future__ import annotations
@@ -90,6 +92,11 @@ class QuantizedLinear(nn.Module):
         return max(1, DEQUANTIZED_WEIGHTS // self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            return InputGradient.apply(x, self)
+        return self.product(x)
+
+    def product(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
         step = self.slice_rows() if rows.size(0) > self.kernel_rows else None
         if step is not None:  # a slice of the weight at a time: no float32 copy of a whole large matrix
@@ -99,6 +106,25 @@ class QuantizedLinear(nn.Module):
             y = self.kernel(rows)
         y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class InputGradient(torch.autograd.Function):
+    """y = layer(x) by the layer's own product; dL/dx = dL/dy W with W dequantized a slice of rows at a time."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, layer: QuantizedLinear) -> Tensor:
+        ctx.layer, ctx.dtype = layer, x.dtype
+        return layer.product(x)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
+        layer: QuantizedLinear = ctx.layer
+        rows = grad.reshape(-1, layer.out_features).float()
+        step = layer.slice_rows() or layer.out_features
+        dx = rows.new_zeros(rows.size(0), layer.in_features)
+        for start in range(0, layer.out_features, step):
+            dx.addmm_(rows[:, start : start + step], layer.dequantized(slice(start, start + step)))
+        return dx.view(*grad.shape[:-1], layer.in_features).to(ctx.dtype), None
 
 
 class Int8Linear(QuantizedLinear):
