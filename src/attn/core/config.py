@@ -417,6 +417,8 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
             return value
         if option in (int, str, float) and isinstance(value, option) and not isinstance(value, bool):
             return value
+        if dataclasses.is_dataclass(option) and isinstance(value, option):
+            return value
         if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
             item, *rest = typing.get_args(option)
             if rest == [Ellipsis] and isinstance(item, type) and issubclass(item, enum.Enum):

@@ -8,8 +8,10 @@ special-token ids (pad 0, unk 1, bos 2, eos 3, cls 4, sep 5, mask 6); loaded one
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from attn.core.errors import CheckpointError, ConfigError
 from attn.data.files import library_call
@@ -251,6 +253,12 @@ class Tokenizer:
     def roles(self) -> dict[str, int | None]:
         """The id of each special-token role (pad, unk, bos, eos, cls, sep, mask); None where it has none."""
         return dict(self._role_ids)
+
+    def pipeline(self) -> dict[str, Any] | None:
+        """The Hugging Face pipeline as tokenizer.json holds it; None where the backend is SentencePiece's own
+        (kinds `sentencepiece` and `marian-spm`)."""
+        to_str = getattr(self._backend, "to_str", None)
+        return None if to_str is None else json.loads(to_str())
 
     @property
     def vocab_size(self) -> int:

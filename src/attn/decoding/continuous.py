@@ -27,6 +27,7 @@ from attn.core.errors import GenerationError
 from attn.core.kv_cache import KVCache, stack_rows
 from attn.core.linear import packed_weights
 from attn.decoding.generation_config import Decode, GenerationConfig
+from attn.decoding.grammar import MatcherFactory, RowMatcher
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
     check_call,
@@ -49,9 +50,10 @@ class RowToken:
         key: the key the row was added with.
         token: the chosen token id (the EOS id too, when the row ends with it).
         scores: (V,) float, the scores the token was chosen from: the model's logits after the logit
-            adjustments (logit bias, penalties, bans, forced EOS), before temperature, top-k, top-p and min-p.
-        finish: None while the row goes on; "stop" (EOS, a stop id or a stop string) or "length" (its
-            token limit) on its last step.
+            adjustments (logit bias, penalties, bans, forced EOS) and the grammar's mask, before temperature,
+            top-k, top-p and min-p.
+        finish: None while the row goes on; "stop" (EOS, a stop id, a stop string or a completed grammar) or
+            "length" (its token limit) on its last step.
     """
 
     key: Hashable
@@ -69,6 +71,7 @@ class _Row:
     prompt_length: int
     generator: torch.Generator | None
     stops: StopStrings | None
+    grammar: RowMatcher | None
 
     @property
     def capacity(self) -> int:
@@ -94,15 +97,18 @@ class RunningBatch:
         1
     """
 
-    def __init__(self, model: Decoder, eos_id: int | None, decode: Decode | None = None) -> None:
+    def __init__(self, model: Decoder, eos_id: int | None, decode: Decode | None = None,
+                 matcher: MatcherFactory | None = None) -> None:
         """Args:
         model: the language model, in eval mode.
         eos_id: the token that ends a row (None: rows end at their limit or a stop string).
         decode: token ids -> text; needed by rows with stop strings.
+        matcher: a row's grammar -> its matcher (`attn.decoding.grammar`); needed by rows with a grammar.
         """
         self.model = model
         self.eos_id = eos_id
         self.decode = decode
+        self.matcher = matcher
         self.rows: list[_Row] = []  # in cache order
         self.pending: list[_Row] = []
         self.cache: KVCache | None = None
@@ -122,7 +128,8 @@ class RunningBatch:
             GenerationError: beam search (it cannot join a batch row by row), an empty prompt, an id
                 outside the vocabulary (in the prompt or `logit_bias`), a prompt and limit beyond
                 `max_positions`, or settings that need what this batch lacks (stop strings without `decode`,
-                `force_eos` without `eos_id`).
+                `force_eos` without `eos_id`, a grammar without `matcher`), or a grammar the vocabulary cannot
+                follow.
         """
         if config.beam_size > 1:
             raise GenerationError("beam search cannot join a running batch; set beam_size=1")
@@ -132,7 +139,8 @@ class RunningBatch:
         limit = decoder_limit(config.max_new_tokens, len(prompt), self.model.max_positions)
         stops = StopStrings(config.stop, self.decode) if config.stop and self.decode is not None else None
         generator = generator if generator is not None else seeded_generator(config.seed, model_device(self.model))
-        self.pending.append(_Row(key, config, limit, list(prompt), len(prompt), generator, stops))
+        grammar = self._grammar(config)
+        self.pending.append(_Row(key, config, limit, list(prompt), len(prompt), generator, stops, grammar))
 
     def close(self) -> None:
         """Drops every row, running or waiting, and releases the model's packed weights."""
@@ -189,13 +197,35 @@ class RunningBatch:
         history = torch.tensor([row.history], device=logits.device)
         adjusted = adjust_logits(logits, history, row.config, self.eos_id, torch.tensor([at_limit]),
                                  row.prompt_length)
+        if row.grammar is not None:
+            adjusted = adjusted.masked_fill(~self._allowed(row, adjusted.size(-1)).to(adjusted.device), float("-inf"))
         token = int(choose_tokens(adjusted, row.config, row.generator))
         row.history.append(token)
         return RowToken(row.key, token, adjusted[0], self._finish(row, token, at_limit))
 
+    def _grammar(self, config: GenerationConfig) -> RowMatcher | None:
+        if config.grammar is None:
+            return None
+        if self.matcher is None:
+            raise GenerationError("this running batch was made without a grammar matcher; pass matcher= to "
+                                  "RunningBatch (attn.data.grammar_tokens.grammar_matchers(tokenizer, vocab_size))",
+                                  "grammar")
+        return self.matcher(config.grammar)
+
+    def _allowed(self, row: _Row, vocab_size: int) -> Tensor:
+        """(V,) bool: the tokens the row's grammar allows next, its end ids too while the grammar could end."""
+        allowed = row.grammar.allowed(vocab_size)
+        if row.grammar.accepting():
+            allowed[[token for token in row.config.end_ids(self.eos_id) if token < vocab_size]] = True
+        return allowed
+
     def _finish(self, row: _Row, token: int, at_limit: bool) -> str | None:
         if token in row.config.end_ids(self.eos_id):
             return "stop"
+        if row.grammar is not None:
+            row.grammar.consume(token)
+            if row.grammar.done():
+                return "stop"
         if row.stops is not None and row.stops.completed(row.history, row.prompt_length):
             return "stop"
         return "length" if at_limit else None

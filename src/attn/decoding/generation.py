@@ -31,6 +31,7 @@ from attn.core.linear import in_inference
 from attn.decoding.beam_search import beam_search, beam_search_seq2seq
 from attn.decoding.continuous import RunningBatch
 from attn.decoding.generation_config import Decode, GenerationConfig
+from attn.decoding.grammar import MatcherFactory
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
     Session,
@@ -77,6 +78,7 @@ def generate(
     config: GenerationConfig = GenerationConfig(),
     eos_id: int | None = None,
     decode: Decode | None = None,
+    matcher: MatcherFactory | None = None,
 ) -> list[list[int]]:
     """Continues each prompt with a decoder-only model, all prompts in one batch.
 
@@ -88,6 +90,7 @@ def generate(
         prompts: B lists of token ids, of any lengths >= 1.
         eos_id: the token that ends a row (None: rows end at their limit or a stop string).
         decode: token ids -> text; needed for `config.stop`.
+        matcher: a grammar -> its row's matcher; needed for `config.grammar` (`attn.decoding.grammar`).
 
     Returns:
         B lists of new token ids (no prompt, no EOS).
@@ -107,7 +110,7 @@ def generate(
     check_prompts(model, prompts)
     limit = decoder_limit(config.max_new_tokens, max(map(len, prompts)), model.max_positions)
     config = dataclasses.replace(config, max_new_tokens=limit)
-    batch = RunningBatch(model, eos_id, decode)
+    batch = RunningBatch(model, eos_id, decode, matcher)
     generator = seeded_generator(config.seed, model_device(model))
     for key, prompt in enumerate(prompts):
         batch.add(key, prompt, config, generator)
@@ -144,6 +147,8 @@ def generate_seq2seq(
         B lists of output token ids (no start token, no EOS).
     """
     check_call(config, eos_id, None)
+    if config.grammar is not None:
+        raise GenerationError("an encoder-decoder does not follow a grammar; leave it unset", "grammar")
     if config.beam_size > 1:
         found = beam_search_seq2seq(model, sources, start_id, eos_id, pad_id, config)
         return [hypotheses[0].tokens for hypotheses in found]
@@ -163,16 +168,17 @@ def stream(
     config: GenerationConfig = GenerationConfig(),
     eos_id: int | None = None,
     decode: Decode | None = None,
+    matcher: MatcherFactory | None = None,
 ) -> Iterator[int]:
     """Continues one prompt, yielding each new token id as soon as it is chosen (EOS and stop ids are not yielded).
 
     The prompt is prefilled (and every argument checked) when `stream` is called; tokens are
-    decoded as the iterator is consumed.
+    decoded as the iterator is consumed. `eos_id`, `decode` and `matcher` are as in `generate`.
     """
     if config.beam_size > 1:
         raise GenerationError("beam search cannot stream: its best hypothesis is known only at the end; "
                               "set beam_size=1")
-    batch = RunningBatch(model, eos_id, decode)
+    batch = RunningBatch(model, eos_id, decode, matcher)
     batch.add(0, prompt, config)
     batch.prefill()
     return _stream_tokens(batch, config.end_ids(eos_id))

@@ -10,6 +10,7 @@ from typing import Any
 
 from attn.core.config import coerce_fields
 from attn.core.errors import ConfigError, GenerationError
+from attn.decoding.grammar import Grammar
 
 MAX_PENALTY = 2.0  # OpenAI's range of frequency_penalty and presence_penalty: [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range of a logit_bias entry: [-100, 100]
@@ -54,8 +55,10 @@ class GenerationConfig:
 
     `max_new_tokens=None` means: source length + 50 for translation, and as many as the model's positions allow for
     a decoder-only model. `stop_ids` end a row as the EOS id does (a chat model's end-of-turn token, `<|im_end|>` in
-    ChatML) and, like it, are no part of the output. `seed` seeds a `torch.Generator` for sampling (None uses torch's
-    global generator). The beam fields (`beam_size` to `n_best`) are read by `attn.decoding.beam_search`.
+    ChatML) and, like it, are no part of the output. `grammar` (`attn.decoding.grammar`) constrains the new tokens
+    to a JSON schema, a regular expression or a Lark grammar; the row ends when the grammar is complete. `seed`
+    seeds a `torch.Generator` for sampling (None uses torch's global generator). The beam fields (`beam_size` to
+    `n_best`) are read by `attn.decoding.beam_search`.
 
     Example:
         >>> from attn import GenerationConfig
@@ -78,6 +81,7 @@ class GenerationConfig:
     force_eos: bool = False
     stop: tuple[str, ...] = ()
     stop_ids: tuple[int, ...] = ()
+    grammar: Grammar | None = None
     seed: int | None = None
     beam_size: int = 1
     length_penalty: float = 0.6
@@ -154,6 +158,8 @@ class GenerationConfig:
             _fail("sample", "beam search does not sample; set beam_size=1 to sample or sample=False")
         if self.beam_size > 1 and self.stop:
             _fail("stop", "beam search stops at EOS only; set beam_size=1 to use stop strings")
+        if self.beam_size > 1 and self.grammar is not None:
+            _fail("grammar", "beam search does not follow a grammar; set beam_size=1 to use one")
 
 
 def _bias_pair(pair: object) -> tuple[int, float]:
