@@ -9,6 +9,8 @@ A checkpoint directory holds
     task.json            what inference needs beyond the model, e.g. the label names
     chat_template.jinja  the Jinja template that writes a conversation as the model's prompt (chat models)
     trainer_state.pt     optimizer and gradient-scaler states, step, RNG states, data position, best metric
+    lora.json            a LoRA run's adapter settings and base model; model.safetensors then holds the adapters
+                         alone (`attn.artifacts.lora_runs`)
 
 A run keeps its checkpoints in `run_dir/checkpoints/step-00001000/` with the text files `latest` and `best`
 naming the newest and the best one (`attn.training.retention` writes them; a run directory loads as its latest
@@ -35,12 +37,14 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from attn.artifacts.lora_runs import LORA_FILE, LoRARun
 from attn.artifacts.torch_files import load_torch_file
 from attn.core.config import ModelConfig
 from attn.data.files import write_directory
 from attn.data.tokenizer_files import META_FILE
 from attn.data.tokenizers import Tokenizer
 from attn.core.errors import AttnError, CheckpointError
+from attn.core.lora import load_lora_state_dict, lora_state_dict
 from attn.models import build_model
 from attn.core.quantized import Quantization, quantization_of, quantize
 
@@ -76,6 +80,7 @@ class Checkpoint:
             `load_checkpoint` reads it only when asked.
         task_info: the contents of `task.json` ({} when absent).
         path: the directory it was loaded from or saved to (None before saving).
+        lora: a LoRA run's record: only the model's adapters are written.
     """
 
     model: nn.Module
@@ -86,6 +91,7 @@ class Checkpoint:
     task_info: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
     chat_template: str | None = None
+    lora: LoRARun | None = None
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -135,9 +141,13 @@ def write_atomically(path: Path, checkpoint: Checkpoint) -> Path:
 
 
 def _write_files(folder: Path, checkpoint: Checkpoint) -> None:
-    scheme = quantization_of(checkpoint.model)
-    metadata = {QUANTIZATION_KEY: scheme} if scheme else None
-    safetensors.torch.save_model(checkpoint.model, str(folder / MODEL_FILE), metadata=metadata)
+    if checkpoint.lora is not None:
+        safetensors.torch.save_file(lora_state_dict(checkpoint.model), str(folder / MODEL_FILE))
+        _write_json(folder / LORA_FILE, checkpoint.lora.to_dict())
+    else:
+        scheme = quantization_of(checkpoint.model)
+        metadata = {QUANTIZATION_KEY: scheme} if scheme else None
+        safetensors.torch.save_model(checkpoint.model, str(folder / MODEL_FILE), metadata=metadata)
     _write_json(folder / MODEL_CONFIG_FILE, checkpoint.model_config.to_dict())
     if checkpoint.run_config is not None:
         _write_json(folder / RUN_CONFIG_FILE, checkpoint.run_config)
@@ -213,23 +223,31 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
-def load_checkpoint(path: str | Path, attention: str = "fast", with_state: bool = False) -> Checkpoint:
+def load_checkpoint(path: str | Path, attention: str = "fast", with_state: bool = False,
+                    base: nn.Module | None = None) -> Checkpoint:
     """Loads a checkpoint (or the latest checkpoint of a run directory), its model on the CPU in eval mode.
 
     Args:
         attention: the attention implementation of the rebuilt model ("fast" or "reference").
         with_state: also read `trainer_state.pt` (needed to resume training), its tensors on the CPU.
+        base: for a LoRA run's checkpoint (`read_lora_run`), the base model its record names, in float: its
+            weights are checked against the record, then adapted as they were trained.
 
     Raises:
-        CheckpointError: a file is missing or corrupt, or a weight is missing, unexpected or mis-shaped.
+        CheckpointError: a file is missing or corrupt, a weight is missing, unexpected or mis-shaped, or a LoRA
+            checkpoint's base is missing or changed.
     """
     folder = resolve_checkpoint(path)
     model_config = _read_model_config(folder / MODEL_CONFIG_FILE)
     model = build_model(model_config, attention)
-    scheme = _read_quantization(folder / MODEL_FILE)
-    if scheme is not None:
-        quantize(model, scheme, stored=_stored_keys(folder / MODEL_FILE))
-    load_weights(model, folder / MODEL_FILE)
+    lora = read_lora_run(folder)
+    if lora is not None:
+        _load_adapted(model, lora, base, folder)
+    else:
+        scheme = _read_quantization(folder / MODEL_FILE)
+        if scheme is not None:
+            quantize(model, scheme, stored=_stored_keys(folder / MODEL_FILE))
+        load_weights(model, folder / MODEL_FILE)
     run_file = folder / RUN_CONFIG_FILE
     run_config = read_json(run_file) if run_file.exists() else None
     state = _read_state(folder / STATE_FILE) if with_state else None
@@ -237,7 +255,38 @@ def load_checkpoint(path: str | Path, attention: str = "fast", with_state: bool 
     task_file = folder / TASK_FILE
     task_info = read_json(task_file) if task_file.exists() else {}
     return Checkpoint(model.eval(), model_config, run_config, state, tokenizer, task_info, folder,
-                      read_chat_template(folder))
+                      read_chat_template(folder), lora)
+
+
+def read_lora_run(folder: Path) -> LoRARun | None:
+    """A checkpoint directory's `lora.json`, or None for a checkpoint of whole weights.
+
+    Raises:
+        CheckpointError: the file is unreadable or holds bad settings.
+    """
+    file = folder / LORA_FILE
+    return LoRARun.from_dict(read_json(file), file) if file.exists() else None
+
+
+def _load_adapted(model: nn.Module, lora: LoRARun, base: nn.Module | None, folder: Path) -> None:
+    """`model` given the weights of `base`, checked against the record, quantized and adapted as it says, and the
+    adapters of `folder`'s model.safetensors."""
+    if base is None:
+        raise CheckpointError(f"{folder}: holds LoRA adapters over {lora.base}; load it with attn.load_model, "
+                              "which reads the base model too")
+    try:
+        model.load_state_dict(base.state_dict())
+    except RuntimeError as err:
+        raise CheckpointError(f"{folder}: the base model {lora.base} does not fit the checkpoint's model "
+                              f"({' '.join(str(err).split())[:200]}); restore the base the run started from") from None
+    lora.check_base(model, folder)
+    lora.adapt(model)
+    try:
+        adapters = safetensors.torch.load_file(str(folder / MODEL_FILE))
+    except (OSError, safetensors.SafetensorError) as err:
+        raise CheckpointError(f"{folder / MODEL_FILE}: not a readable safetensors file ({err}); it is truncated "
+                              "or corrupt, use another checkpoint") from err
+    load_lora_state_dict(model, adapters)
 
 
 def read_chat_template(folder: Path) -> str | None:

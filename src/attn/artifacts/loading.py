@@ -26,6 +26,8 @@ from attn.artifacts.checkpoint import (
     load_checkpoint,
     read_chat_template,
     read_json,
+    read_lora_run,
+    resolve_checkpoint,
     write_checkpoint,
 )
 from attn.artifacts.devices import resolve_device
@@ -301,7 +303,9 @@ def packaged_model_dir(name: str) -> Path:
 
 
 def _load_attn(folder: Path) -> Bundle:
-    checkpoint = load_checkpoint(folder)
+    lora = read_lora_run(resolve_checkpoint(folder))  # a LoRA run's base is loaded first, then adapted
+    base = load_model(lora.base, "cpu", require_tokenizer=False, dequantize=True).model if lora else None
+    checkpoint = load_checkpoint(folder, base=base)
     info = checkpoint.task_info
     task = info.get("task") or _default_task(checkpoint.model)
     rules = DecodingRules.from_json(info.get("decoding"))  # kept by `attn convert --to attn`

@@ -1,5 +1,5 @@
 """The sections of a run configuration (`attn.training.runconfig.RunConfig`): `[data]`, `[tokenizer]`,
-`[model]`, `[optim]`, `[batch]` and `[train]`, each a frozen dataclass that checks its values, and
+`[model]`, `[optim]`, `[batch]`, `[train]` and `[lora]`, each a frozen dataclass that checks its values, and
 the choices their fields take.
 """
 
@@ -10,8 +10,10 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from attn.artifacts.lora_runs import BasePrecision
 from attn.core.config import ModelConfig, coerce_fields, plain_fields
 from attn.core.errors import ConfigError
+from attn.core.lora import LoRAConfig
 from attn.core.presets import preset
 from attn.data.readers import Fields
 from attn.data.tokenizer_kinds import TRAINED_KINDS
@@ -241,6 +243,31 @@ class TrainConfig:
         _check_at_least(self, minimums)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASection:
+    """LoRA fine-tuning of `model.init_from` (`attn.core.lora`): with `rank` > 0 the pretrained weights stay
+    frozen and only adapters of that rank on the `targets` (PEFT's module names: q_proj, k_proj, v_proj, o_proj,
+    gate_proj, up_proj, down_proj; GPT-2's c_attn, c_proj, c_fc) train, their update scaled by alpha / rank. `base`
+    is the precision the frozen weights are held in: "float", or "int8" / "int4" for QLoRA (on the CPU).
+    Checkpoints then hold the adapters alone and name the base (`attn.artifacts.lora_runs`).
+    """
+
+    rank: int = 0  # 0: no adapters, every weight trains
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    base: BasePrecision = BasePrecision.FLOAT
+
+    def __post_init__(self) -> None:
+        coerce_fields(self)
+        _check_at_least(self, {"rank": 0})
+        self.adapters()
+
+    def adapters(self) -> LoRAConfig:
+        """The adapters' settings (checked even while `rank` is 0)."""
+        return LoRAConfig(max(self.rank, 1), self.alpha, self.dropout, self.targets)
 
 
 def _check_at_least(obj: Any, minimums: Mapping[str, float]) -> None:

