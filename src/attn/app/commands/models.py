@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from attn.app.commands.flags import quantize_flag, subcommand
+from attn.app.commands.flags import subcommand
 from attn.app.commands.io import flag_error, print_table
 from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
+from attn.artifacts.pretrained.gguf_export import QUANTIZATIONS, export_gguf
 from attn.core.errors import CheckpointError, ConfigError
 from attn.core.presets import preset, preset_names
+from attn.core.quantized import Quantization
 from attn.data.tokenizer_kinds import TRAINED_KINDS
 from attn.data.tokenizer_training import train_tokenizer_files
 from attn.data.tokenizers import Tokenizer
@@ -22,14 +25,23 @@ from attn.models import build_model, count_parameters
 def add_convert_parser(sub: argparse._SubParsersAction) -> None:
     p = subcommand(sub, "convert", cmd_convert, "import a Hugging Face directory (GPT-2, BERT, Marian, Llama and its "
                    "kin), or export one", "attn convert --to attn hf_gpt2_dir my_checkpoint")
-    p.add_argument("source", help="the directory to convert")
-    p.add_argument("output", help="the directory to write")
-    p.add_argument("--to", required=True, choices=["attn", *FAMILIES],
-                   help="'attn' imports a Hugging Face directory; a family name exports an attn checkpoint")
-    quantize_flag(p)
+    p.add_argument("source", help="the directory (or GGUF file) to convert")
+    p.add_argument("output", help="the directory to write (--to gguf: the .gguf file)")
+    p.add_argument("--to", required=True, choices=["attn", "gguf", *FAMILIES],
+                   help="'attn' imports a Hugging Face directory; a family name exports an attn checkpoint; 'gguf' "
+                   "writes a decoder as a llama.cpp GGUF file")
+    p.add_argument("--quantize", choices=[*(q.value for q in Quantization), *QUANTIZATIONS],
+                   help=f"--to attn: {', '.join(q.value for q in Quantization)} weights (see attn generate "
+                   f"--quantize); --to gguf: the GGUF type, {', '.join(QUANTIZATIONS)} (default f32; q4_k_m mixes "
+                   "Q4_K and Q6_K blocks as llama.cpp's Q4_K_M does)")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    if args.to == "gguf":
+        return _convert_to_gguf(args)
+    if args.quantize in QUANTIZATIONS:
+        raise ConfigError("--quantize", f"{args.quantize} is a GGUF type: use it with --to gguf; attn checkpoints "
+                                        f"hold {', '.join(q.value for q in Quantization)} weights")
     if args.quantize is not None and args.to != "attn":
         raise ConfigError("--quantize", f"{args.to} directories hold float weights: convert --to attn to store "
                                         f"{args.quantize} weights")
@@ -46,6 +58,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
         out = export_pretrained(bundle.model, bundle.model_config, args.output, args.to, bundle.tokenizer,
                                 chat_template=bundle.chat_template)
         print(f"exported {args.source} as a Hugging Face {args.to} directory: {out}")
+    return 0
+
+
+def _convert_to_gguf(args: argparse.Namespace) -> int:
+    quantize = args.quantize or "f32"
+    if quantize not in QUANTIZATIONS:
+        raise ConfigError("--quantize", f"GGUF files hold {', '.join(QUANTIZATIONS)} weights, not {quantize}")
+    bundle = load_model(args.source, "cpu", require_tokenizer=False, dequantize=True)
+    end_of_turn = next((i for i in bundle.stop_ids if i != bundle.eos_id), None)
+    out = export_gguf(bundle.model, bundle.model_config, args.output, bundle.tokenizer, quantize=quantize,
+                      chat_template=bundle.chat_template, eot_id=end_of_turn, name=Path(args.source).stem,
+                      family=bundle.imported.family if bundle.imported is not None else None)
+    print(f"exported {args.source} as a {quantize} GGUF file: {out}")
     return 0
 
 

@@ -164,12 +164,7 @@ def export_pretrained(
     Raises:
         CheckpointError: the family is unknown, or the config has an option it cannot express.
     """
-    chosen = _family_named(family)
-    ids = ids or _tokenizer_ids(tokenizer)
-    hf = chosen.hf_config(config, ids)
-    table, prefixed = chosen.key_table(config), chosen.prefixed(config)
-    same_config(config, _read_back(chosen, hf, table.written_keys(prefixed)), chosen.name)
-    tensors = export_from(model, table, prefixed)
+    hf, tensors = hf_checkpoint(model, config, family, ids or _tokenizer_ids(tokenizer))
     from safetensors.torch import save_file
 
     folder = Path(directory)
@@ -183,6 +178,20 @@ def export_pretrained(
     if chat_template is not None:
         (folder / CHAT_TEMPLATE_FILE).write_text(chat_template, encoding="utf-8")
     return folder
+
+
+def hf_checkpoint(model: Model, config: ModelConfig, family: str,
+                  ids: SpecialIds) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The config.json and the state dict of `model` as a checkpoint of `family`.
+
+    Raises:
+        CheckpointError: the family is unknown, or the config has an option it cannot express.
+    """
+    chosen = _family_named(family)
+    hf = chosen.hf_config(config, ids)
+    table, prefixed = chosen.key_table(config), chosen.prefixed(config)
+    same_config(config, _read_back(chosen, hf, table.written_keys(prefixed)), chosen.name)
+    return hf, export_from(model, table, prefixed)
 
 
 def _read_back(family: Family, hf: dict[str, Any], keys: list[str]) -> ModelConfig:

@@ -7,7 +7,7 @@ files are `llama`), `qwen2`, `qwen3`, `gemma2`, `gemma3` (its text model), `olmo
 byte-level BPE and SentencePiece (`gguf_tokenizer`).
 
 What the reader undoes of llama.cpp's conversion:
-- Names: `blk.{i}.attn_q.weight` is `model.layers.{i}.self_attn.q_proj.weight`, and so on (`_tensor_table`);
+- Names: `blk.{i}.attn_q.weight` is `model.layers.{i}.self_attn.q_proj.weight`, and so on (`tensor_table`);
   a layer's norms are named by their place (`NORMS`). Phi-3's fused `attn_qkv` and `ffn_up` (gate, then up)
   are its checkpoint's `qkv_proj` and `gate_up_proj` as they are.
 - Gemma's norms: its converter adds 1 to every norm weight (`*norm.weight`, q and k norms included), storing the
@@ -92,7 +92,7 @@ def read_gguf(path: str | Path) -> GgufModel:
     tensors = {tensor.name: tensor for tensor in meta.reader.tensors}
     if "rope_freqs.weight" in tensors:
         hyper = dataclasses.replace(hyper, rope_scaling=llama3_scaling(meta, tensors.pop("rope_freqs.weight"), hyper))
-    table = _tensor_table(family, hyper)
+    table = tensor_table(family, hyper)
     _check_tensors(meta, tensors, table, hyper)
     config = hf_config(meta, family, hyper, ids, tied="output.weight" not in tensors)
     weights = {table[name].hf_name: GgufTensor(path, tensor, table[name].heads, table[name].offset)
@@ -123,7 +123,7 @@ NORMS: dict[NormPlacement, dict[str, str]] = {
 }
 
 
-def _tensor_table(family: GgufArchitecture, hyper: HyperParameters) -> dict[str, _Entry]:
+def tensor_table(family: GgufArchitecture, hyper: HyperParameters) -> dict[str, _Entry]:
     """GGUF tensor name -> where it goes, for every tensor of the model (`output.weight` absent when tied)."""
     d, ffn, q, kv = hyper.hidden, hyper.ffn, hyper.heads * hyper.head_dim, hyper.kv_heads * hyper.head_dim
     permuted = family.permuted

@@ -16,8 +16,10 @@ matched whole and kept. `add_special=True` puts bos (and eos) around a text wher
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import tokenizers as hf
 from gguf import TokenType
@@ -156,13 +158,18 @@ def _byte_level(meta: Metadata, tokens: list[str]) -> tuple[hf.Tokenizer, bool]:
     except Exception as err:  # `tokenizers` reports a merge of unknown tokens as a plain Exception
         raise CheckpointError(f"{path}: the merges do not fit the vocabulary ({err}); convert the file again") from err
     backend = hf.Tokenizer(model)
+    backend.pre_tokenizer = word_cutter(pre)
+    backend.decoder = decoders.ByteLevel()
+    return backend, pre.add_bos
+
+
+def word_cutter(pre: _PreTokenizer) -> pre_tokenizers.PreTokenizer:
+    """The `tokenizers` pre-tokenizer that cuts words as llama.cpp does for `pre`, spelt in GPT-2's byte alphabet."""
     steps = [pre_tokenizers.Digits(individual_digits=True)] if pre.digits else []
     if pre.split is not None:
         steps.append(pre_tokenizers.Split(Regex(pre.split), behavior="isolated"))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre.split is None))
-    backend.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    backend.decoder = decoders.ByteLevel()
-    return backend, pre.add_bos
+    return pre_tokenizers.Sequence(steps)
 
 
 # -- SentencePiece ("llama") ----------------------------------------------------------------------
@@ -207,3 +214,93 @@ def _merges_by_score(tokens: list[str], scores: list[float], vocab: dict[str, in
                 ranked.append((-score, -cut, cut - len(token), index, left, right))
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
+
+
+# -- the other way: metadata of a tokenizer -------------------------------------------------------
+
+
+def tokenizer_metadata(tokenizer: Tokenizer, rows: int) -> dict[str, Any]:
+    """The `tokenizer.ggml.*` metadata that `tokenizer_of` reads back as `tokenizer`.
+
+    A pipeline with byte fallback is SentencePiece's ("llama"): each token's score ranks the first merge that
+    makes it, so that merging by score merges in the same order. Any other BPE is byte-level ("gpt2"), its
+    pre-tokenizer one of `PRE_TOKENIZERS`. The vocabulary is padded to the model's `rows` with unused tokens,
+    as llama.cpp's converter pads it.
+
+    Raises:
+        CheckpointError: the tokenizer is of a kind GGUF files do not hold, or has more tokens than `rows`.
+    """
+    pipeline = tokenizer.pipeline()
+    model = (pipeline or {}).get("model", {})
+    if model.get("type") != "BPE" or tokenizer.vocab_size > rows:
+        raise CheckpointError(f"a {tokenizer.kind} tokenizer of {tokenizer.vocab_size} tokens cannot go into a GGUF "
+                              f"file of {rows} embedding rows: GGUF holds byte-level BPE and SentencePiece "
+                              "vocabularies no larger than the embedding")
+    tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    added = {token["id"]: token["special"] for token in pipeline["added_tokens"]}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+    roles, sentencepiece = tokenizer.roles, bool(model.get("byte_fallback"))
+    types = [_token_type(i, token, added, roles["unk"], sentencepiece) for i, token in enumerate(tokens)]
+    padding = [f"[PAD{i}]" for i in range(len(tokens), rows)]
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "llama" if sentencepiece else "gpt2",
+        "tokenizer.ggml.tokens": tokens + padding,
+        "tokenizer.ggml.token_type": [int(kind) for kind in types] + [int(TokenType.UNUSED)] * len(padding),
+    }
+    if sentencepiece:
+        meta["tokenizer.ggml.scores"] = _scores(tokens, merges) + [-1e9] * len(padding)
+        prepends = [step for step in _steps(pipeline.get("normalizer")) if step["type"] == "Prepend"]
+        meta["tokenizer.ggml.add_space_prefix"] = bool(prepends)
+    else:
+        meta["tokenizer.ggml.pre"] = _pre_name(pipeline, bool(model.get("ignore_merges")))
+        meta["tokenizer.ggml.merges"] = [" ".join(pair) for pair in merges]
+        meta["tokenizer.ggml.add_space_prefix"] = False
+    for role, key in _ID_KEYS.items():
+        if roles.get(role) is not None:
+            meta[f"tokenizer.ggml.{key}_token_id"] = roles[role]
+    framed = tokenizer.encode("a", add_special=True)
+    meta["tokenizer.ggml.add_bos_token"] = roles["bos"] is not None and framed[0] == roles["bos"]
+    if roles["eos"] is not None and framed[-1] == roles["eos"]:  # written only when set, as llama.cpp's converter
+        meta["tokenizer.ggml.add_eos_token"] = True
+    return meta
+
+
+def _token_type(index: int, token: str, added: dict[int, bool], unk: int | None, sentencepiece: bool) -> TokenType:
+    if sentencepiece and index == unk and added.get(index):
+        return TokenType.UNKNOWN
+    if index in added:
+        return TokenType.CONTROL if added[index] else TokenType.USER_DEFINED
+    if sentencepiece and _BYTE_TOKEN.fullmatch(token):
+        return TokenType.BYTE
+    return TokenType.NORMAL
+
+
+def _scores(tokens: list[str], merges: list[tuple[str, ...]]) -> list[float]:
+    """Minus the rank of the first merge that makes each token; the tokens no merge makes score below them all."""
+    first: dict[str, int] = {}
+    for rank, pair in enumerate(merges):
+        first.setdefault("".join(pair), rank)
+    return [-float(first.get(token, len(merges))) for token in tokens]
+
+
+def _steps(part: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The steps of a pipeline part, a Sequence's in order."""
+    if part is None:
+        return []
+    inner = part.get("pretokenizers", part.get("normalizers"))
+    return inner if part["type"] == "Sequence" and inner is not None else [part]
+
+
+def _pre_name(pipeline: dict[str, Any], ignore_merges: bool) -> str:
+    """The `tokenizer.ggml.pre` whose words are the pipeline's."""
+    def plain(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:  # trim_offsets moves offsets, not ids
+        return [{key: value for key, value in step.items() if key != "trim_offsets"} for step in steps]
+
+    ours = plain(_steps(pipeline.get("pre_tokenizer")))
+    for name, pre in PRE_TOKENIZERS.items():
+        theirs = plain(_steps(json.loads(word_cutter(pre).__getstate__())))
+        if theirs == ours and pre.ignore_merges == ignore_merges:
+            return name
+    raise CheckpointError(f"the tokenizer cuts words with {json.dumps(pipeline.get('pre_tokenizer'))}, which is none "
+                          f"of the pre-tokenizers llama.cpp names ({', '.join(PRE_TOKENIZERS)}); a GGUF file "
+                          "cannot hold it")
