@@ -9,6 +9,7 @@ against llama.cpp's rule written out by hand; the metadata keys against the real
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from attn.artifacts.pretrained.gguf_export import block_format, export_gguf
 from attn.artifacts.pretrained.gguf_file import Metadata, open_gguf
 from attn.artifacts.pretrained.gguf_tokenizer import tokenizer_metadata, tokenizer_of
 from attn.core.errors import CheckpointError, ConfigError
+from attn.core.lora import LoRAConfig, add_lora, has_lora, merge_lora
 
 SAMPLES = texts(SPECIALS)[::7]
 
@@ -50,6 +52,21 @@ def test_every_family_reads_back_as_the_model_exported(name: str, written, tmp_p
     torch.testing.assert_close(logits(back.model), logits(bundle.model), atol=1e-5, rtol=0)
     assert back.chat_template == bundle.chat_template
     assert back.tokenizer.encode_batch(SAMPLES) == bundle.tokenizer.encode_batch(SAMPLES)
+
+
+def test_lora_adapters_are_merged_into_the_weights_written(written, tmp_path: Path) -> None:
+    bundle = load_model(written("llama")[0], "cpu", dequantize=True)
+    add_lora(bundle.model, LoRAConfig(rank=2, targets=("q_proj", "v_proj", "down_proj")))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, tensor in bundle.model.named_parameters():
+            if ".lora." in name:
+                tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    adapted = logits(bundle.model)
+    assert (adapted - logits(merge_lora(copy.deepcopy(bundle.model)))).abs().max() < 1e-4
+    back = load_model(exported(bundle, tmp_path / "out.gguf"), "cpu", dequantize=True)
+    torch.testing.assert_close(logits(back.model), adapted, atol=1e-4, rtol=0)
+    assert has_lora(bundle.model)  # the model exported keeps its adapters
 
 
 def test_transformers_reads_an_exported_llama_as_the_model_written(written, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ The file is written atomically and read back before it takes `path`: its config 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from attn.artifacts.pretrained.gguf_tokenizer import tokenizer_metadata
 from attn.artifacts.pretrained.hf_config import SpecialIds, same_config
 from attn.core.config import Architecture, LayerType, ModelConfig, RopeScaling
 from attn.core.errors import CheckpointError, ConfigError
+from attn.core.lora import has_lora, merge_lora
 from attn.data.files import write_file
 from attn.data.tokenizers import Tokenizer
 from attn.models import Model
@@ -59,7 +61,8 @@ def export_gguf(
     family: str | None = None,
     name: str | None = None,
 ) -> Path:
-    """Writes a decoder-only `model` as the GGUF file `path`, with its tokenizer and chat template.
+    """Writes a decoder-only `model` as the GGUF file `path`, with its tokenizer and chat template; LoRA adapters
+    (`attn.core.lora`) are merged into a copy of the model first.
 
     Args:
         quantize: a key of `QUANTIZATIONS`.
@@ -79,6 +82,8 @@ def export_gguf(
     if quantize not in QUANTIZATIONS:
         raise ConfigError("quantize", f"{quantize!r} is not a GGUF type attn writes; choose one of "
                                       f"{', '.join(QUANTIZATIONS)}")
+    if has_lora(model):
+        model = merge_lora(copy.deepcopy(model))
     arch, tensors = _architecture(model, config, family)
     if tokenizer is None:
         raise CheckpointError("the model has no tokenizer, and a GGUF file holds one: export a model saved with "
