@@ -52,7 +52,7 @@ def test_models_lists_every_model_with_its_shape(client: TestClient, bundles: di
                                    "layers": translator.encoder_layers, "decoder_layers": translator.decoder_layers,
                                    "heads": translator.heads, "kv_heads": translator.heads,
                                    "head_groups": list(range(translator.heads)), "labels": [], "pairs": False,
-                                   "chat": False}
+                                   "chat": False, "parent": None}
     assert cards["lm"]["architecture"] == "decoder-only" and cards["lm"]["decoder_layers"] is None
     assert cards["classifier"]["labels"] == ["art", "law", "food"]
     assert [name for name, card in cards.items() if card["pairs"]] == ["pairs"]

@@ -36,7 +36,7 @@ from attn.core.linear import Linear
 from attn.core.lora import LoRAConfig, LoRALinear, add_lora
 from attn.core.quantized import QuantizedLinear
 from attn.data.files import write_directory
-from attn.models import Model, build_model
+from attn.models import Model
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -190,14 +190,12 @@ def _places(layers: Mapping[str, LoRALinear], config: ModelConfig, family: str) 
         raise CheckpointError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
     chosen = FAMILIES[family]
     rules = {r.ours: r for r in chosen.key_table(config).expanded(chosen.prefixed(config))}
-    with torch.device("meta"):
-        shapes = {name: tensor.shape for name, tensor in build_model(config).state_dict().items()}
     places = {}
     for path, layer in layers.items():
         rule = rules.get(f"{path}.weight")
         if rule is None:
             raise CheckpointError(f"the family {family} has no module for our {path}; it cannot hold its adapter")
-        parts = _part_rows(rule, shapes[f"{path}.weight"][0])
+        parts = _part_rows(rule, layer.out_features)
         for target, (start, end) in layer.rows.items():
             found = [(name, rows) for name, rows in parts if name.rsplit(".", 1)[-1] == target
                      and sorted(rows.tolist()) == list(range(start, end))]

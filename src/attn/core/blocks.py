@@ -16,6 +16,7 @@ from attn.core.attention import NO_CACHE, CrossAttention, KVSlot, SelfAttention
 from attn.core.errors import ShapeError
 from attn.core.kv_cache import KVCache
 from attn.core.layers import FeedForward
+from attn.core.lora import LoRALinear
 from attn.core.masks import (
     CAUSAL,
     Mask,
@@ -146,7 +147,7 @@ def token_positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
 
 def empty_cache(attn: SelfAttention, layers: int, batch: int, max_length: int) -> KVCache:
     """A KV cache for `layers` layers like `attn`: sized by its key/value heads, in its weights' dtype (float32
-    for int8 weights, which compute in float32) and on their device."""
-    weight = attn.qkv.weight
+    for int8 weights, which compute in float32; a LoRA layer's base's) and on their device."""
+    weight = (attn.qkv.base if isinstance(attn.qkv, LoRALinear) else attn.qkv).weight
     dtype = weight.dtype if weight.is_floating_point() else torch.float32
     return KVCache(layers, batch, attn.kv_heads, max_length, attn.head_dim, dtype, weight.device)

@@ -21,6 +21,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", "-m", action="append", required=True, metavar="[NAME=]DIR",
                    help="a model to serve, named NAME or after its folder (repeatable); DIR may be a Hugging Face Hub "
                    "model, ORG/NAME or ORG/NAME:QUANT")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=DIR",
+                   help="a LoRA adapter (PEFT's format: adapter_config.json, adapter_model.safetensors) served as the "
+                   "model NAME beside its base, which keeps one copy of its weights (repeatable); the base is the "
+                   "one language model of --model, or the one the adapter's base_model_name_or_path names")
     p.add_argument("--device", default="auto", help="where the models run: auto, cpu, cuda or cuda:N")
     quantize_flag(p)
     dtype_flag(p)
@@ -59,5 +63,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            args.request_timeout, args.max_tokens_cap, args.max_n, args.max_concurrent_per_key,
                            tuple(args.cors_origins))
     bound = listen(options)  # before the models load: a port in use is said at once
-    run_server(load_served_models(args.model, args.device, args.quantize, args.dtype), options, bound)
+    run_server(load_served_models(args.model, args.device, args.quantize, args.dtype, args.lora), options, bound)
     return 0

@@ -153,6 +153,7 @@ class ModelCard(BaseModel):
     labels: list[str]
     pairs: bool = Field(False, description="a sentence-pair classifier: /v1/classify needs a second text per input")
     chat: bool = Field(False, description="a decoder-only model with a chat template: it serves /v1/chat/completions")
+    parent: str | None = Field(None, description="the served base model of a LoRA adapter's model (attn serve --lora)")
 
 
 class ModelList(BaseModel):

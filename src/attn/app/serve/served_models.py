@@ -1,4 +1,9 @@
-"""The models one server serves, by name, and what each can do."""
+"""The models one server serves, by name, and what each can do.
+
+A LoRA adapter (`--lora NAME=DIR`, PEFT's format) is served as a model of its own beside its base: its model shares
+every weight of the base's (`attn.artifacts.adapters.with_adapter`), so one base in memory serves them all, and its
+requests run in their own engine (batch and prefix cache), as another model's do.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attn.artifacts import Bundle, load_model
+from attn.artifacts.adapters import ADAPTER_CONFIG, with_adapter
+from attn.artifacts.checkpoint import read_json
 from attn.core.attention import Heads
 from attn.decoding.attention_maps import attention_module
 from attn.core.errors import ConfigError
@@ -24,10 +31,11 @@ ROUTE_MODELS: dict[str, tuple[type, str]] = {
 
 @dataclasses.dataclass(frozen=True)
 class ServedModel:
-    """A loaded model and the name clients call it by."""
+    """A loaded model and the name clients call it by; `parent` names the served base of a LoRA adapter's model."""
 
     name: str
     bundle: Bundle
+    parent: str | None = None
 
     @property
     def max_positions(self) -> int:
@@ -67,17 +75,22 @@ class ServedModel:
             "decoder_layers": config.decoder_layers if two_stacks else None, "heads": config.heads,
             "kv_heads": self.layout.kv_heads, "head_groups": list(self.layout.groups),
             "labels": list(self.bundle.label_names), "pairs": self.takes_pairs,
-            "chat": self.can("chat/completions") is None,
+            "chat": self.can("chat/completions") is None, "parent": self.parent,
         }
 
 
-def parse_model_specs(specs: Sequence[str]) -> list[tuple[str, str]]:
+def parse_model_specs(specs: Sequence[str], flag: str = "--model",
+                      taken: Sequence[str] = ()) -> list[tuple[str, str]]:
     """`DIR` or `NAME=DIR` arguments -> (name, path); a bare DIR is named after its last folder.
+
+    Args:
+        flag: the flag the specs came from, for messages.
+        taken: names already served, which these may not repeat.
 
     Raises:
         ConfigError: no model, an empty name, or two models of the same name.
     """
-    if not specs:
+    if not specs and flag == "--model":
         raise ConfigError("--model", "give at least one model: --model DIR or --model NAME=DIR")
     found: list[tuple[str, str]] = []
     for spec in specs:
@@ -85,16 +98,47 @@ def parse_model_specs(specs: Sequence[str]) -> list[tuple[str, str]]:
         if not sep:
             name, path = Path(spec.rstrip("/")).name or spec, spec
         if not name or not path:
-            raise ConfigError("--model", f"{spec!r}: give DIR or NAME=DIR with a non-empty name and path")
-        if name in {n for n, _ in found}:
-            raise ConfigError("--model", f"two models are named {name!r}; name them apart with NAME=DIR")
+            raise ConfigError(flag, f"{spec!r}: give DIR or NAME=DIR with a non-empty name and path")
+        if name in {*taken, *(n for n, _ in found)}:
+            raise ConfigError(flag, f"two models are named {name!r}; name them apart with NAME=DIR")
         found.append((name, path))
     return found
 
 
 def load_served_models(specs: Sequence[str], device: str = "auto", quantize: str | None = None,
-                       dtype: str = "float32") -> list[ServedModel]:
+                       dtype: str = "float32", adapters: Sequence[str] = ()) -> list[ServedModel]:
     """Loads every `DIR` or `NAME=DIR` of `specs` with `load_model` (int8 weights with `quantize="int8"`, float
-    weights in `dtype`)."""
-    return [ServedModel(name, load_model(path, device, quantize=quantize, dtype=dtype))
-            for name, path in parse_model_specs(specs)]
+    weights in `dtype`), then each LoRA adapter `NAME=DIR` of `adapters` onto its base (see `adapter_models`)."""
+    models = [ServedModel(name, load_model(path, device, quantize=quantize, dtype=dtype))
+              for name, path in parse_model_specs(specs)]
+    return models + adapter_models(models, adapters)
+
+
+def adapter_models(models: Sequence[ServedModel], adapters: Sequence[str]) -> list[ServedModel]:
+    """A model for each LoRA adapter `NAME=DIR` (PEFT's format) of `adapters`, sharing its base's weights.
+
+    The base is the one decoder-only model of `models`, or, among several, the one whose name or path the
+    adapter's `base_model_name_or_path` gives.
+
+    Raises:
+        ConfigError: a spec without a name, a name taken, or no base to apply an adapter to.
+        CheckpointError: an adapter that does not fit its base (`attn.artifacts.adapters.load_adapter`).
+    """
+    bases = [served for served in models if isinstance(served.bundle.model, Decoder)]
+    found = []
+    for name, path in parse_model_specs(adapters, "--lora", [served.name for served in models]):
+        base = _base_of(bases, Path(path))
+        found.append(ServedModel(name, with_adapter(base.bundle, path), parent=base.name))
+    return found
+
+
+def _base_of(bases: Sequence[ServedModel], adapter: Path) -> ServedModel:
+    if len(bases) == 1:
+        return bases[0]
+    named = read_json(adapter / ADAPTER_CONFIG).get("base_model_name_or_path")
+    chosen = [served for served in bases if named in (served.name, str(served.bundle.path))]
+    if len(chosen) != 1:
+        raise ConfigError("--lora", f"{adapter}: its base_model_name_or_path ({named!r}) names none of the served "
+                          f"language models ({', '.join(s.name for s in bases) or 'none'}); serve its base with "
+                          "--model, under the name or path that field gives")
+    return chosen[0]
