@@ -60,14 +60,19 @@ def test_peft_runs_an_adapter_attn_saved_as_attn_does(case, tmp_path, tokens):
     assert written["fan_in_fan_out"] == (family == "gpt2") and sorted(written["target_modules"]) == sorted(targets)
 
 
+def modules(targets, few, chosen):
+    """PEFT's target_modules: every module, a subset, or the subset as a regular expression over module paths."""
+    return {"every-module": list(targets), "subset": list(few), "regex": rf".*\.({'|'.join(few)})"}[chosen]
+
+
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("subset", [False, True], ids=["every-module", "subset"])
-def test_attn_runs_an_adapter_peft_made_as_peft_does(case, subset, tmp_path, tokens):
+@pytest.mark.parametrize("chosen", ["every-module", "subset", "regex"])
+def test_attn_runs_an_adapter_peft_made_as_peft_does(case, chosen, tmp_path, tokens):
     config, family, targets, few = CASES[case]
     model = randomised(build_model(config))
     export_pretrained(model, config, tmp_path / "base", family, ids=SpecialIds(eos=0))
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
-    lora = peft.LoraConfig(r=4, lora_alpha=12, target_modules=list(few if subset else targets),
+    lora = peft.LoraConfig(r=4, lora_alpha=12, target_modules=modules(targets, few, chosen),
                            task_type="CAUSAL_LM", fan_in_fan_out=family == "gpt2")
     made = peft.get_peft_model(hf, lora)
     randomised(made, seed=2, only="lora_").save_pretrained(tmp_path / "adapter")

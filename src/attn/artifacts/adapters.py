@@ -139,7 +139,8 @@ def load_adapter(model: Model, config: ModelConfig, directory: str | Path, famil
 
 
 def with_adapter(bundle: Bundle, directory: str | Path) -> Bundle:
-    """`bundle` with a PEFT LoRA adapter on a model that shares every weight of `bundle.model` (none is copied).
+    """`bundle` with a PEFT LoRA adapter on a model that shares every weight of `bundle.model` (none is copied, and
+    `add_lora` freezes them for both models).
 
     Raises:
         CheckpointError: as `load_adapter`, or the bundle's model has no family to read the adapter's names by.
