@@ -8,7 +8,8 @@ import torch
 from reference_imports import require
 from transformers import AutoModelForCausalLM
 
-from attn.artifacts.adapters import load_adapter, save_adapter
+from attn.artifacts import Bundle
+from attn.artifacts.adapters import adapter_family, load_adapter, save_adapter
 from attn.artifacts.pretrained import SpecialIds, export_pretrained
 from attn.core.errors import CheckpointError
 from attn.core.lora import LoRAConfig, add_lora
@@ -122,3 +123,15 @@ def test_a_key_the_config_does_not_name_is_refused(tmp_path):
     folder = peft_adapter(tmp_path, config, "llama", ("q_proj", "v_proj"), target_modules=["q_proj"])
     with pytest.raises(CheckpointError, match="unknown key .*v_proj"):
         load_adapter(build_model(config), config, folder, "llama")
+
+
+@pytest.mark.parametrize("name, family", [("char-gpt-tiny", "gpt2"), ("llama-3.2-1b-tiny", "llama"),
+                                          ("qwen3-0.6b-tiny", "qwen3"), ("paper-base-tiny", None)])
+def test_a_model_attn_trained_takes_the_names_of_the_family_it_exports_to(name, family):
+    config = preset(name)
+    bundle = Bundle(model=build_model(config), tokenizer=None, task="lm", model_config=config, path=name)
+    if family is None:
+        with pytest.raises(CheckpointError, match="no Hugging Face family expresses this model"):
+            adapter_family(bundle)
+    else:
+        assert adapter_family(bundle) == family
