@@ -13,7 +13,8 @@ import pytest
 from test_chat_templates_as_transformers import LLAMA31, huggingface_tokenizer
 
 from attn.data.chat_template import ChatTemplate
-from attn.inference.tools import HERMES, LLAMA3, MISTRAL, render, tool_format
+from attn.inference.tool_calls import HERMES, LLAMA3, MISTRAL, tool_format
+from attn.inference.tools import render
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 QWEN25 = (TEMPLATES / "qwen2.5-shape.jinja").read_text(encoding="utf-8")

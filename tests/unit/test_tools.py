@@ -5,25 +5,18 @@ follows."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
-from chat_models import SMOLLM2_TEMPLATE
+from chat_models import SMOLLM2_TEMPLATE, tiny_chat_bundle
 
 from attn.core.errors import ConfigError
+from attn.decoding import GenerationConfig
 from attn.data.chat_template import ChatTemplate
-from attn.inference.tools import (
-    FALLBACK,
-    HERMES,
-    LLAMA3,
-    MISTRAL,
-    CallStream,
-    call_schema,
-    check_tool_choice,
-    parse_calls,
-    render,
-    tool_format,
-)
+from attn.inference.tool_calls import FALLBACK, HERMES, LLAMA3, MISTRAL, CallStream, parse_calls, tool_format
+from attn.inference.tools import call_schema, check_tool_choice, render, tool_answer
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -70,29 +63,61 @@ def test_an_answer_without_a_valid_call_is_text(form, answer: str) -> None:
     assert parse_calls(answer, form, NAMES) == (answer, [])
 
 
+def streamed(form, answer: str, size: int) -> tuple[str, dict[int, dict], bool]:
+    """The text shown and the calls sent when `answer` arrives `size` characters at a time, with OpenAI's way of
+    adding up streamed calls: the first piece of a call has its id and name, each piece adds to its arguments."""
+    stream, shown, calls = CallStream(form, NAMES), [], {}
+    pieces = [stream.push(answer[i:i + size]) for i in range(0, len(answer), size)]
+    *pieces, (rest, deltas, called) = [*pieces, stream.finish()]
+    for text, sent in [*pieces, (rest, deltas)]:
+        shown.append(text)
+        for delta in sent:
+            piece = delta.openai()
+            if "id" in piece:
+                assert delta.index not in calls and piece["function"]["name"] in NAMES
+                calls[delta.index] = {"name": piece["function"]["name"], "arguments": ""}
+            calls[delta.index]["arguments"] += piece["function"]["arguments"]
+    return "".join(shown), calls, called
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
 @pytest.mark.parametrize(("form", "answer", "text", "calls"), ANSWERS)
-def test_a_streamed_answer_shows_only_the_text_before_its_calls(form, answer: str, text: str | None,
-                                                                calls: list) -> None:
-    stream = CallStream(form, NAMES)
-    shown = "".join(stream.push(answer[i:i + 3]) for i in range(0, len(answer), 3))
-    rest, found = stream.finish()
-    assert (shown + rest).strip() == (text or "") and [(c.name, json.loads(c.arguments)) for c in found] == calls
+def test_a_streamed_answer_sends_its_text_then_each_calls_name_and_arguments(form, answer: str, text: str | None,
+                                                                             calls: list, size: int) -> None:
+    shown, sent, called = streamed(form, answer, size)
+    assert shown.strip() == (text or "") and called
+    assert [(sent[i]["name"], json.loads(sent[i]["arguments"])) for i in range(len(sent))] == calls
+    whole = parse_calls(answer, form, NAMES)[1]
+    assert [sent[i]["arguments"] for i in range(len(sent))] == [call.arguments for call in whole]
 
 
-@pytest.mark.parametrize(("form", "answer"), TEXTS)
+@pytest.mark.parametrize(("form", "answer"), [*TEXTS[:2], *TEXTS[3:]])
 def test_a_streamed_answer_without_calls_is_all_text(form, answer: str) -> None:
-    stream = CallStream(form, NAMES)
-    shown = "".join(stream.push(character) for character in answer)
-    rest, found = stream.finish()
-    assert shown + rest == answer and found == []
+    assert streamed(form, answer, 1) == (answer, {}, False)
+
+
+def test_a_streamed_call_that_turns_out_broken_is_followed_by_its_text() -> None:
+    form, answer = TEXTS[2]
+    shown, sent, called = streamed(form, answer, 1)
+    assert (shown, sent, called) == (answer, {0: {"name": "get_time", "arguments": "{"}}, True)
 
 
 def test_plain_text_streams_at_once() -> None:
     stream = CallStream(HERMES, NAMES)
-    assert stream.push("Hello <tool") == "Hello "  # "<tool" may start a call
-    assert stream.push("s are fun") == "<tools are fun"
+    assert stream.push("Hello <tool") == ("Hello ", [])  # "<tool" may start a call
+    assert stream.push("s are fun") == ("<tools are fun", [])
     llama = CallStream(LLAMA3, NAMES)
-    assert (llama.push(" "), llama.push("Hi"), llama.push(" {")) == ("", " Hi", " {")
+    assert [llama.push(piece)[0] for piece in (" ", "Hi", " {")] == ["", " Hi", " {"]
+
+
+def test_a_call_is_sent_by_its_name_first_then_its_arguments_as_they_come() -> None:
+    stream = CallStream(HERMES, NAMES)
+    assert stream.push('<tool_call>\n{"name": "get_wea') == ("", [])
+    (first,) = stream.push('ther", "arguments": {"city": "Pa')[1]
+    assert (first.index, first.name, first.arguments, first.id.startswith("call_")) == (0, "get_weather",
+                                                                                       '{"city": "Pa', True)
+    assert [d.openai() for d in stream.push('ris"}}\n</tool_call>')[1]] == [
+        {"index": 0, "function": {"arguments": 'ris"}'}}]
 
 
 MISTRAL_TEMPLATE = "{{ bos_token }}{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}[TOOL_CALLS]"
@@ -154,3 +179,36 @@ def test_a_forced_call_follows_the_functions_schema() -> None:
     assert [item["properties"]["name"] for item in call_schema([WEATHER, TIME], None, LLAMA3)["anyOf"]] == [
         {"const": "get_weather"}, {"const": "get_time"}]
     assert call_schema([TIME], None, MISTRAL)["items"]["properties"]["arguments"] == TIME["function"]["parameters"]
+
+
+NOTHING = {"type": "function", "function": {"name": "get_time"}}  # a function of no arguments
+# A function whose arguments are bounded, so that a random model's forced call ends within a few dozen tokens.
+BOOKING = {"type": "function", "function": {"name": "book", "parameters": {
+    "type": "object", "properties": {"room": {"type": "string", "pattern": "^[a-z]{1,3}$"},
+                                     "nights": {"type": "integer", "minimum": 1, "maximum": 9},
+                                     "view": {"type": "string", "enum": ["sea", "park"]}},
+    "required": ["room", "nights", "view"], "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def chat_bundle():
+    return tiny_chat_bundle()
+
+
+@pytest.mark.parametrize(("template", "choice"), [
+    ("{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>", {"type": "function", "function": {"name": "book"}}),
+    (LLAMA_TEMPLATE, "required"), (MISTRAL_TEMPLATE, {"type": "function", "function": {"name": "book"}}),
+], ids=["hermes", "llama3", "mistral"])
+def test_a_forced_call_of_a_random_model_is_a_valid_call(chat_bundle, template: str, choice) -> None:
+    bundle = dataclasses.replace(chat_bundle, chat_template=template)
+    config = GenerationConfig(max_new_tokens=80, sample=True, seed=0)
+    answer = tool_answer(bundle, [{"role": "user", "content": "A room?"}], [NOTHING, BOOKING], choice, config)
+    (call,) = answer["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] in (("book", "get_time") if choice == "required"
+                                                                       else ("book",))
+    arguments = json.loads(call["function"]["arguments"])
+    if call["function"]["name"] == "book":  # the schema, checked by hand
+        assert set(arguments) == {"room", "nights", "view"} and isinstance(arguments["room"], str)
+        assert re.fullmatch("[a-z]{1,3}", arguments["room"]) and arguments["nights"] in range(1, 10) and arguments["view"] in ("sea", "park")
+    else:
+        assert arguments == {}

@@ -1,13 +1,10 @@
-"""Tool calling: a conversation with functions a chat model may call, rendered, forced and parsed.
+"""Tool calling: a conversation with functions a chat model may call, rendered, its calls forced or read.
 
-A model's chat template says how it calls tools; `tool_format` reads which of the known formats it writes:
-
-- `HERMES` (Qwen2.5, Hermes): each call `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
-- `LLAMA3` (Llama 3.1 and later): the answer is `{"name": ..., "parameters": {...}}`, after `<|python_tag|>` or not;
-- `MISTRAL`: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`;
-- `FALLBACK`, for a template that knows no tools (SmolLM2's ChatML): the tool list and the Hermes call format go
-  into the system message (`FALLBACK_INSTRUCTIONS`), a `tool` message becomes a user message holding
-  `<tool_response>\\n...\\n</tool_response>`, and an assistant's calls its text in the Hermes format.
+A model's chat template says how it calls tools; `tool_format` reads which of the formats of
+`attn.inference.tool_calls` it writes (Qwen's and Hermes' `<tool_call>`, Llama 3.1's JSON, Mistral's
+`[TOOL_CALLS]`). For `FALLBACK`, a template that knows no tools (SmolLM2's ChatML), the tool list and the Hermes
+call format go into the system message (`FALLBACK_INSTRUCTIONS`), a `tool` message becomes a user message holding
+`<tool_response>\\n...\\n</tool_response>`, and an assistant's calls its text in the Hermes format.
 
 The templates that know tools get `tools` as transformers' `apply_chat_template(tools=...)` passes them, and an
 assistant's `tool_calls` with their arguments as objects (OpenAI sends a JSON string). A forced call (`tool_choice`
@@ -21,14 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import secrets
-import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attn.core.errors import ConfigError
+from attn.artifacts import Bundle
+from attn.core.errors import ConfigError, GenerationError
 from attn.data.chat_template import ChatTemplate
+from attn.decoding import GenerationConfig
+from attn.decoding.grammar import JSON_LAYOUT, Grammar
+from attn.inference.continuation import continue_texts
+from attn.inference.tool_calls import CallStream, ToolCall, ToolFormat, parse_calls, tool_format
 
 Tool = Mapping[str, Any]  # OpenAI's {"type": "function", "function": {"name", "description", "parameters"}}
 Message = Mapping[str, Any]
@@ -38,65 +37,7 @@ FALLBACK_INSTRUCTIONS = (
     "function, answer with nothing but\n<tool_call>\n{{\"name\": <the function's name>, \"arguments\": <its "
     "arguments as a JSON object>}}\n</tool_call>\nA function's result comes back in <tool_response></tool_response> "
     "tags.")
-_NO_PARAMETERS = {"type": "object", "properties": {}}
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolCall:
-    """One call of a function: its id, its name and its arguments as a JSON string (as OpenAI sends them)."""
-
-    id: str
-    name: str
-    arguments: str
-
-    def openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolFormat:
-    """How a template's model writes its calls.
-
-    Attributes:
-        name: "hermes", "llama3", "mistral" or "fallback".
-        opening: the text that starts the calls ("" when a call is the whole answer).
-        closing: the text that ends each call, or "" when none does.
-        arguments_key: the key of a call's arguments ("arguments", or Llama's "parameters").
-        anchored: the calls are the whole answer (they start it), rather than text anywhere in it.
-        in_template: the chat template renders tools, calls and results itself.
-        as_list: the calls are one JSON list (Mistral), rather than one object each.
-    """
-
-    name: str
-    opening: str
-    closing: str
-    arguments_key: str
-    anchored: bool
-    in_template: bool
-    as_list: bool = False
-
-    def call_id(self) -> str:
-        """A new call's id: Mistral's templates take 9 letters and digits only; others OpenAI's "call_" ids."""
-        if self.name == "mistral":
-            return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
-        return f"call_{secrets.token_hex(12)}"
-
-
-HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", anchored=False, in_template=True)
-LLAMA3 = ToolFormat("llama3", "<|python_tag|>", "", "parameters", anchored=True, in_template=True)
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", anchored=True, in_template=True, as_list=True)
-FALLBACK = dataclasses.replace(HERMES, name="fallback", in_template=False)
-
-
-def tool_format(template: str) -> ToolFormat:
-    """The format of the calls that a chat template's source writes (FALLBACK when it writes none)."""
-    if "<tool_call>" in template:
-        return HERMES
-    if "[TOOL_CALLS]" in template:
-        return MISTRAL
-    if "<|python_tag|>" in template or '"parameters"' in template and "tools" in template:
-        return LLAMA3
-    return FALLBACK
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def function_names(tools: Sequence[Tool]) -> list[str]:
@@ -113,7 +54,11 @@ def check_tool_choice(tools: Sequence[Tool], choice: str | Mapping[str, Any] | N
     if choice is None:
         return "auto" if tools else "none"
     if isinstance(choice, Mapping):
-        name = choice.get("function", {}).get("name")
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise ConfigError("tool_choice", "name a function as {\"type\": \"function\", \"function\": {\"name\": "
+                              "...}}, or send \"none\", \"auto\" or \"required\"")
         if name not in function_names(tools):
             listed = ", ".join(function_names(tools)) or "none"
             raise ConfigError("tool_choice", f"names the function {name!r}, which is not among the tools (the tools' "
@@ -185,85 +130,6 @@ def _hermes_call(name: str, arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n</tool_call>"
 
 
-def parse_calls(text: str, form: ToolFormat, names: Sequence[str]) -> tuple[str | None, list[ToolCall]]:
-    """An answer's text and the calls in it, in the format of the model's template.
-
-    Args:
-        text: the answer as decoded (special tokens such as [TOOL_CALLS] may have been left out).
-        names: the functions the model may call; an answer that calls another is text.
-
-    Returns:
-        (the text before the calls, None when blank; the calls), or (text, []) when it holds no valid call.
-    """
-    start = call_start(text, form)
-    if start is None:
-        return text, []
-    found = _decoded(text[start:], form)
-    if not found or any(not _valid(item, form) or item["name"] not in names for item in found):
-        return text, []
-    calls = [ToolCall(form.call_id(), item["name"], _arguments_text(item[_key(item, form)])) for item in found]
-    return text[:start].strip() or None, calls
-
-
-def call_start(text: str, form: ToolFormat) -> int | None:
-    """Where the calls start in `text`, or None when it holds none."""
-    if not form.anchored:
-        start = text.find(form.opening)
-        return None if start < 0 else start
-    stripped = text.lstrip()
-    opens = (form.opening, "[" if form.as_list else "{")
-    return len(text) - len(stripped) if stripped.startswith(opens) else None
-
-
-def _decoded(text: str, form: ToolFormat) -> list[Any]:
-    """The JSON values of the calls that `text` (from the calls' start) holds; [] when one does not parse."""
-    if not form.anchored:
-        pattern = re.escape(form.opening) + r"(.*?)(?:" + re.escape(form.closing) + "|$)"
-        values = [_json(piece) for piece in re.findall(pattern, text, flags=re.DOTALL)]
-        return [] if any(value is None for value in values) else values
-    rest = text.strip().removeprefix(form.opening).strip()
-    if form.as_list:
-        value = _json(rest)
-        return value if isinstance(value, list) else []
-    values = [_json(piece) for piece in _top_level(rest)]
-    return [] if any(value is None for value in values) else values
-
-
-def _top_level(text: str) -> list[str]:
-    """Llama's calls: JSON objects one after the other, perhaps separated by ";"."""
-    decoder, pieces, at = json.JSONDecoder(), [], 0
-    while at < len(text):
-        try:
-            _, end = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            return [text]  # the remainder does not parse: reported as such by `_json`
-        pieces.append(text[at:end])
-        at = end
-        while at < len(text) and text[at] in " \t\n;":
-            at += 1
-    return pieces
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return None
-
-
-def _key(item: Mapping[str, Any], form: ToolFormat) -> str:
-    return form.arguments_key if form.arguments_key in item else "arguments"
-
-
-def _valid(item: Any, form: ToolFormat) -> bool:
-    return (isinstance(item, dict) and isinstance(item.get("name"), str)
-            and isinstance(item.get(_key(item, form)), (dict, str)))
-
-
-def _arguments_text(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-
-
 def call_schema(tools: Sequence[Tool], name: str | None, form: ToolFormat) -> dict[str, Any]:
     """The JSON schema of one call: of the function `name`, or of any of `tools` when None."""
     chosen = [tool["function"] for tool in tools if name is None or tool["function"]["name"] == name]
@@ -276,45 +142,78 @@ def call_schema(tools: Sequence[Tool], name: str | None, form: ToolFormat) -> di
 
 def call_grammar(tools: Sequence[Tool], name: str | None, form: ToolFormat) -> str:
     """The Lark grammar (llguidance's dialect) of an answer that is one call, of `name` or of any of `tools`."""
-    schema = json.dumps(call_schema(tools, name, form))
+    schema = json.dumps({**call_schema(tools, name, form), "x-guidance": JSON_LAYOUT})
     if form.anchored:  # the opening is a special token, not text
         return f"start: call\ncall: %json {schema}\n"
     return f"start: {json.dumps(form.opening + chr(10))} call {json.dumps(chr(10) + form.closing)}\ncall: %json {schema}\n"
 
 
-class CallStream:
-    """An answer's text as its pieces arrive: the text that can be shown at once, and the calls once it ends.
+@dataclasses.dataclass(frozen=True)
+class ToolUse:
+    """The tools of one conversation and what its answer does with them.
 
-    Text that may start a call (the format's opening, or its first characters) is held back until the answer ends.
+    Attributes:
+        tools: the functions the model may call (OpenAI's tool objects).
+        choice: "none" (no calls: the prompt lists no tools and the answer is text), "auto" (the model may call),
+            "required" (the answer is one call, of any function) or the name of the function the answer calls.
+        form: the format of the model's calls, read from its chat template.
     """
 
-    def __init__(self, form: ToolFormat, names: Sequence[str]) -> None:
-        self.form = form
-        self.names = list(names)
-        self.text = ""
-        self.shown = 0
+    tools: tuple[Tool, ...]
+    choice: str
+    form: ToolFormat
 
-    def push(self, piece: str) -> str:
-        """The text of the answer so far that is not (and cannot become) part of a call and was not shown yet."""
-        self.text += piece
-        shown, self.shown = self.shown, max(self.shown, self._safe())
-        return self.text[shown:self.shown]
+    @classmethod
+    def of(cls, template: ChatTemplate, tools: Sequence[Tool] | None,
+           tool_choice: str | Mapping[str, Any] | None = None) -> ToolUse:
+        """The tool use a request asks (`tool_choice` checked by `check_tool_choice`)."""
+        tools = tuple(tools or ())
+        return cls(tools, check_tool_choice(tools, tool_choice), tool_format(template.source))
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(the text held back that is no call, the calls) once the answer ended."""
-        _, calls = parse_calls(self.text, self.form, self.names)
-        rest = "" if calls else self.text[self.shown:]
-        self.shown = len(self.text)
-        return rest, calls
+    @property
+    def calls(self) -> bool:
+        """Whether the answer may hold calls."""
+        return self.choice != "none" and bool(self.tools)
 
-    def _safe(self) -> int:
-        """How much of the text cannot be part of a call."""
-        start = call_start(self.text, self.form)
-        if start is not None:
-            return start
-        if not self.form.anchored:
-            held = next((n for n in range(len(self.form.opening) - 1, 0, -1)
-                         if self.text.endswith(self.form.opening[:n])), 0)
-            return len(self.text) - held
-        stripped = self.text.lstrip()
-        return 0 if self.shown == 0 and self.form.opening.startswith(stripped) else len(self.text)
+    def prompt(self, template: ChatTemplate, messages: Sequence[Message]) -> str:
+        return render(template, messages, self.tools, self.choice)
+
+    def grammar(self) -> Grammar | None:
+        """The grammar of a forced call ("required" or a named function), else None.
+
+        Raises:
+            ConfigError: llguidance cannot follow a function's parameter schema (field "tools").
+        """
+        if self.choice in ("none", "auto"):
+            return None
+        name = None if self.choice == "required" else self.choice
+        try:
+            return Grammar("lark", call_grammar(self.tools, name, self.form))
+        except GenerationError as error:
+            raise ConfigError("tools", f"a call cannot be forced to follow the functions' parameter schemas "
+                              f"({error.detail}); correct the schema, or send tool_choice \"auto\"") from None
+
+    def parsed(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(the answer's text, None when there is none; its calls)."""
+        return parse_calls(text, self.form, function_names(self.tools)) if self.calls else (text, [])
+
+    def stream(self) -> CallStream:
+        return CallStream(self.form, function_names(self.tools) if self.calls else [])
+
+
+def tool_answer(bundle: Bundle, messages: Sequence[Message], tools: Sequence[Tool] | None,
+                tool_choice: str | Mapping[str, Any] | None = None,
+                config: GenerationConfig | None = None) -> dict[str, Any]:
+    """The assistant's answer to a conversation with tools, as an OpenAI message (append it to `messages`, then
+    the results as `tool` messages, to continue).
+
+    Raises:
+        ConfigError: a wrong `tool_choice`; ChatTemplateError: the template fails on the conversation;
+        GenerationError: the conversation is too long for the model.
+    """
+    template = bundle.compiled_chat_template()
+    use = ToolUse.of(template, tools, tool_choice)
+    config = dataclasses.replace(config or GenerationConfig(), grammar=use.grammar())
+    text = continue_texts(bundle, [use.prompt(template, messages)], config, chat=True)[0][0].text
+    content, calls = use.parsed(text)
+    return {"role": "assistant", "content": content, "tool_calls": [call.openai() for call in calls] or None}
