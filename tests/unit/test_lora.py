@@ -6,6 +6,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from tiny_gguf import write_gguf
+
+from attn.artifacts import load_model
 
 from attn.core.errors import CheckpointError, ConfigError
 from attn.core.lora import LoRAConfig, LoRALinear, add_lora, has_lora, load_lora_state_dict, lora_state_dict, merge_lora
@@ -160,23 +164,36 @@ def dequantized_twin(quantized: torch.nn.Module, float_model: torch.nn.Module) -
     return twin
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_qlora_gradients_equal_lora_over_the_dequantized_weights(scheme):
-    model = llama()
-    quantized = quantize(copy.deepcopy(model), scheme)
-    assert any(isinstance(m, Int4Linear if scheme == "int4" else Int8Linear) for m in quantized.modules())
-    twin = dequantized_twin(quantized, model)
+def assert_same_adapter_gradients(quantized: torch.nn.Module, twin: torch.nn.Module, vocab: int) -> None:
     grads = []
     for net in (quantized, twin):
         torch.manual_seed(5)
         add_lora(net, LoRAConfig(rank=4, targets=ALL_LLAMA))
         randomize_b(net)
-        x = tokens(net, batch=2, length=40)  # 80 rows: past the int4 kernel's rows, onto the float32 weight
+        x = torch.randint(0, vocab, (2, 40), generator=torch.Generator().manual_seed(3))
+        # 80 rows: past the int4 kernel's rows, onto the float32 weight
         F.cross_entropy(net(x)[:, :-1].flatten(0, 1), x[:, 1:].flatten()).backward()
         grads.append({name: p.grad for name, p in net.named_parameters() if p.requires_grad})
-    assert grads[0].keys() == grads[1].keys()
+    assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_qlora_gradients_equal_lora_over_the_dequantized_weights(scheme):
+    model = llama()
+    quantized = quantize(copy.deepcopy(model), scheme)
+    assert any(isinstance(m, Int4Linear if scheme == "int4" else Int8Linear) for m in quantized.modules())
+    assert_same_adapter_gradients(quantized, dequantized_twin(quantized, model), LLAMA.vocab_size)
+
+
+@pytest.mark.parametrize(("kind", "layer"), [("Q4_0", Int4Linear), ("Q8_0", Int8Linear)])
+def test_qlora_over_a_gguf_files_kept_blocks(tmp_path, kind, layer):
+    write_gguf(tmp_path / "m.gguf", quant=GGMLQuantizationType[kind])
+    kept = load_model(tmp_path / "m.gguf", "cpu").model
+    assert isinstance(kept.blocks[0].attn.qkv, layer)
+    floats = load_model(tmp_path / "m.gguf", "cpu", dequantize=True).model
+    assert_same_adapter_gradients(kept, dequantized_twin(kept, floats), kept.embeddings.tokens.weight.size(0))
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
