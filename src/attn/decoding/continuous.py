@@ -208,7 +208,7 @@ class RunningBatch:
             return None
         if self.matcher is None:
             raise GenerationError("this running batch was made without a grammar matcher; pass matcher= to "
-                                  "RunningBatch (attn.data.grammar_tokens.grammar_matchers(tokenizer, vocab_size))",
+                                  "RunningBatch (attn.data.grammar_tokens.grammar_matchers(tokenizer))",
                                   "grammar")
         return self.matcher(config.grammar)
 

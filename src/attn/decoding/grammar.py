@@ -33,8 +33,8 @@ class Grammar:
 
     Attributes:
         kind: "json_object" (any JSON object, OpenAI's JSON mode), "json_schema" (JSON valid under a schema;
-            both laid out as `JSON_LAYOUT` says), "regex" (text matching a regular expression, whole) or "lark" (a grammar in llguidance's Lark
-            dialect, which may embed JSON schemas as `%json {...}`).
+            both laid out as `JSON_LAYOUT` says), "regex" (text matching a regular expression, whole) or "lark"
+            (a grammar in llguidance's Lark dialect, which may embed JSON schemas as `%json {...}`).
         source: "" for json_object; the schema's JSON text, the regular expression or the Lark grammar.
 
     Raises:
@@ -62,7 +62,8 @@ class Grammar:
             _schema(self.source)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.llguidance())
         if failed:
-            _fail(f"llguidance rejects the {self.kind} grammar: {_one_line(messages[0])}; fix the {_SOURCES[self.kind]}")
+            _fail(f"llguidance rejects the {self.kind} grammar: {_one_line(messages[0])}; "
+                  f"fix the {_SOURCES[self.kind]}")
 
     def llguidance(self) -> str:
         """The grammar in llguidance's own format, as `llguidance.LLMatcher` takes it."""

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from attn.artifacts import Bundle
 from attn.core.errors import GenerationError
+from attn.data.grammar_tokens import grammar_matchers
 from attn.decoding import (
     GenerationConfig,
     StopStrings,
@@ -34,7 +35,8 @@ def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat:
     be the start of a stop string is held back until it is known not to be one); together they are
     the continuation's text as `continue_texts` gives it for the same tokens.
 
-    The prompt is checked and prefilled when this is called, so its errors come before any text. The model's
+    The prompt and `config.grammar` are checked and the prompt prefilled when this is called, so their errors come
+    before any text. The model's
     rules apply (`Bundle.generation_config`: its bans, its end of turn with `chat`, and without
     `config.max_new_tokens` at most `DEFAULT_NEW_TOKENS` new tokens).
 
@@ -45,7 +47,9 @@ def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat:
     ids = prompt_ids(bundle, prompt)
     config = bundle.generation_config(config, prompt_length=len(ids), chat=chat)
     decode = bundle.tokenizer.decode
-    return text_pieces(stream(bundle.model, ids, config, eos_id=bundle.eos_id, decode=decode), decode, config.stop)
+    tokens = stream(bundle.model, ids, config, eos_id=bundle.eos_id, decode=decode,
+                    matcher=grammar_matchers(bundle.tokenizer))
+    return text_pieces(tokens, decode, config.stop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +111,7 @@ def _continue_batch(bundle: Bundle, prompts: list[list[int]], config: Generation
         found = beam_search(bundle.model, prompts, config, bundle.eos_id)
         return [[Continuation(text(h.tokens), h.score) for h in hs] for hs in found]
     stops = StopStrings(config.stop, text)
-    outputs = generate(bundle.model, prompts, config, bundle.eos_id, text)
+    outputs = generate(bundle.model, prompts, config, bundle.eos_id, text, grammar_matchers(bundle.tokenizer))
     return [[Continuation(stops.cut(text(tokens)))] for tokens in outputs]
 
 

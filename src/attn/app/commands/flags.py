@@ -100,6 +100,17 @@ def sampling_flags(p: argparse.ArgumentParser) -> None:
                    help="add BIAS (-100..100) to token ID's score before any other setting (repeatable)")
 
 
+def grammar_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a grammar the answer follows (`attn.decoding.grammar`), one at most."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--json-schema", dest="json_schema", metavar="FILE",
+                       help="answer with JSON valid under the JSON schema in FILE")
+    group.add_argument("--regex", metavar="PATTERN", help="answer with text that matches PATTERN, whole")
+    group.add_argument("--grammar", metavar="FILE",
+                       help="answer with text of the Lark grammar in FILE (llguidance's dialect, which may embed "
+                       "JSON schemas as %%json {...})")
+
+
 def _bias(text: str) -> tuple[int, float]:
     """`ID=BIAS` as (token id, bias)."""
     token, _, bias = text.partition("=")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from attn.app.commands.flags import (
     decoding_flags,
+    grammar_flags,
     input_flags,
     model_flags,
     sampling_flags,
@@ -74,6 +75,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
                    help="each prompt is a user's message, written through the model's chat template, and the answer "
                    "ends at the end of the model's turn")
     p.add_argument("--system", help="with --chat: the system message before each prompt")
+    grammar_flags(p)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -117,6 +119,7 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", "--max-new-tokens", dest="max_new_tokens", type=int, metavar="N",
                    help="most tokens of one answer (default: 200, fewer when the model's positions run out)")
     sampling_flags(p)
+    grammar_flags(p)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

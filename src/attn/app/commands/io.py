@@ -11,7 +11,12 @@ from pathlib import Path
 from attn.core.errors import AttnError, ConfigError, GenerationError
 from attn.data.text import decode_text, read_text
 from attn.decoding import GenerationConfig, requested
+from attn.decoding.grammar import Grammar
 from attn.decoding.session import check_logit_bias
+
+# flag -> (its argparse name, the grammar's kind, whether it names a file)
+_GRAMMAR_FLAGS = {"--json-schema": ("json_schema", "json_schema", True), "--regex": ("regex", "regex", False),
+                  "--grammar": ("grammar", "lark", True)}
 
 
 def print_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
@@ -72,9 +77,26 @@ def generation_config(args: argparse.Namespace, limit_flag: str = "--max-new-tok
         if value is not None:
             fields[name] = value
     try:
-        return requested(**fields)
+        return requested(**fields, grammar=grammar_of(args))
     except GenerationError as error:
         raise flag_error(error, {"sample": "--temperature", "max_new_tokens": limit_flag}) from None
+
+
+def grammar_of(args: argparse.Namespace) -> Grammar | None:
+    """The grammar that --json-schema, --regex or --grammar gives, read and checked; None without one.
+
+    Raises:
+        ConfigError: a file that cannot be read, or a schema or grammar that llguidance rejects, naming the flag.
+    """
+    for flag, (name, kind, from_file) in _GRAMMAR_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        try:
+            return Grammar(kind, read_text(value) if from_file else value)
+        except AttnError as error:
+            raise ConfigError(flag, error.detail) from None
+    return None
 
 
 def check_bias_ids(model: object, config: GenerationConfig) -> None:

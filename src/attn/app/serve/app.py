@@ -27,6 +27,7 @@ from attn.app.serve.prometheus import ServeMetrics
 from attn.app.serve.options import ServeOptions
 from attn.app.serve.served_models import ServedModel
 from attn.app.serve.routes import ServeState, router
+from attn.data.grammar_tokens import grammar_matchers
 from attn.decoding import RunningBatch
 from attn.core.errors import ConfigError
 from attn.models import Decoder
@@ -98,7 +99,7 @@ def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -
     bundle = served.bundle
     running = None
     if isinstance(bundle.model, Decoder):
-        running = RunningBatch(bundle.model, bundle.eos_id, bundle.tokenizer.decode)
+        running = RunningBatch(bundle.model, bundle.eos_id, bundle.tokenizer.decode, grammar_matchers(bundle.tokenizer))
     return Engine(served.name, running, options.batching, options.max_queue, options.max_batch_tokens, metrics,
                   bundle.model)
 

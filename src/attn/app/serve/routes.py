@@ -28,6 +28,7 @@ from attn.app.serve.access import check_choices, held_to_cap, timed_out, token_l
 from attn.app.serve.answers import Answer, ChatCompletion, Completion, rounded
 from attn.app.serve.engine import BatchJob, Closed, Engine, RowsJob
 from attn.app.serve.errors import ApiError, error_body, log
+from attn.app.serve.format_schemas import grammar_of
 from attn.app.serve.gate import Traffic
 from attn.app.serve.prometheus import ServeMetrics
 from attn.app.serve.options import ServeOptions
@@ -83,7 +84,7 @@ _EVENT = {"type": "object", "required": ["data"], "properties": {"data": {
 STREAMED = {**ERRORS, 200: {"description": "the answer; with stream: true, server-sent events of its chunks",
                             "content": {"text/event-stream": {"schema": _EVENT}}}}
 # Library field names that the API calls otherwise.
-_PARAMS = {"samples": "n", "max_new_tokens": "max_tokens"}
+_PARAMS = {"samples": "n", "max_new_tokens": "max_tokens", "grammar": "response_format"}
 # The most attention weights one /v1/attention answer holds: one 1,448-token map (2,097,152 weights: at most
 # 9 bytes each as floats, 8/3 as uint16), or every head of a layer pooled to 128 x 128 for a model of up to 128 heads.
 MAX_ATTENTION_WEIGHTS = 2**21
@@ -174,7 +175,7 @@ def _decoding_config(request: Request, body: DecodingRequest, served: ServedMode
     """What the body asks (`requested`: temperature 0 is greedy decoding, top_p, top_k and min_p then do nothing)
     under the model's rules (`Bundle.generation_config`); `n` within the server's --max-n."""
     check_choices(_state(request).options, body.n)
-    asked = requested(**body.settings(), max_new_tokens=max_tokens)
+    asked = requested(**body.settings(), max_new_tokens=max_tokens, grammar=grammar_of(body.response_format))
     config = served.bundle.generation_config(asked, prompt_length=prompt_length, chat=chat)
     check_samples(body.n, config)
     return config

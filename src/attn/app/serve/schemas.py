@@ -3,7 +3,7 @@
 Requests are strict (a string where a number goes is a 422, not a conversion) and ignore nothing: a field the
 server does not read is a 422 naming it. The fields OpenAI's clients may send that change nothing here (`user`,
 `store`, `metadata`, a message's `name`, ...) are declared, and those whose other values ask for what the server
-does not do (`response_format`, `tool_choice`, `modalities`, `echo`, ...) are accepted at their no-op values only.
+does not do (`tool_choice`, `modalities`, `echo`, ...) are accepted at their no-op values only.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from attn.app.serve.format_schemas import ResponseFormat
 from attn.data.text import check_unicode
 from attn.core.errors import ConfigError
 
@@ -107,6 +108,8 @@ class DecodingRequest(Request):
     stream_options: StreamOptions | None = None
     attention: AttentionOption | None = Field(None, description="stream: send the attention with which each token "
                                                                 "was chosen")
+    response_format: ResponseFormat | None = Field(None, description="what the answer's text must be: a JSON "
+                                                   "object, JSON under a schema, a regex's or a grammar's match")
     user: str | None = Field(None, description="accepted; changes nothing")
 
     @model_validator(mode="after")
@@ -222,7 +225,6 @@ class ChatCompletionRequest(DecodingRequest):
     tools: list | None = Field(None, description="null or [] only: the server calls no tools")
     tool_choice: str | dict | None = Field(None, description="\"none\" only: the server calls no tools")
     parallel_tool_calls: bool | None = Field(None, description="accepted; changes nothing without tools")
-    response_format: dict | None = Field(None, description="{\"type\": \"text\"} only")
     modalities: list[str] | None = Field(None, description="[\"text\"] only")
     store: bool | None = Field(None, description="accepted; nothing is stored")
     metadata: dict[str, str] | None = Field(None, description="accepted; changes nothing")
@@ -236,8 +238,6 @@ class ChatCompletionRequest(DecodingRequest):
         if self.tools:
             raise ConfigError("tools", "this server does not call tools; leave tools out")
         _only_neutral(self, {"tool_choice": ((None, "none"), "the server calls no tools: leave tool_choice out"),
-                             "response_format": ((None, {"type": "text"}), "it writes plain text only: leave "
-                                                 "response_format out or send {\"type\": \"text\"}"),
                              "modalities": ((None, ["text"]), "it answers in text only: leave modalities out or send "
                                             "[\"text\"]")})
         if self.top_logprobs is not None and not self.logprobs:
