@@ -21,8 +21,8 @@ from gguf.quants import dequantize
 from gguf_vocab import texts, write_vocabulary
 from test_gguf_families import CASES, IDS, logits, written  # noqa: F401 (written: the files, a fixture)
 from test_gguf_tokenizer import VOCABULARY
-from tiny_gguf import SPECIALS, TOKENIZER, write_gguf
-from transformers import AutoModelForCausalLM
+from tiny_gguf import SPECIALS, TOKENIZER, TOKENS, write_gguf
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from attn import build_model, load_model, preset
 from attn.app import cli
@@ -32,6 +32,7 @@ from attn.artifacts.pretrained.gguf import read_gguf
 from attn.artifacts.pretrained.gguf_export import block_format, export_gguf
 from attn.artifacts.pretrained.gguf_file import Metadata, open_gguf
 from attn.artifacts.pretrained.gguf_tokenizer import tokenizer_metadata, tokenizer_of
+from attn.core.config import Activation
 from attn.core.errors import CheckpointError, ConfigError
 from attn.core.lora import LoRAConfig, add_lora, has_lora, merge_lora
 
@@ -76,6 +77,39 @@ def test_transformers_reads_an_exported_llama_as_the_model_written(written, tmp_
     with torch.no_grad():
         expected = hf(IDS).logits
         torch.testing.assert_close(theirs(IDS).logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """A random GPT-2 (positions of the 1,024 transformers' GGUF loader assumes) saved by transformers, read by
+    attn, with the byte-level vocabulary of `tiny_gguf`."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    config = GPT2Config(vocab_size=len(TOKENS), n_embd=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(folder / "hf")
+    write_gguf(folder / "vocabulary.gguf")
+    return hf, load_model(folder / "hf", "cpu", require_tokenizer=False), read_gguf(folder / "vocabulary.gguf").tokenizer
+
+
+@pytest.mark.parametrize("quantize", ["f32", "q8_0"])
+def test_gpt2_exports_as_transformers_reads_it(gpt2, quantize: str, tmp_path: Path) -> None:
+    hf, bundle, tokenizer = gpt2
+    path = export_gguf(bundle.model, bundle.model_config, tmp_path / "gpt2.gguf", tokenizer, quantize=quantize)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()
+    with torch.no_grad():
+        expected = hf(IDS).logits
+        torch.testing.assert_close(theirs(IDS).logits, expected, atol=1e-5 if quantize == "f32" else 0.02, rtol=0)
+    assert {t.name for t in GGUFReader(path).tensors} >= {"position_embd.weight", "blk.1.attn_qkv.bias"}
+    with pytest.raises(CheckpointError, match="architecture 'gpt2' is not supported"):
+        read_gguf(path)
+
+
+def test_gpt2_of_the_exact_gelu_is_refused(gpt2, tmp_path: Path) -> None:
+    _, bundle, tokenizer = gpt2
+    config = bundle.model_config.replace(activation=Activation.GELU)
+    with pytest.raises(CheckpointError, match="tanh GELU"):
+        export_gguf(build_model(config), config, tmp_path / "x.gguf", tokenizer)
 
 
 def test_q8_0_blocks_are_the_float_weights_within_their_step(written, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ The model goes out as the Hugging Face checkpoint of the family the GGUF reader 
 `gguf.tensor_table`, the `{architecture}.*` keys that `gguf_config` reads, the tokenizer that
 `gguf_tokenizer.tokenizer_metadata` writes. What the reader undoes is done: the rows of each head of q_proj and
 k_proj reordered for "llama"'s interleaved rotation, the offset of Gemma's norms added, Llama 3's rope scaling
-stored as per-frequency factors (`rope_freqs.weight`).
+stored as per-frequency factors (`rope_freqs.weight`). GPT-2 goes out as llama.cpp's "gpt2" (`GPT2_TENSORS`), its
+Conv1D matrices transposed; attn's reader does not take that architecture, so its files are not read back.
 
 Block formats (`QUANTIZATIONS`): f32, f16, bf16, q8_0, and q4_k_m mixed as llama.cpp's llama-quantize mixes
 Q4_K_M: Q6_K for the output matrix (and the embedding when they are tied; Q8_0 where its rows are not a multiple
@@ -13,15 +14,17 @@ of 256), for attn_v (or attn_qkv) and ffn_down in the layers `_more_bits` picks,
 that does not fit a block of 256 falls back as llama.cpp falls back (Q4_K to Q5_0, Q6_K to Q8_0), one that does
 not fit 32 to F16. Vectors (norms, biases, rope factors) stay float32. Blocks are made by `libgguf`.
 
-The file is written atomically and read back before it takes `path`: its config must read back as the model's.
+The file is written atomically and, but for gpt2, read back before it takes `path`: its config must read back as
+the model's.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -35,7 +38,7 @@ from attn.artifacts.pretrained.gguf import read_gguf, tensor_table
 from attn.artifacts.pretrained.gguf_config import ARCHITECTURES, HyperParameters
 from attn.artifacts.pretrained.gguf_tokenizer import tokenizer_metadata
 from attn.artifacts.pretrained.hf_config import SpecialIds, same_config
-from attn.core.config import Architecture, LayerType, ModelConfig, RopeScaling
+from attn.core.config import Activation, Architecture, LayerType, ModelConfig, RopeScaling
 from attn.core.errors import CheckpointError, ConfigError
 from attn.core.lora import has_lora, merge_lora
 from attn.data.files import write_file
@@ -46,6 +49,12 @@ QUANTIZATIONS: dict[str, LlamaFileType] = {
     "f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "bf16": LlamaFileType.MOSTLY_BF16,
     "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M,
 }
+GPT2 = "gpt2"  # llama.cpp's GPT-2, which attn writes (its reader takes the Llama-style `ARCHITECTURES` only)
+# GPT-2's tensors: GGUF name -> Hugging Face name under `transformer.`; the layers' matrices are Conv1D (in, out)
+# (those whose name has a dot), which llama.cpp stores transposed, as the (out, in) of a linear map
+GPT2_TENSORS = {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f"}
+GPT2_LAYER = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+              "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 SUPER_BLOCK, BLOCK = 256, 32  # the row lengths K-quant and the other block formats need a multiple of
 
 
@@ -88,9 +97,8 @@ def export_gguf(
     if tokenizer is None:
         raise CheckpointError("the model has no tokenizer, and a GGUF file holds one: export a model saved with "
                               "its tokenizer")
-    hyper = _hyper(config)
-    table = {entry.hf_name: (gguf_name, entry) for gguf_name, entry in tensor_table(ARCHITECTURES[arch], hyper).items()}
-    arrays = {table[hf_name][0]: _stored(hf_name, tensor, table) for hf_name, tensor in tensors.items()}
+    table = _placements(arch, config)
+    arrays = {table[hf_name].name: _stored(hf_name, tensor, table) for hf_name, tensor in tensors.items()}
     if config.rope_scaling == RopeScaling.LLAMA3:
         arrays["rope_freqs.weight"] = llama3_factors(config)
     metadata = {
@@ -109,7 +117,8 @@ def export_gguf(
 
     def write(handle: Any) -> None:
         _write(Path(handle.name), arch, metadata, arrays, kinds)
-        _check_read_back(Path(handle.name), config, arch)
+        if arch in ARCHITECTURES:
+            _check_read_back(Path(handle.name), config, arch)
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,37 +128,65 @@ def export_gguf(
 
 def _architecture(model: Model, config: ModelConfig, preferred: str | None) -> tuple[str, dict[str, Tensor]]:
     """The GGUF architecture that expresses `config` and the model's tensors under its reader's Hugging Face names."""
-    exportable = ", ".join(ARCHITECTURES)
+    exportable = ", ".join([*ARCHITECTURES, GPT2])
     if config.architecture != Architecture.DECODER_ONLY:
         raise CheckpointError(f"an {config.architecture.value} model cannot be exported to GGUF: attn writes GGUF "
                               f"files of decoder-only language models ({exportable}); export it as a Hugging Face "
                               "directory (--to a family) instead")
     reasons = []
-    for arch in sorted(ARCHITECTURES, key=lambda arch: ARCHITECTURES[arch].model_type != preferred):
+    families = {**{arch: family.model_type for arch, family in ARCHITECTURES.items()}, GPT2: GPT2}
+    for arch in sorted(families, key=lambda arch: families[arch] != preferred):
         try:
-            return arch, hf_checkpoint(model, config, ARCHITECTURES[arch].model_type, SpecialIds())[1]
+            tensors = hf_checkpoint(model, config, families[arch], SpecialIds())[1]
         except CheckpointError as err:
             reasons.append(f"{arch}: {err}")
+            continue
+        if arch == GPT2 and config.activation != Activation.GELU_TANH:
+            raise CheckpointError(f"activation={config.activation.value} cannot be expressed in a GGUF gpt2 file, "
+                                  "whose feed-forward llama.cpp computes with the tanh GELU")
+        return arch, tensors
     raise CheckpointError(f"no GGUF architecture attn writes ({exportable}) expresses this model: "
                           f"{reasons[0].split('; export to')[0]}")
 
 
-def _hyper(config: ModelConfig) -> HyperParameters:
-    return HyperParameters(
+class _Placement(NamedTuple):
+    """Where a Hugging Face tensor goes in the file: its GGUF name, the heads whose rows llama.cpp reorders (or
+    None), what its converter adds to each value, and whether it is a Conv1D's (in, out), stored transposed."""
+
+    name: str
+    heads: int | None = None
+    offset: float = 0.0
+    transposed: bool = False
+
+
+def _placements(arch: str, config: ModelConfig) -> dict[str, _Placement]:
+    """Hugging Face name -> placement, for every tensor of a model of `config` in a file of `arch`."""
+    if arch == GPT2:
+        table = {f"transformer.{hf}.{part}": _Placement(f"{ours}.{part}")
+                 for ours, hf in GPT2_TENSORS.items() for part in ("weight", "bias")}
+        for i, (ours, hf) in itertools.product(range(config.decoder_layers), GPT2_LAYER.items()):
+            table[f"transformer.h.{i}.{hf}.weight"] = _Placement(f"blk.{i}.{ours}.weight", transposed="." in hf)
+            table[f"transformer.h.{i}.{hf}.bias"] = _Placement(f"blk.{i}.{ours}.bias")
+        return table | {"lm_head.weight": _Placement("output.weight")}
+    hyper = HyperParameters(
         layers=config.decoder_layers, hidden=config.d_model, ffn=config.d_ff, heads=config.heads,
         kv_heads=config.kv_heads, head_dim=config.head_size, vocab=config.vocab_size, context=config.max_positions,
         eps=config.norm_eps, theta=config.rotary_base, rope_scaling=None, rotary=config.rotary_dims)
+    return {entry.hf_name: _Placement(name, entry.heads, entry.offset)
+            for name, entry in tensor_table(ARCHITECTURES[arch], hyper).items()}
 
 
-def _stored(hf_name: str, tensor: Tensor, table: Mapping[str, tuple[str, Any]]) -> np.ndarray:
+def _stored(hf_name: str, tensor: Tensor, table: Mapping[str, _Placement]) -> np.ndarray:
     """A Hugging Face tensor as llama.cpp's converter stores it (float32, before any block format)."""
     if hf_name not in table:
         raise CheckpointError(f"the model's {hf_name} has no tensor in a GGUF file of this architecture")
-    entry = table[hf_name][1]
+    place = table[hf_name]
     value = tensor.detach().float()
-    if entry.heads is not None:  # per head, row r * d/2 + j goes to row 2j + r
-        value = value.reshape(entry.heads, 2, -1, *value.shape[1:]).transpose(1, 2).reshape(value.shape)
-    return (value + entry.offset).contiguous().numpy()
+    if place.transposed:
+        value = value.t()
+    if place.heads is not None:  # per head, row r * d/2 + j goes to row 2j + r
+        value = value.reshape(place.heads, 2, -1, *value.shape[1:]).transpose(1, 2).reshape(value.shape)
+    return (value + place.offset).contiguous().numpy()
 
 
 def _gemma2_keys(config: ModelConfig) -> dict[str, Any]:
@@ -177,11 +214,16 @@ _ARCHITECTURE_KEYS: dict[str, Callable[[ModelConfig], dict[str, Any]]] = {
 
 
 def architecture_metadata(arch: str, config: ModelConfig) -> dict[str, Any]:
-    """The `{arch}.*` keys of `config`, those `gguf_config.hyper_parameters` reads."""
+    """The `{arch}.*` keys of `config`, those `gguf_config.hyper_parameters` reads (gpt2: llama.cpp's)."""
     keys: dict[str, Any] = {
         Keys.LLM.BLOCK_COUNT: config.decoder_layers, Keys.LLM.CONTEXT_LENGTH: config.max_positions,
         Keys.LLM.EMBEDDING_LENGTH: config.d_model, Keys.LLM.FEED_FORWARD_LENGTH: config.d_ff,
         Keys.LLM.VOCAB_SIZE: config.vocab_size, Keys.Attention.HEAD_COUNT: config.heads,
+    }
+    if arch == GPT2:
+        keys[Keys.Attention.LAYERNORM_EPS] = float(config.norm_eps)
+        return {key.format(arch=arch): value for key, value in keys.items()}
+    keys |= {
         Keys.Attention.HEAD_COUNT_KV: config.kv_heads, Keys.Attention.LAYERNORM_RMS_EPS: float(config.norm_eps),
         Keys.Rope.FREQ_BASE: float(config.rotary_base), Keys.Rope.DIMENSION_COUNT: config.rotary_dims,
     }
@@ -215,6 +257,8 @@ def block_format(name: str, shape: tuple[int, ...], quantize: str, layers: int, 
         return Q.F32
     if quantize in ("f32", "f16", "bf16"):
         return Q[quantize.upper()]
+    if name == "position_embd.weight":  # llama-quantize leaves positions as they are
+        return Q.F32
     if quantize == "q8_0":
         return Q.Q8_0 if shape[1] % BLOCK == 0 else Q.F16
     if name == "output.weight" or (tied and name == "token_embd.weight"):
