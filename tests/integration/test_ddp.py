@@ -3,7 +3,8 @@
 Two ranks each take half of every global batch; DistributedDataParallel (and FSDP2) average
 their gradients, and the trainer's normalisation by the update's total target count makes the
 result that of one process seeing the whole batch. Resuming with the same number of ranks is
-exact too. A second test launches through torchrun, whose environment variables run_training() reads. A
+exact too. One DDP run trains LoRA adapters over a pretrained base (and resumes), against one process
+doing the same. A second test launches through torchrun, whose environment variables run_training() reads. A
 third compares the gradients of one update, before any optimizer step, with those of one process.
 """
 
@@ -21,19 +22,22 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from attn.artifacts.checkpoint import write_checkpoint
+from attn.core.presets import preset
 from attn.data.batches import IndexedBatches
 from attn.data.collate import collate_translation
 from attn.data.samplers import TokenBudgetSampler
+from attn.models import build_model
 from attn.training import run_training
 from attn.training.runconfig import RunConfig
 from attn.training.task_data import TaskData, translation_batch
 
 STEPS = 4
-RUNS = [  # (name, strategy, first stop) in the two-process job
-    ("ddp", "ddp", STEPS),
-    ("ddp-resumed", "ddp", STEPS // 2),
-    ("fsdp", "fsdp", STEPS),
-    ("fsdp-resumed", "fsdp", STEPS // 2),
+RUNS = [  # (name, strategy, first stop, LoRA adapters over a pretrained base) in the two-process job
+    ("ddp", "ddp", STEPS, False),
+    ("ddp-lora-resumed", "ddp", STEPS // 2, True),
+    ("fsdp", "fsdp", STEPS, False),
+    ("fsdp-resumed", "fsdp", STEPS // 2, False),
 ]
 
 
@@ -59,6 +63,19 @@ def run_config(run_dir, *overrides):
     )
 
 
+def lora_overrides(root):
+    """Rank-4 adapters on every layer over the model that `write_base` saved in `root`."""
+    return (f"model.init_from={root}/base", "lora.rank=4",
+            'lora.targets=["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "down_proj"]', "optim.schedule=constant",
+            "optim.lr=1e-2")
+
+
+def write_base(root):
+    torch.manual_seed(0)
+    config = preset("paper-base-tiny")
+    write_checkpoint(Path(root) / "base", build_model(config), config)
+
+
 def worker(rank, world_size, root):
     faulthandler.dump_traceback_later(100, exit=True)  # a hung rank shows where it waits, then exits
     torch.set_num_threads(1)
@@ -67,8 +84,8 @@ def worker(rank, world_size, root):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=world_size)
     losses = {}
-    for name, strategy, first_stop in RUNS:
-        config = run_config(f"{root}/{name}", f"train.strategy={strategy}")
+    for name, strategy, first_stop, lora in RUNS:
+        config = run_config(f"{root}/{name}", f"train.strategy={strategy}", *(lora_overrides(root) if lora else ()))
         for stop in sorted({first_stop, STEPS}):
             run = run_training(config.override(f"train.max_steps={stop}"), task_builder=reversal_task)
             losses.setdefault(name, []).extend(run.losses)
@@ -91,12 +108,15 @@ def run_two_ranks(target, root):
 
 def test_two_ranks_match_one_process_and_resume_exactly(tmp_path):
     single = run_training(run_config(tmp_path / "single"), task_builder=reversal_task).losses
+    write_base(tmp_path)
+    single_lora = run_training(run_config(tmp_path / "single-lora", *lora_overrides(tmp_path)),
+                               task_builder=reversal_task).losses
     run_two_ranks(worker, tmp_path)
     losses = json.loads((tmp_path / "losses.json").read_text())
-    assert len(single) == STEPS and len(set(single)) == STEPS
-    for name, _, _ in RUNS:
-        assert losses[name] == pytest.approx(single, rel=1e-5, abs=1e-5), name
-    assert losses["ddp-resumed"] == losses["ddp"] and losses["fsdp-resumed"] == losses["fsdp"]
+    assert len(single) == STEPS and len(set(single)) == STEPS and len(set(single_lora)) == STEPS
+    for name, _, _, lora in RUNS:
+        assert losses[name] == pytest.approx(single_lora if lora else single, rel=1e-5, abs=1e-5), name
+    assert losses["fsdp-resumed"] == losses["fsdp"]
 
 
 LAUNCHED = """
