@@ -308,6 +308,17 @@ def write_case(result: CaseResult, settings: Settings) -> Path:
     return path
 
 
+def write_record(out_dir: Path, suffix: str, record: dict[str, Any], text: str) -> None:
+    """Writes a script's record as `<date><suffix>.json` and its Markdown `text` as `.md` into `out_dir`, and
+    prints the text and where both went."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / (datetime.datetime.now().strftime("%Y%m%dT%H%M%S") + suffix)
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    stem.with_suffix(".md").write_text(text, encoding="utf-8")
+    print(text)
+    print(f"written: {stem}.json, {stem}.md")
+
+
 def markdown(results: Sequence[CaseResult], settings: Settings) -> str:
     """One Markdown section per case: a table of median, min, max and ratio, then the case summary."""
     info = settings.describe()

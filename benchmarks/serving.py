@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import shlex
 import sys
@@ -44,7 +43,7 @@ from attn.inference.continuation import continue_texts
 from attn.inference.translation import translate
 from attn.artifacts import load_model
 from attn.decoding import GenerationConfig
-from benchmarks.harness import RESULTS_DIR, device_name, git_commit
+from benchmarks.harness import RESULTS_DIR, device_name, git_commit, write_record
 from benchmarks.serving_load import (
     CHAT,
     CHAT_ROUTES,
@@ -199,12 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         record["results"] = asyncio.run(compare(models, args, extra))
     record["load_after"] = uptime()
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / (datetime.datetime.now().strftime("%Y%m%dT%H%M%S") + ("-soak" if args.soak_minutes else ""))
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    stem.with_suffix(".md").write_text(markdown(record), encoding="utf-8")
-    print(markdown(record))
-    print(f"written: {stem}.json, {stem}.md")
+    write_record(args.out, "-soak" if args.soak_minutes else "", record, markdown(record))
     return 0 if record.get("soak", {}).get("passed", True) else 1
 
 

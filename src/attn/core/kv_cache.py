@@ -200,27 +200,28 @@ def _whole_buffer(x: Tensor) -> Tensor:
     return x.new_empty(0).set_(x.untyped_storage())
 
 
-def stack_rows(first: KVCache, second: KVCache, max_length: int) -> KVCache:
-    """A new cache of `max_length` columns with the rows of `first` (nothing pending) then those of `second`.
+def stack_rows(*parts: KVCache, max_length: int) -> KVCache:
+    """A new cache of `max_length` columns with the rows of each part (nothing pending), in order.
 
-    Each cache's tokens end at the same column, max(first.length, second.length); the columns before a row's own
-    tokens are padding (mask False), which attention skips and positions do not count, so every row decodes on as
-    it would alone.
+    Every part's tokens end at the same column, the longest part's length; the columns before a row's own tokens
+    are padding (mask False), which attention skips and positions do not count, so every row decodes on as it
+    would alone.
 
     Raises:
         GenerationError: a cache with cross-attention memory (an encoder-decoder's), or max_length too small.
     """
-    if first.memory or second.memory:
+    if any(part.memory for part in parts):
         raise GenerationError("only decoder-only caches can be stacked: an encoder-decoder's rows carry "
                               "their own cross-attention memory")
-    length = max(first.length, second.length)
+    length = max(part.length for part in parts)
     if max_length < length:
         raise GenerationError(f"a stacked cache needs room for {length} tokens, max_length={max_length}")
+    first = parts[0]
     layers, _, heads, _, head_dim = first.keys.shape
-    out = KVCache(layers, first.batch + second.batch, heads, max_length, head_dim, first.keys.dtype,
+    out = KVCache(layers, sum(part.batch for part in parts), heads, max_length, head_dim, first.keys.dtype,
                   first.keys.device)
     rows = 0
-    for part in (first, second):
+    for part in parts:
         block, begin = slice(rows, rows + part.batch), length - part.length
         out.keys[:, block, :, begin:length] = part.keys[:, :, :, : part.length]
         out.values[:, block, :, begin:length] = part.values[:, :, :, : part.length]

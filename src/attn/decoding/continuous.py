@@ -6,7 +6,8 @@ A `RunningBatch` keeps one KV cache for all its active rows; `add` queues a prom
 Each `step` prefills the queued prompts together (one left-padded `decode_step`) and stacks their cache under the
 running one (`stack_rows`), chooses every row's next token under that row's settings, drops the rows that finished
 or were `remove`d (`KVCache.reorder`, then `KVCache.trim_padding` frees the columns only they used), and feeds the
-others' tokens in one `decode_one_token`.
+others' tokens in one `decode_one_token`. With a `PrefixCache`, a prompt that starts with tokens decoded before
+starts from their keys and values and feeds only the rest, and every row that leaves keeps its keys and values there.
 
 Padding is masked and positions count real tokens only, so each row gets the tokens and scores it gets decoded alone
 (scores equal up to float rounding of the larger matrix products), whatever joins or leaves around it. Only the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -28,6 +29,7 @@ from attn.core.kv_cache import KVCache, stack_rows
 from attn.core.linear import packed_weights
 from attn.decoding.generation_config import Decode, GenerationConfig
 from attn.decoding.grammar import MatcherFactory, RowMatcher
+from attn.decoding.prefix_cache import PrefixCache, start_from_prefix
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
     check_call,
@@ -98,12 +100,13 @@ class RunningBatch:
     """
 
     def __init__(self, model: Decoder, eos_id: int | None, decode: Decode | None = None,
-                 matcher: MatcherFactory | None = None) -> None:
+                 matcher: MatcherFactory | None = None, prefix_cache: PrefixCache | None = None) -> None:
         """Args:
         model: the language model, in eval mode.
         eos_id: the token that ends a row (None: rows end at their limit or a stop string).
         decode: token ids -> text; needed by rows with stop strings.
         matcher: a row's grammar -> its matcher (`attn.decoding.grammar`); needed by rows with a grammar.
+        prefix_cache: where prompts find the keys and values of their start, and rows that leave keep theirs.
         """
         self.model = model
         self.eos_id = eos_id
@@ -114,6 +117,8 @@ class RunningBatch:
         self.cache: KVCache | None = None
         self.logits: Tensor | None = None  # (len(rows), V): each running row's next-token scores
         self._packing = contextlib.ExitStack()  # the model's packed weights, held while rows run
+        self.prefix_cache = prefix_cache
+        self._intact = True  # whether the cache holds every row's keys and values, none half written
 
     def __len__(self) -> int:
         """Rows running or waiting to join."""
@@ -165,31 +170,42 @@ class RunningBatch:
         self._keep([i for i, step in enumerate(steps) if step.finish is None])
         if self.rows:
             tokens = torch.tensor([row.history[-1] for row in self.rows], device=self.logits.device)
-            self.logits = decode_one_token(self.model, tokens, self.cache)
+            with self._changing():
+                self.logits = decode_one_token(self.model, tokens, self.cache)
         return steps
 
     @torch.inference_mode()
     def prefill(self) -> None:
         """Joins the queued prompts now (`step` does it first): their errors and the prefill come before any token.
 
-        While rows run, the model's float32 linear weights stay packed for the CPU (`packed_weights`); they are
-        released when the last row leaves.
+        The prompts the prefix cache knows no start of are prefilled together; each other one alone, from its
+        cached start. While rows run, the model's float32 linear weights stay packed for the CPU
+        (`packed_weights`); they are released when the last row leaves.
         """
         if not self.pending:
             return
         if self.cache is None:
             self._packing.enter_context(packed_weights(self.model))
         capacity = max(row.capacity for row in self.rows + self.pending)
-        longest = max(row.prompt_length for row in self.pending)
-        prefill = GenerationConfig(max_new_tokens=max(row.capacity for row in self.pending) - longest + 1)
-        session = start_decoder(self.model, [row.history for row in self.pending], prefill)
-        if self.cache is None:
-            self.cache, self.logits = session.cache, session.logits
-        else:
-            self.cache = stack_rows(self.cache, session.cache, capacity)
-            self.logits = torch.cat([self.logits, session.logits])
-        self.rows += self.pending
-        self.pending = []
+        found = [(row, None if self.prefix_cache is None else self.prefix_cache.longest_prefix(row.history))
+                 for row in self.pending]
+        fresh = [row for row, prefix in found if prefix is None]
+        parts = [] if self.cache is None else [(self.cache, self.logits)]
+        parts += [self._start(fresh)] if fresh else []
+        parts += [start_from_prefix(self.model, row.history, prefix, row.capacity)
+                  for row, prefix in found if prefix is not None]
+        with self._changing():
+            self.cache = parts[0][0] if len(parts) == 1 else stack_rows(*(c for c, _ in parts), max_length=capacity)
+            self.logits = torch.cat([logits for _, logits in parts])
+            self.rows += fresh + [row for row, prefix in found if prefix is not None]
+            self.pending = []
+
+    def _start(self, rows: list[_Row]) -> tuple[KVCache, Tensor]:
+        """The cache of `rows`' prompts, prefilled together, and their next tokens' scores."""
+        longest = max(row.prompt_length for row in rows)
+        prefill = GenerationConfig(max_new_tokens=max(row.capacity for row in rows) - longest + 1)
+        session = start_decoder(self.model, [row.history for row in rows], prefill)
+        return session.cache, session.logits
 
     def _choose(self, index: int, row: _Row) -> RowToken:
         logits = self.logits[index : index + 1]  # (1, V)
@@ -234,12 +250,25 @@ class RunningBatch:
         """Keeps the running rows at `kept` (cache order) and frees what the others held."""
         if len(kept) == len(self.rows):
             return
-        self.rows = [self.rows[i] for i in kept]
-        if not kept:
-            self.cache = self.logits = None
-            self._packing.close()
-            return
-        index = torch.tensor(kept, device=self.logits.device)
-        self.cache.reorder(index)
-        self.cache.trim_padding()
-        self.logits = self.logits[index]
+        if self.prefix_cache is not None and self._intact:
+            for i in sorted(set(range(len(self.rows))) - set(kept)):
+                self.prefix_cache.keep(self.cache, i, self.rows[i].history)
+        with self._changing():
+            self.rows = [self.rows[i] for i in kept]
+            if not kept:
+                self.cache = self.logits = None
+                self._packing.close()
+                return
+            index = torch.tensor(kept, device=self.logits.device)
+            self.cache.reorder(index)
+            self.cache.trim_padding()
+            self.logits = self.logits[index]
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Marks the cache as changing: one that an error cuts short holds keys never written, which no row may
+        leave to the prefix cache (until the batch empties)."""
+        intact = self._intact or self.cache is None
+        self._intact = False
+        yield
+        self._intact = intact

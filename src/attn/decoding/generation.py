@@ -32,6 +32,7 @@ from attn.decoding.beam_search import beam_search, beam_search_seq2seq
 from attn.decoding.continuous import RunningBatch
 from attn.decoding.generation_config import Decode, GenerationConfig
 from attn.decoding.grammar import MatcherFactory
+from attn.decoding.prefix_cache import PrefixCache
 from attn.decoding.sampling import adjust_logits, choose_tokens, seeded_generator
 from attn.decoding.session import (
     Session,
@@ -169,16 +170,19 @@ def stream(
     eos_id: int | None = None,
     decode: Decode | None = None,
     matcher: MatcherFactory | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[int]:
     """Continues one prompt, yielding each new token id as soon as it is chosen (EOS and stop ids are not yielded).
 
     The prompt is prefilled (and every argument checked) when `stream` is called; tokens are
-    decoded as the iterator is consumed. `eos_id`, `decode` and `matcher` are as in `generate`.
+    decoded as the iterator is consumed. `eos_id`, `decode` and `matcher` are as in `generate`; the prompt starts
+    from the keys and values of its longest start in `prefix_cache`, which keeps those of the prompt and its new
+    tokens once the iterator ends or is closed.
     """
     if config.beam_size > 1:
         raise GenerationError("beam search cannot stream: its best hypothesis is known only at the end; "
                               "set beam_size=1")
-    batch = RunningBatch(model, eos_id, decode, matcher)
+    batch = RunningBatch(model, eos_id, decode, matcher, prefix_cache=prefix_cache)
     batch.add(0, prompt, config)
     batch.prefill()
     return _stream_tokens(batch, config.end_ids(eos_id))

@@ -1,7 +1,9 @@
 """Chatting with a decoder-only model that has a chat template: what `attn chat` and the server's chat call.
 
 A conversation becomes a prompt through the model's template (`Bundle.render_chat`); the answer is that prompt's
-continuation, which ends at the model's end of turn as well as at its EOS.
+continuation, which ends at the model's end of turn as well as at its EOS. A `ChatSession` keeps the keys and values
+of its prompts and answers (`PrefixCache`), so each turn feeds the model only what its prompt adds to the tokens
+before: the new message, and whatever the template renders differently from the answer's own tokens.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from attn.inference.continuation import generate_stream
 from attn.inference.inputs import expect_model
 from attn.artifacts import Bundle
 from attn.data.text import check_unicode
-from attn.decoding import GenerationConfig
+from attn.decoding import DEFAULT_PREFIX_CACHE_BYTES, GenerationConfig, PrefixCache
 from attn.models import Decoder
 
 Message = dict[str, str]
@@ -32,6 +34,8 @@ class ChatSession:
 
     Args:
         system: the system message that starts the conversation (None: the template's default, if it has one).
+        prefix_cache_bytes: the most bytes of keys and values kept between turns (0: none kept, every turn
+            prefills the whole conversation).
 
     Raises:
         ChatTemplateError: the model has no chat template.
@@ -51,13 +55,15 @@ class ChatSession:
         (['user', 'assistant'], True)
     """
 
-    def __init__(self, bundle: Bundle, config: GenerationConfig, system: str | None = None) -> None:
+    def __init__(self, bundle: Bundle, config: GenerationConfig, system: str | None = None,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         expect_model(bundle, Decoder, "chat")
         bundle.compiled_chat_template()  # a model without a template is refused before the first message
         self.bundle = bundle
         self.config = config
         self.system = system
         self.messages: list[Message] = []
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
         self.reset()
 
     def reset(self) -> None:
@@ -77,7 +83,8 @@ class ChatSession:
             TextError: `text` is not valid Unicode.
         """
         messages = [*self.messages, {"role": "user", "content": check_unicode(text, "message")}]
-        pieces = generate_stream(self.bundle, self.bundle.render_chat(messages), self.config, chat=True)
+        pieces = generate_stream(self.bundle, self.bundle.render_chat(messages), self.config, chat=True,
+                                 prefix_cache=self.prefix_cache)
         return self._answer(messages, pieces)
 
     def _answer(self, messages: list[Message], pieces: Iterator[str]) -> Iterator[str]:

@@ -17,6 +17,7 @@ from attn.core.errors import GenerationError
 from attn.data.grammar_tokens import grammar_matchers
 from attn.decoding import (
     GenerationConfig,
+    PrefixCache,
     StopStrings,
     check_samples,
     generate,
@@ -28,7 +29,8 @@ from attn.inference.inputs import expect_model
 from attn.models import Decoder
 
 
-def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat: bool = False) -> Iterator[str]:
+def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat: bool = False,
+                    prefix_cache: PrefixCache | None = None) -> Iterator[str]:
     """Continues a prompt with the decoder-only model, yielding text pieces as tokens arrive.
 
     Pieces hold whole characters only, and end before the first of `config.stop` (text that may
@@ -38,7 +40,8 @@ def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat:
     The prompt and `config.grammar` are checked and the prompt prefilled when this is called, so their errors come
     before any text. The model's
     rules apply (`Bundle.generation_config`: its bans, its end of turn with `chat`, and without
-    `config.max_new_tokens` at most `DEFAULT_NEW_TOKENS` new tokens).
+    `config.max_new_tokens` at most `DEFAULT_NEW_TOKENS` new tokens). The prompt starts from its longest start
+    that `prefix_cache` holds, which then keeps the prompt's and the continuation's keys and values.
 
     Raises:
         GenerationError: the prompt is too long for the model, or the config asks for more tokens than fit.
@@ -48,7 +51,7 @@ def generate_stream(bundle: Bundle, prompt: str, config: GenerationConfig, chat:
     config = bundle.generation_config(config, prompt_length=len(ids), chat=chat)
     decode = bundle.tokenizer.decode
     tokens = stream(bundle.model, ids, config, eos_id=bundle.eos_id, decode=decode,
-                    matcher=grammar_matchers(bundle.tokenizer))
+                    matcher=grammar_matchers(bundle.tokenizer), prefix_cache=prefix_cache)
     return text_pieces(tokens, decode, config.stop)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from attn.app.commands.flags import dtype_flag, quantize_flag, subcommand
+from attn.decoding import DEFAULT_PREFIX_CACHE_BYTES
 from attn.app.serve import (
     ServeOptions,
     api_keys,
@@ -38,6 +39,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="run the waiting requests to one model together (--no-batching: one at a time)")
     p.add_argument("--max-batch-tokens", dest="max_batch_tokens", type=int, default=8192,
                    help="the token budget of one batch (padded inputs; prompts and new tokens of running completions)")
+    p.add_argument("--prefix-cache-bytes", dest="prefix_cache_bytes", type=int, default=DEFAULT_PREFIX_CACHE_BYTES,
+                   metavar="N", help="the most bytes of keys and values each model keeps of finished answers, so a "
+                   "prompt that starts as an earlier prompt and answer did (the next turn of a chat) feeds only the "
+                   "rest; least recently used dropped first (default: 1 GiB; 0: none kept)")
     p.add_argument("--api-key-file", dest="api_key_file", metavar="FILE",
                    help="API keys, one per line (# comments and blank lines skipped): /v1/* and /metrics then need "
                    "'Authorization: Bearer KEY' (the environment's ATTN_API_KEY adds one key)")
@@ -61,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
                            args.max_batch_tokens, api_keys(args.api_key_file), args.insecure_no_key,
                            args.request_timeout, args.max_tokens_cap, args.max_n, args.max_concurrent_per_key,
-                           tuple(args.cors_origins))
+                           tuple(args.cors_origins), args.prefix_cache_bytes)
     bound = listen(options)  # before the models load: a port in use is said at once
     run_server(load_served_models(args.model, args.device, args.quantize, args.dtype, args.lora), options, bound)
     return 0

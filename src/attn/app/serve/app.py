@@ -28,7 +28,7 @@ from attn.app.serve.options import ServeOptions
 from attn.app.serve.served_models import ServedModel
 from attn.app.serve.routes import ServeState, router
 from attn.data.grammar_tokens import grammar_matchers
-from attn.decoding import RunningBatch
+from attn.decoding import PrefixCache, RunningBatch
 from attn.core.errors import ConfigError
 from attn.models import Decoder
 
@@ -99,7 +99,9 @@ def _engine(served: ServedModel, options: ServeOptions, metrics: ServeMetrics) -
     bundle = served.bundle
     running = None
     if isinstance(bundle.model, Decoder):
-        running = RunningBatch(bundle.model, bundle.eos_id, bundle.tokenizer.decode, grammar_matchers(bundle.tokenizer))
+        prefixes = PrefixCache(options.prefix_cache_bytes) if options.prefix_cache_bytes else None
+        running = RunningBatch(bundle.model, bundle.eos_id, bundle.tokenizer.decode,
+                               grammar_matchers(bundle.tokenizer), prefix_cache=prefixes)
     return Engine(served.name, running, options.batching, options.max_queue, options.max_batch_tokens, metrics,
                   bundle.model)
 

@@ -11,6 +11,7 @@ import ipaddress
 import math
 
 from attn.core.errors import ConfigError
+from attn.decoding import DEFAULT_PREFIX_CACHE_BYTES
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 LOOPBACK_NAMES = ("localhost",)
@@ -44,6 +45,8 @@ class ServeOptions:
         max_concurrent_per_key: the most requests of one key (of all clients when no key is set) in flight at
             once on /v1/*; one more gets 429 (None: no limit).
         cors_origins: the browser origins allowed to call the API from their pages (CORS); empty: none.
+        prefix_cache_bytes: the most bytes of keys and values each decoder-only model keeps of finished rows, for
+            later prompts that start with the same tokens (`attn.decoding.PrefixCache`); 0: none kept.
     """
 
     host: str = "127.0.0.1"
@@ -59,6 +62,7 @@ class ServeOptions:
     max_n: int | None = None
     max_concurrent_per_key: int | None = None
     cors_origins: tuple[str, ...] = ()
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue", "max_batch_tokens", "max_tokens_cap", "max_n",
@@ -66,6 +70,8 @@ class ServeOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(_flag(name), f"must be >= 1, got {value}")
+        if self.prefix_cache_bytes < 0:
+            raise ConfigError("--prefix-cache-bytes", f"must be >= 0 (0 keeps none), got {self.prefix_cache_bytes}")
         if not 0 <= self.port < 65536:
             raise ConfigError("--port", f"must be in 0..65535, got {self.port}")
         timeout = self.request_timeout_s
