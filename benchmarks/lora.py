@@ -43,7 +43,14 @@ from attn.core.presets import preset
 from attn.core.quantized import quantize
 from attn.models import build_model
 from benchmarks.chat_model import gguf_path
-from benchmarks.harness import DTYPES, Contender, Settings, compare, device_name, git_commit
+from benchmarks.harness import (
+    DTYPES,
+    Contender,
+    Settings,
+    compare,
+    device_name,
+    git_commit,
+)
 from benchmarks.memory import MB, PROBE_ENV, ROOT, _current, _peak, reset_peak
 
 CONTENDERS = ("full", "lora", "qlora-int8", "qlora-int4")

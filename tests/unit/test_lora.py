@@ -10,9 +10,16 @@ from gguf import GGMLQuantizationType
 from tiny_gguf import write_gguf
 
 from attn.artifacts import load_model
-
 from attn.core.errors import CheckpointError, ConfigError
-from attn.core.lora import LoRAConfig, LoRALinear, add_lora, has_lora, load_lora_state_dict, lora_state_dict, merge_lora
+from attn.core.lora import (
+    LoRAConfig,
+    LoRALinear,
+    add_lora,
+    has_lora,
+    load_lora_state_dict,
+    lora_state_dict,
+    merge_lora,
+)
 from attn.core.presets import preset
 from attn.core.quantized import Int4Linear, Int8Embedding, Int8Linear, quantize
 from attn.models.build import build_model

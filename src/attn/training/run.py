@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from attn.artifacts.checkpoint import latest_checkpoint, load_checkpoint
+from attn.artifacts.lora_runs import LoRARun
 from attn.core.config import ModelConfig
 from attn.core.errors import CheckpointError, ConfigError, TrainingError
 from attn.models import Model, build_model
@@ -28,8 +29,13 @@ from attn.training.distributed import (
     shutdown,
     wrap_model,
 )
-from attn.artifacts.lora_runs import LoRARun
-from attn.training.finetune import check_lora_device, check_resumed_lora, copy_pretrained, initial_model, start_lora
+from attn.training.finetune import (
+    check_lora_device,
+    check_resumed_lora,
+    copy_pretrained,
+    initial_model,
+    start_lora,
+)
 from attn.training.logs import RunResult
 from attn.training.machine import TrialPasses, choose_machine
 from attn.training.preflight import prepare_run_dir

@@ -9,7 +9,11 @@ import torch
 
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
-from attn.artifacts.checkpoint import latest_checkpoint, load_checkpoint, write_checkpoint
+from attn.artifacts.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    write_checkpoint,
+)
 from attn.artifacts.lora_runs import LORA_FILE, fingerprint
 from attn.core.errors import CheckpointError, ConfigError
 from attn.core.lora import LoRALinear, lora_state_dict
