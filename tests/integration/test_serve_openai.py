@@ -236,7 +236,8 @@ def test_fields_that_change_nothing_are_accepted(client) -> None:
 
 
 @pytest.mark.parametrize(("route", "fields", "param", "message"), [
-    ("chat", {"tool_choice": "auto"}, "tool_choice", "the server calls no tools"),
+    ("chat", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
+     "names the function 'f', which is not among the tools"),
     ("chat", {"extra_body": {"reasoning_effort": "high"}}, "reasoning_effort", "is not supported by this server"),
     ("chat", {"modalities": ["text", "audio"]}, "modalities", "it answers in text only"),
     ("completions", {"echo": True}, "echo", "leave echo out or false"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -33,6 +34,7 @@ from attn.app.serve.gate import Traffic
 from attn.app.serve.prometheus import ServeMetrics
 from attn.app.serve.options import ServeOptions
 from attn.app.serve.served_models import ServedModel
+from attn.app.serve.tool_answers import ToolChatCompletion, with_tools
 from attn.app.serve.responses import (
     AttentionResponse,
     ChatCompletionResponse,
@@ -65,6 +67,7 @@ from attn.app.serve.work import (
 from attn.decoding import GenerationConfig, check_samples, requested
 from attn.decoding.attention_maps import layer_count
 from attn.core.errors import AttnError
+from attn.inference.tools import ToolUse
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 
@@ -217,18 +220,22 @@ def _chat_completion(request: Request, body: ChatCompletionRequest) -> ChatCompl
     served = _served(request, body.model, "chat/completions")
     bundle = served.bundle
     attention = _token_attention(served, body)
-    prompt = _checked(lambda: prompt_ids(bundle, bundle.render_chat(body.conversation())), "messages")
+    template = bundle.compiled_chat_template()  # compiled when the model was loaded
+    tools = _checked(lambda: ToolUse.of(template, body.tool_list(), body.tool_choice), "tool_choice")
+    prompt = _checked(lambda: prompt_ids(bundle, tools.prompt(template, body.conversation())), "messages")
     options = _state(request).options
     asked = token_limit(options, body.limit(), "max_tokens" if body.max_completion_tokens is None
                         else "max_completion_tokens")
     config = _checked(lambda: _decoding_config(request, body, served, asked, len(prompt), chat=True), "messages")
+    config = _checked(lambda: with_tools(config, tools), "tools")
     if asked is None:  # the model's default limit, held to the server's cap
         config = dataclasses.replace(config, max_new_tokens=held_to_cap(options, config.max_new_tokens))
     top = (body.top_logprobs or 0) if body.logprobs else 0
     rows = _rows(served, "chat/completions", [prompt], config, body.n, top, attention)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": served.name}
-    return ChatCompletion(served, rows, head, "messages", len(prompt), attention, body.include_usage(), body.logprobs)
+    answer = functools.partial(ToolChatCompletion, use=tools) if tools.calls else ChatCompletion
+    return answer(served, rows, head, "messages", len(prompt), attention, body.include_usage(), body.logprobs)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAMED,

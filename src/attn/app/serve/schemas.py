@@ -3,7 +3,7 @@
 Requests are strict (a string where a number goes is a 422, not a conversion) and ignore nothing: a field the
 server does not read is a 422 naming it. The fields OpenAI's clients may send that change nothing here (`user`,
 `store`, `metadata`, a message's `name`, ...) are declared, and those whose other values ask for what the server
-does not do (`tool_choice`, `modalities`, `echo`, ...) are accepted at their no-op values only.
+does not do (`modalities`, `echo`, ...) are accepted at their no-op values only.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from attn.app.serve.tool_schemas import ToolCallSpec, ToolSpec
 from attn.app.serve.format_schemas import ResponseFormat
 from attn.data.text import check_unicode
 from attn.core.errors import ConfigError
+from attn.inference.tools import check_tool_choice
 
 MAX_SEED = 2**63 - 1  # seed + j (j < n) must fit the 64 bits of torch's generators
 
@@ -183,21 +185,29 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"] = Field(description="\"developer\" is read as "
-                                                                                   "\"system\"")
-    content: str | list[TextPart] = Field(description="the text, or text parts, which are joined")
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(description="\"developer\" is read "
+                                                                                          "as \"system\"")
+    content: str | list[TextPart] | None = Field(description="the text, or text parts, which are joined; null only "
+                                                             "in an assistant message with tool_calls")
     name: str | None = Field(None, description="accepted; the chat template is not given it")
     refusal: str | None = Field(None, description="null only (an assistant message sent back as it came)")
-    tool_calls: list | None = Field(None, description="null or [] only: the server calls no tools")
+    tool_calls: list[ToolCallSpec] | None = Field(None, description="an assistant's calls, as the answer gave them")
+    tool_call_id: str | None = Field(None, description="a tool message's: the id of the call it answers")
     function_call: dict | None = Field(None, description="null only: the server calls no functions")
     audio: dict | None = Field(None, description="null only: the server reads text only")
 
     @model_validator(mode="after")
     def _text_only(self) -> ChatMessage:
         _only_neutral(self, {"refusal": ((None,), "send an assistant's refusal as its content"),
-                             "tool_calls": ((None, []), "the server calls no tools: leave tool_calls out"),
-                             "function_call": ((None,), "the server calls no functions: leave function_call out"),
+                             "function_call": ((None,), "send tool_calls instead of the older function_call"),
                              "audio": ((None,), "the server reads text only: leave audio out")})
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ConfigError("content", "give the message's text (null only in an assistant message with tool_calls)")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ConfigError("tool_call_id", "a tool message gives the id of the call it answers, and only a tool "
+                              "message does")
+        if self.tool_calls and self.role != "assistant":
+            raise ConfigError("tool_calls", "only an assistant message holds tool_calls")
         return self
 
     @field_validator("content", mode="before")
@@ -210,10 +220,16 @@ class ChatMessage(BaseModel):
                                   f"\"text\": ...}}, not a {kind!r} part")
         return content
 
-    def plain(self) -> dict[str, str]:
-        """The message as a chat template reads it: a role and the text."""
-        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+    def plain(self) -> dict[str, Any]:
+        """The message as a chat template reads it: a role, the text, and an assistant's calls or the id of the
+        call a tool message answers."""
+        text = self.content if isinstance(self.content, str | None) else "".join(part.text for part in self.content)
+        plain: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            plain["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            plain["tool_call_id"] = self.tool_call_id
+        return plain
 
 
 class ChatCompletionRequest(DecodingRequest):
@@ -222,9 +238,10 @@ class ChatCompletionRequest(DecodingRequest):
     max_tokens: int | None = Field(None, ge=1, description="the older name of max_completion_tokens")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: the most likely tokens of each step")
-    tools: list | None = Field(None, description="null or [] only: the server calls no tools")
-    tool_choice: str | dict | None = Field(None, description="\"none\" only: the server calls no tools")
-    parallel_tool_calls: bool | None = Field(None, description="accepted; changes nothing without tools")
+    tools: list[ToolSpec] | None = Field(None, description="the functions the model may call")
+    tool_choice: str | dict | None = Field(None, description="\"none\", \"auto\" (the default with tools), "
+                                           "\"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    parallel_tool_calls: bool | None = Field(None, description="accepted; a forced answer is one call")
     modalities: list[str] | None = Field(None, description="[\"text\"] only")
     store: bool | None = Field(None, description="accepted; nothing is stored")
     metadata: dict[str, str] | None = Field(None, description="accepted; changes nothing")
@@ -235,17 +252,19 @@ class ChatCompletionRequest(DecodingRequest):
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ConfigError("tools", "this server does not call tools; leave tools out")
-        _only_neutral(self, {"tool_choice": ((None, "none"), "the server calls no tools: leave tool_choice out"),
-                             "modalities": ((None, ["text"]), "it answers in text only: leave modalities out or send "
-                                            "[\"text\"]")})
+        check_tool_choice(self.tool_list(), self.tool_choice)
+        _only_neutral(self, {"modalities": ((None, ["text"]), "it answers in text only: leave modalities out or "
+                                            "send [\"text\"]")})
         if self.top_logprobs is not None and not self.logprobs:
             raise ConfigError("top_logprobs", "needs logprobs: true")
         return self
 
-    def conversation(self) -> list[dict[str, str]]:
+    def conversation(self) -> list[dict[str, Any]]:
         return [message.plain() for message in self.messages]
+
+    def tool_list(self) -> list[dict[str, Any]]:
+        """The tools as plain OpenAI tool objects, without the fields left out."""
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or []]
 
     def limit(self) -> int | None:
         """The most new tokens: `max_completion_tokens`, else `max_tokens`, else None (the server's default)."""
