@@ -66,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.max_body_bytes, args.max_queue, args.batching,
                            args.max_batch_tokens, api_keys(args.api_key_file), args.insecure_no_key,
                            args.request_timeout, args.max_tokens_cap, args.max_n, args.max_concurrent_per_key,
-                           tuple(args.cors_origins), args.prefix_cache_bytes)
+                           tuple(args.cors_origins), prefix_cache_bytes=args.prefix_cache_bytes)
     bound = listen(options)  # before the models load: a port in use is said at once
     run_server(load_served_models(args.model, args.device, args.quantize, args.dtype, args.lora), options, bound)
     return 0
