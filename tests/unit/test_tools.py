@@ -147,6 +147,14 @@ def test_a_template_without_tools_gets_them_in_a_system_message_and_results_as_t
         "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
         "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n")
+    two = [*messages[:1], {"role": "assistant", "content": "Both.", "tool_calls": [call, {**call, "id": "call_2"}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+           {"role": "tool", "tool_call_id": "call_2", "content": "windy"}]
+    assert render(ChatTemplate(SMOLLM2_TEMPLATE), two, None).endswith(
+        "<|im_start|>assistant\nBoth.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+        "</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nwindy\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n")
     system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert render(ChatTemplate(SMOLLM2_TEMPLATE), system, [WEATHER]).startswith(
         "<|im_start|>system\nBe brief.\n\nYou may call functions")

@@ -3,8 +3,9 @@
 A model's chat template says how it calls tools; `tool_format` reads which of the formats of
 `attn.inference.tool_calls` it writes (Qwen's and Hermes' `<tool_call>`, Llama 3.1's JSON, Mistral's
 `[TOOL_CALLS]`). For `FALLBACK`, a template that knows no tools (SmolLM2's ChatML), the tool list and the Hermes
-call format go into the system message (`FALLBACK_INSTRUCTIONS`), a `tool` message becomes a user message holding
-`<tool_response>\\n...\\n</tool_response>`, and an assistant's calls its text in the Hermes format.
+call format go into the system message (`FALLBACK_INSTRUCTIONS`), the `tool` messages that follow one another
+become one user message holding each result as `<tool_response>\\n...\\n</tool_response>`, and an assistant's calls
+its text in the Hermes format.
 
 The templates that know tools get `tools` as transformers' `apply_chat_template(tools=...)` passes them, and an
 assistant's `tool_calls` with their arguments as objects (OpenAI sends a JSON string). A forced call (`tool_choice`
@@ -44,7 +45,7 @@ def function_names(tools: Sequence[Tool]) -> list[str]:
     return [tool["function"]["name"] for tool in tools]
 
 
-def check_tool_choice(tools: Sequence[Tool], choice: str | Mapping[str, Any] | None) -> str | None:
+def check_tool_choice(tools: Sequence[Tool], choice: str | Mapping[str, Any] | None) -> str:
     """`tool_choice` as "none", "auto", "required", or the name of the function a call must be of.
 
     Raises:
@@ -108,10 +109,14 @@ def _arguments(arguments: Any) -> Any:
 def _fallback(messages: Sequence[Message], tools: Sequence[Tool]) -> list[dict[str, Any]]:
     """The messages for a template that knows no tools: the tools in the system message, calls and results as
     text (see the module docstring)."""
-    plain = []
-    for message in messages:
+    plain: list[dict[str, Any]] = []
+    for number, message in enumerate(messages):
         if message["role"] == "tool":
-            plain.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
+            response = f"<tool_response>\n{message['content']}\n</tool_response>"
+            if number and messages[number - 1]["role"] == "tool":  # the results of one turn's calls, together
+                plain[-1]["content"] += f"\n{response}"
+            else:
+                plain.append({"role": "user", "content": response})
         elif message.get("tool_calls"):
             calls = [_hermes_call(call["function"]["name"], _arguments(call["function"]["arguments"]))
                      for call in message["tool_calls"]]
