@@ -44,6 +44,7 @@ def test_near_miss_preset_names_are_not_matched():
          "type_vocab_size"),
         ({"src_vocab_size": 1000}, "tying"),
         ({"vocab_size": -5}, "vocab_size"),
+        ({"relative_buckets": 32, "relative_max_distance": 16}, "relative_max_distance"),
         ({"colour": "blue"}, "colour"),
     ],
 )

@@ -227,6 +227,11 @@ class ModelConfig:
             )
         if self.relative_buckets < 2 or self.relative_max_distance < 2:
             raise ConfigError("relative_buckets", "relative_buckets and relative_max_distance must be >= 2")
+        if self.relative_max_distance <= self.relative_buckets // 2:
+            raise ConfigError("relative_max_distance",
+                              f"must exceed relative_buckets // 2 = {self.relative_buckets // 2}, the distances a "
+                              f"decoder's buckets hold exactly (the logarithmic buckets span the distances between), "
+                              f"got {self.relative_max_distance}")
 
     def _validate_rates(self) -> None:
         for name in ("dropout", "attention_dropout", "activation_dropout"):
@@ -346,7 +351,7 @@ class ModelConfig:
         Grouped-query attention stays grouped, and a stack of sliding and full layers keeps one layer of each kind.
         """
         return self.replace(
-            d_model=32, heads=4, d_ff=64, vocab_size=97, max_positions=64, relative_max_distance=16,
+            d_model=32, heads=4, d_ff=64, vocab_size=97, max_positions=64, relative_max_distance=32,
             encoder_layers=min(self.encoder_layers, 2), decoder_layers=min(self.decoder_layers, 2),
             num_labels=3 if self.architecture == Architecture.ENCODER_ONLY else 0,
             src_vocab_size=0 if "src_vocab_size" in self._derived else 89,
