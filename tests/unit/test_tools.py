@@ -13,9 +13,17 @@ import pytest
 from chat_models import SMOLLM2_TEMPLATE, tiny_chat_bundle
 
 from attn.core.errors import ConfigError
-from attn.decoding import GenerationConfig
 from attn.data.chat_template import ChatTemplate
-from attn.inference.tool_calls import FALLBACK, HERMES, LLAMA3, MISTRAL, CallStream, parse_calls, tool_format
+from attn.decoding import GenerationConfig
+from attn.inference.tool_calls import (
+    FALLBACK,
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    CallStream,
+    parse_calls,
+    tool_format,
+)
 from attn.inference.tools import call_schema, check_tool_choice, render, tool_answer
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
@@ -28,15 +36,15 @@ NAMES = ["get_weather", "get_time"]
 ANSWERS = [
     (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', None,
      [("get_weather", {"city": "Paris"})]),
-    (HERMES, 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
-             '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', "Let me look.",
+    (HERMES, ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'), "Let me look.",
      [("get_weather", {"city": "Zürich"}), ("get_time", {})]),
     (HERMES, '<tool_call>\n{"name": "get_time", "arguments": {}}', None, [("get_time", {})]),  # stopped at the end
     (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [("get_weather", {"city": "Paris"})]),
-    (LLAMA3, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", '
-             '"parameters": {}}', None, [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
-    (MISTRAL, '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", '
-              '"arguments": {}}]', None, [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    (LLAMA3, ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", '
+              '"parameters": {}}'), None, [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+    (MISTRAL, ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", '
+               '"arguments": {}}]'), None, [("get_weather", {"city": "Paris"}), ("get_time", {})]),
     (MISTRAL, ' [{"name": "get_time", "arguments": {}}]', None, [("get_time", {})]),  # the special token decoded away
 ]
 # Answers that hold no call: text, a call of an unknown function, JSON that does not parse, a call in the wrong place.
@@ -204,7 +212,8 @@ def chat_bundle():
 
 
 @pytest.mark.parametrize(("template", "choice"), [
-    ("{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>", {"type": "function", "function": {"name": "book"}}),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>", {"type": "function",
+                                                                      "function": {"name": "book"}}),
     (LLAMA_TEMPLATE, "required"), (MISTRAL_TEMPLATE, {"type": "function", "function": {"name": "book"}}),
 ], ids=["hermes", "llama3", "mistral"])
 def test_a_forced_call_of_a_random_model_is_a_valid_call(chat_bundle, template: str, choice) -> None:
@@ -217,6 +226,7 @@ def test_a_forced_call_of_a_random_model_is_a_valid_call(chat_bundle, template: 
     arguments = json.loads(call["function"]["arguments"])
     if call["function"]["name"] == "book":  # the schema, checked by hand
         assert set(arguments) == {"room", "nights", "view"} and isinstance(arguments["room"], str)
-        assert re.fullmatch("[a-z]{1,3}", arguments["room"]) and arguments["nights"] in range(1, 10) and arguments["view"] in ("sea", "park")
+        assert re.fullmatch("[a-z]{1,3}", arguments["room"]) and arguments["nights"] in range(1, 10)
+        assert arguments["view"] in ("sea", "park")
     else:
         assert arguments == {}

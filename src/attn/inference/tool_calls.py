@@ -143,9 +143,8 @@ def _call_at(text: str, at: int, form: ToolFormat) -> tuple[_Found, int]:
         key = form.arguments_key if isinstance(item, dict) and form.arguments_key in item else "arguments"
         if not (isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get(key), dict | str)):
             return _Found(None, "", False), len(text)
-        arguments = item[key]
-        return _Found(item["name"], arguments if isinstance(arguments, str) else json.dumps(arguments,
-                                                                                           ensure_ascii=False), True), end
+        arguments = item[key] if isinstance(item[key], str) else json.dumps(item[key], ensure_ascii=False)
+        return _Found(item["name"], arguments, True), end
     name, start = json.loads(head.group(1)), head.end()
     try:
         value, end = _DECODER.raw_decode(text, start)

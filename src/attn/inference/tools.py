@@ -28,7 +28,13 @@ from attn.data.chat_template import ChatTemplate
 from attn.decoding import GenerationConfig
 from attn.decoding.grammar import JSON_LAYOUT, Grammar
 from attn.inference.continuation import continue_texts
-from attn.inference.tool_calls import CallStream, ToolCall, ToolFormat, parse_calls, tool_format
+from attn.inference.tool_calls import (
+    CallStream,
+    ToolCall,
+    ToolFormat,
+    parse_calls,
+    tool_format,
+)
 
 Tool = Mapping[str, Any]  # OpenAI's {"type": "function", "function": {"name", "description", "parameters"}}
 Message = Mapping[str, Any]
@@ -150,7 +156,8 @@ def call_grammar(tools: Sequence[Tool], name: str | None, form: ToolFormat) -> s
     schema = json.dumps({**call_schema(tools, name, form), "x-guidance": JSON_LAYOUT})
     if form.anchored:  # the opening is a special token, not text
         return f"start: call\ncall: %json {schema}\n"
-    return f"start: {json.dumps(form.opening + chr(10))} call {json.dumps(chr(10) + form.closing)}\ncall: %json {schema}\n"
+    opening, closing = json.dumps(form.opening + "\n"), json.dumps("\n" + form.closing)
+    return f"start: {opening} call {closing}\ncall: %json {schema}\n"
 
 
 @dataclasses.dataclass(frozen=True)
