@@ -8,6 +8,7 @@ Formats (chosen from the file name, `.gz` stripped, unless `attn.data.readers.Fi
 | `csv` | `*.csv` | a header row names the fields; the `csv` module's dialect: `,` and `"`-quoted fields |
 | `jsonl` | `*.jsonl`, `*.json` | one JSON object per line; the fields read must be strings |
 | `text` | anything else | a path prefix: field `de` of `corpus/train` is the file `corpus/train.de` (as in fairseq) |
+| `chat` | named only | JSON Lines of conversations, read by `attn.data.chat_data` for the language model |
 
 Every file may be gzipped (`x.tsv.gz`, `train.de.gz`) and is read whole through `attn.data.text.read_text`; a
 `\\r` before a line end is dropped, and a line over `max_line_chars` is an error. Blank lines (blank in every
@@ -33,7 +34,7 @@ from attn.core.errors import DataFormatError
 from attn.data.text import read_text
 from attn.shipped import locate
 
-FORMATS = ("auto", "tsv", "csv", "jsonl", "text")
+FORMATS = ("auto", "tsv", "csv", "jsonl", "text", "chat")  # chat: conversations (attn.data.chat_data)
 _SUFFIXES = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 
 

@@ -38,7 +38,7 @@ class Fields:
     tasks) for classification. With `format = "text"` a field names a file suffix instead of a column.
     """
 
-    format: str = "auto"  # auto | tsv | csv | jsonl | text
+    format: str = "auto"  # auto | tsv | csv | jsonl | text | chat (the lm task's conversations)
     source_field: str = "en"
     target_field: str = "es"
     text_field: str = "text"
@@ -224,6 +224,9 @@ def read_table(
         ConfigError: a join on a `text` file, which has no key field.
     """
     fmt = resolve_format(path, fields.format)
+    if fmt == "chat":
+        raise ConfigError("format", "chat files (conversations) train the lm task only; give this task a tsv, csv, "
+                                    "jsonl or text file, or leave format at auto")
     names = list(dict.fromkeys(wanted.values()))
     if fmt == "text":
         if fields.join:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from attn.inference.classification import class_probabilities
+from attn.inference.continuation import continue_texts
 from attn.inference.metrics import (
     accuracy,
     bleu,
@@ -24,6 +25,7 @@ from attn.inference.metrics import (
 )
 from attn.inference.translation import translate
 from attn.artifacts import Bundle
+from attn.data.chat_data import read_conversations
 from attn.data.readers import load_labelled, load_parallel
 from attn.data.text import read_text
 from attn.decoding import GenerationConfig
@@ -39,14 +41,41 @@ def evaluate_translation(
     sources, references = corpus.sources[:limit], corpus.targets[:limit]
     started = time.perf_counter()
     hypotheses = translate(bundle, sources, config)
-    b, c = bleu(hypotheses, references), chrf(hypotheses, references)
     return {
         "task": "translation", "file": str(path), "sentences": len(sources),
-        "bleu": round(b.value, 2), "chrf": round(c.value, 2),
-        "bleu_signature": b.signature, "chrf_signature": c.signature,
-        "seconds": round(time.perf_counter() - started, 1),
+        **_scores(hypotheses, references, started),
         "examples": [{"source": s, "reference": r, "hypothesis": h}
                      for s, r, h in list(zip(sources, references, hypotheses))[:5]],
+    }
+
+
+def _scores(hypotheses: list[str], references: list[str], started: float) -> dict[str, Any]:
+    """BLEU and chrF with their signatures, and the seconds since `started`."""
+    b, c = bleu(hypotheses, references), chrf(hypotheses, references)
+    return {"bleu": round(b.value, 2), "chrf": round(c.value, 2), "bleu_signature": b.signature,
+            "chrf_signature": c.signature, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def evaluate_chat(
+    bundle: Bundle, path: str | Path, config: GenerationConfig | None = None, limit: int | None = None
+) -> dict[str, Any]:
+    """BLEU and chrF of a chat model's answers against each conversation's last assistant turn, the conversation
+    before it given through the model's chat template (a chat file of `attn.data.chat_data`)."""
+    _check_positive("limit", limit)
+    conversations = read_conversations(path)[:limit]
+    prompts, references = [], []
+    for conversation in conversations:
+        messages = conversation.messages
+        last = max(i for i, message in enumerate(messages) if message["role"] == "assistant")
+        prompts.append(bundle.render_chat(messages[:last], add_generation_prompt=True))
+        references.append(messages[last]["content"] or "")
+    started = time.perf_counter()
+    found = continue_texts(bundle, prompts, config or GenerationConfig(), chat=True)
+    hypotheses = [continuations[0].text.strip() for continuations in found]
+    return {
+        "task": "chat", "file": str(path), "conversations": len(prompts), **_scores(hypotheses, references, started),
+        "examples": [{"line": conversation.line, "reference": r, "hypothesis": h}
+                     for conversation, r, h in list(zip(conversations, references, hypotheses))[:5]],
     }
 
 

@@ -53,13 +53,15 @@ class DataConfig:
     and globs, in a list or separated by commas (`attn.data.text_files.corpus_files`); the other tasks read one
     file. `format` and the `*_field` settings say which fields hold what in the training, validation and test files
     (`attn.data.readers.Fields`); `join` names a table whose fields are added to every row, matched on `join_key`.
+    `format = "chat"` makes the lm task fine-tune a chat model on conversations (`attn.data.chat_data`), learning
+    the assistant's turns only.
     `max_length` bounds training examples in tokens (0 = the model's max_positions); `mask_probability` is the
     share of tokens the masked-LM task predicts.
     """
 
     train: str | tuple[str, ...] = ""
     valid: str | tuple[str, ...] = ""
-    format: str = "auto"  # auto | tsv | csv | jsonl | text
+    format: str = "auto"  # auto | tsv | csv | jsonl | text | chat
     source_field: str = "en"
     target_field: str = "es"
     text_field: str = "text"
@@ -185,7 +187,8 @@ class BatchConfig:
     """Batch sizes. Each is global: a multi-process run splits every batch across the ranks.
 
     Translation batches hold up to `max_tokens` padded tokens per side and `max_sentences`
-    pairs; language-model batches hold `batch_size` windows of `block_size` tokens;
+    pairs, a chat run's up to `max_tokens` padded tokens and `max_sentences` conversations;
+    language-model batches hold `batch_size` windows of `block_size` tokens;
     classification and masked-LM batches hold `batch_size` texts. An update sums the gradients
     of `grad_accum` such batches.
     """

@@ -108,7 +108,8 @@ def _prepare(config: RunConfig, model_config: ModelConfig, builder: TaskBuilder,
         model_config = config.model.build(initial.model_config)
     seed_everything(train_config.seed)
     tokenizer = (resumed and resumed.tokenizer) or (initial and initial.tokenizer)
-    task = builder(config, model_config, TaskContext(ctx.rank, ctx.world_size, tokenizer))
+    template = (resumed and resumed.chat_template) or (initial and initial.chat_template)
+    task = builder(config, model_config, TaskContext(ctx.rank, ctx.world_size, tokenizer, template))
     if resumed is None:
         model = build_model(task.model_config, train_config.attention)
         fresh = copy_pretrained(initial, model) if initial is not None else []

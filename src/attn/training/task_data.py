@@ -9,6 +9,7 @@ registry (`attn.app.tasks`).
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,15 @@ from attn.data.batches import (
     WindowBatches,
     lm_batch,
 )
+from attn.data.chat_data import (
+    ChatExample,
+    collate_chat,
+    drop_long,
+    encode_conversations,
+    read_conversations,
+    unscored_id,
+)
+from attn.data.chat_template import ChatTemplate
 from attn.data.collate import (
     Pair,
     TranslationBatch,
@@ -76,6 +86,7 @@ class TaskData:
     metric: str = "val_loss"
     tokenizer: Tokenizer | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None  # the fine-tuned model's, kept in its checkpoints
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ class TaskContext:
     rank: int = 0
     world_size: int = 1
     tokenizer: Tokenizer | None = None  # the resumed checkpoint's, reused instead of training one
+    chat_template: str | None = None  # the resumed or fine-tuned model's
 
 
 TaskBuilder = Callable[[RunConfig, ModelConfig, TaskContext], TaskData]
@@ -141,7 +153,9 @@ def _encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequenc
 
 def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
     """Next-token prediction over the files of data.train, tokenized once into a token cache in RUN_DIR/data and
-    read through a memory map."""
+    read through a memory map; over the assistant's turns of conversations with `data.format = "chat"`."""
+    if config.data.format == "chat":
+        return chat_task(config, model_config, ctx)
     files = corpus_files(config.data.train, "data.train")
     valid_files = corpus_files(config.data.valid, "data.valid") if config.data.valid else None
     bar = _progress_bars(config, ctx)
@@ -159,7 +173,58 @@ def lm_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> T
     if valid_files:
         held_out = LMStream(token_ids(valid_files, tokenizer, cache / "valid", bar("tokenizing data.valid")), block)
         valid = lambda: (lm_batch(x, y) for x, y in held_out.eval_blocks(config.batch.eval_batch_size))
-    return TaskData(model_config, "forward", None, train, valid, tokenizer=tokenizer, info={"task": "lm"})
+    return TaskData(model_config, "forward", None, train, valid, tokenizer=tokenizer, info={"task": "lm"},
+                    chat_template=ctx.chat_template)
+
+
+def chat_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) -> TaskData:
+    """Next-token prediction of the assistant's turns of conversations (`attn.data.chat_data`), written by the chat
+    template of the model fine-tuned or resumed, in batches of similar length under `batch.max_tokens` and
+    `batch.max_sentences`. A conversation longer than `length_limit` is dropped, with a warning that counts them.
+
+    Raises:
+        ConfigError: no chat template or tokenizer comes with the model (`model.init_from`).
+        DataFormatError: a malformed conversation (its line), or a template that cannot mark the assistant's turns.
+    """
+    if ctx.chat_template is None or ctx.tokenizer is None:
+        raise ConfigError("data.format", "chat needs the chat template and tokenizer of the model it fine-tunes; "
+                                         "set model.init_from (--init) to a chat model, e.g. SmolLM2-135M-Instruct")
+    tokenizer = ctx.tokenizer
+    token = tokenizer.id_to_token
+    template = ChatTemplate(ctx.chat_template, {
+        "bos_token": None if tokenizer.bos_id is None else token(tokenizer.bos_id),
+        "eos_token": None if tokenizer.eos_id is None else token(tokenizer.eos_id)})
+    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
+    limit = length_limit(config, model_config)
+
+    def examples(path: str, key: str) -> list[ChatExample]:
+        kept, dropped = drop_long(encode_conversations(path, read_conversations(path), template, tokenizer), limit)
+        if dropped:
+            warnings.warn(f"{key}: {dropped} conversations longer than {limit} tokens were dropped; raise "
+                          "data.max_length (at most the model's max_positions) or shorten them", stacklevel=2)
+        if not kept:
+            raise ConfigError(key, f"no conversation of {path} fits in {limit} tokens; raise data.max_length")
+        return kept
+
+    train = examples(_required(config.data.train, "data.train"), "data.train")
+    valid = examples(_required(config.data.valid, "data.valid"), "data.valid") if config.data.valid else []
+    ignore = unscored_id(tokenizer.vocab_size, train, valid)
+
+    def batches_of(split: Sequence[ChatExample]) -> Callable[..., Batch]:
+        def make(indices: Sequence[int], epoch: int = 0) -> Batch:
+            x, y = collate_chat([split[i] for i in indices], ignore)
+            return Batch((x,), y, int((y != ignore).sum()), sum(len(split[i].ids) - 1 for i in indices))
+
+        return make
+
+    lengths = [len(example.ids) - 1 for example in train]
+    batch = config.batch
+    sampler = TokenBudgetSampler(lengths, [0] * len(train), batch.max_tokens, batch.max_sentences, seed=config.train.seed)
+    source = IndexedBatches(sampler, batches_of(train), ctx.rank, ctx.world_size)
+    held_out = (_fixed_batches([len(e.ids) - 1 for e in valid], [0] * len(valid), batch, batches_of(valid))
+                if valid else None)
+    return TaskData(model_config, "forward", ignore, source, held_out, tokenizer=tokenizer,
+                    info={"task": "lm"}, chat_template=ctx.chat_template)
 
 
 def _progress_bars(config: RunConfig, ctx: TaskContext) -> Callable[[str], str]:

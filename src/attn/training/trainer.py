@@ -323,7 +323,8 @@ class Trainer:
         if self.ctx.is_main:
             train = self.config.train
             task = self.task
-            contents = Checkpoint(weights, task.model_config, self.config.to_dict(), state, task.tokenizer, task.info)
+            contents = Checkpoint(weights, task.model_config, self.config.to_dict(), state, task.tokenizer, task.info,
+                                  chat_template=task.chat_template)
             contents.lora = self.lora
             path = save_checkpoint(self.config.run_dir, self.step, contents, train.keep_last, is_best)
         barrier(self.ctx)

@@ -155,9 +155,10 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     p = subcommand(sub, "evaluate", cmd_evaluate, "score a model on a data file with its task's metric",
                    "attn evaluate --model runs/quickstart/translation data/bible-en-es/test.tsv --json")
     model_flags(p, "a checkpoint, run directory or Hugging Face directory")
-    p.add_argument("data", help="the data file (TSV for translation/classification, text for LMs)")
+    p.add_argument("data", help="the data file (TSV for translation/classification, text for LMs, JSON Lines of "
+                   "conversations for chat models: BLEU of the answers to each last assistant turn)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--limit", type=int, help="translation: only the first N sentences")
+    p.add_argument("--limit", type=int, help="translation, chat: only the first N sentences or conversations")
     p.add_argument("--context", type=int, help="LM: window length in tokens (default: the model's positions)")
     p.add_argument("--stride", type=int, help="LM: slide the window by this many tokens and score only its "
                    "newest ones, so each has at least context - stride tokens before it (default: non-overlapping "

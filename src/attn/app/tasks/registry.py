@@ -4,7 +4,7 @@ in `TASKS` below.
 | task | architecture | trained on | validation metric | `attn evaluate` | baseline after a run |
 | --- | --- | --- | --- | --- | --- |
 | translation | encoder-decoder | source/target fields: TSV, CSV, JSON Lines, text files | val_loss | BLEU, chrF | copying the source |
-| lm | decoder-only | text | val_loss | nats per token/char | unigram model |
+| lm | decoder-only | text; conversations (`data.format = "chat"`) | val_loss | nats per token/char; BLEU, chrF of a chat file's answers | unigram model (text only) |
 | classification | encoder-only | text (+ pair) and label fields: TSV, CSV, JSON Lines | val_accuracy | accuracy, macro-F1 | naive Bayes |
 | mlm | encoder-only | text, or a table's text field | val_loss | - | - |
 | embedding | encoder-only (bundle) | - | - | - | - |

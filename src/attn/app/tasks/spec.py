@@ -26,7 +26,7 @@ class EvalOptions:
     """The options of `attn evaluate`; each task's evaluator reads those that concern it.
 
     Attributes:
-        limit: translation: only the first N sentences.
+        limit: translation, chat: only the first N sentences or conversations.
         context: language model: the window length in tokens (default: the model's positions).
         stride: language model: a sliding window's step in tokens (default: non-overlapping windows).
     """
