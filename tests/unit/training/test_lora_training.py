@@ -7,6 +7,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from attn.app.cli import main
 from attn.app.tasks import get_task
 from attn.artifacts import load_model
 from attn.artifacts.checkpoint import (
@@ -142,3 +143,11 @@ def test_bad_lora_settings_name_the_key(overrides, field):
     with pytest.raises(ConfigError) as err:
         RunConfig().override(*overrides)
     assert err.value.field == field
+
+
+def test_convert_exports_a_lora_run_with_its_adapters_merged(base, tmp_path):
+    train(lora_config(base, tmp_path / "run", "train.max_steps=2"))
+    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "llama"]) == 0
+    tuned, exported = load_model(tmp_path / "run", "cpu"), load_model(tmp_path / "hf", "cpu")
+    tokens = torch.tensor([tuned.tokenizer.encode("To be, or not")])
+    torch.testing.assert_close(exported.model(tokens), tuned.model(tokens), atol=1e-5, rtol=1e-5)

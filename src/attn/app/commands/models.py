@@ -14,6 +14,7 @@ from attn.artifacts import load_model, save_model
 from attn.artifacts.pretrained import FAMILIES, export_pretrained
 from attn.artifacts.pretrained.gguf_export import QUANTIZATIONS, export_gguf
 from attn.core.errors import CheckpointError, ConfigError
+from attn.core.lora import merge_lora
 from attn.core.presets import preset, preset_names
 from attn.core.quantized import Quantization
 from attn.data.tokenizer_kinds import TRAINED_KINDS
@@ -46,6 +47,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ConfigError("--quantize", f"{args.to} directories hold float weights: convert --to attn to store "
                                         f"{args.quantize} weights")
     bundle = load_model(args.source, "cpu", require_tokenizer=False, quantize=args.quantize, dequantize=True)
+    merge_lora(bundle.model)  # a LoRA run converts as its base with the adapters folded in
     if args.to == "attn":
         if bundle.imported is None and args.quantize is None:
             raise CheckpointError(f"{args.source}: already an attn checkpoint (no Hugging Face config.json); "
