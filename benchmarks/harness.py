@@ -17,8 +17,10 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -306,6 +308,17 @@ def write_case(result: CaseResult, settings: Settings) -> Path:
     document = {"settings": settings.describe(), **result.to_dict()}
     path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
     return path
+
+
+def script_record(script: str, argv: Sequence[str] | None, model: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The head of a benchmark script's record: its command (`python -m benchmarks.<script> ...`), the date, the
+    commit, the machine, torch and its threads, the machine's load now (`uptime`), the model and the settings."""
+    return {"command": f"python -m benchmarks.{script} " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": git_commit(), "machine": device_name(torch.device("cpu")), "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "load_before": subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout.strip(),
+            "model": model, "settings": settings}
 
 
 def write_record(out_dir: Path, suffix: str, record: dict[str, Any], text: str) -> None:

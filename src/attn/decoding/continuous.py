@@ -214,7 +214,7 @@ class RunningBatch:
         adjusted = adjust_logits(logits, history, row.config, self.eos_id, torch.tensor([at_limit]),
                                  row.prompt_length)
         if row.grammar is not None:
-            adjusted = adjusted.masked_fill(~self._allowed(row, adjusted.size(-1)).to(adjusted.device), float("-inf"))
+            adjusted = adjusted.where(self._allowed(row, adjusted.size(-1)).to(adjusted.device), float("-inf"))
         token = int(choose_tokens(adjusted, row.config, row.generator))
         row.history.append(token)
         return RowToken(row.key, token, adjusted[0], self._finish(row, token, at_limit))
