@@ -324,8 +324,7 @@ class Trainer:
             train = self.config.train
             task = self.task
             contents = Checkpoint(weights, task.model_config, self.config.to_dict(), state, task.tokenizer, task.info,
-                                  chat_template=task.chat_template)
-            contents.lora = self.lora
+                                  chat_template=task.chat_template, lora=self.lora)
             path = save_checkpoint(self.config.run_dir, self.step, contents, train.keep_last, is_best)
         barrier(self.ctx)
         self._saved = (self.step, path)
