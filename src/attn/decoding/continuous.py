@@ -8,6 +8,8 @@ running one (`stack_rows`), chooses every row's next token under that row's sett
 or were `remove`d (`KVCache.reorder`, then `KVCache.trim_padding` frees the columns only they used), and feeds the
 others' tokens in one `decode_one_token`. With a `PrefixCache`, a prompt that starts with tokens decoded before
 starts from their keys and values and feeds only the rest, and every row that leaves keeps its keys and values there.
+A row with a grammar (`attn.decoding.grammar`) gets its own matcher from the batch's `matcher` factory when it is
+added; at each step its scores outside the matcher's mask are -inf, and its token is fed to the matcher.
 
 Padding is masked and positions count real tokens only, so each row gets the tokens and scores it gets decoded alone
 (scores equal up to float rounding of the larger matrix products), whatever joins or leaves around it. Only the

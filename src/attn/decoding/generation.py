@@ -9,8 +9,8 @@ the same sessions.
 Conventions:
 - The lists returned hold the new tokens only: no prompt, no start token, no EOS (nor one of `config.stop_ids`,
   which end a row as EOS does). A stop string ends its row after the token that completes it; that token is kept.
-- A row stops at EOS or a stop id, at a stop string, or after its token limit, and leaves the batch, so the others
-  go on with a smaller one.
+- A row stops at EOS or a stop id, at a stop string, once its grammar is complete (`config.grammar`, its last token
+  kept), or after its token limit, and leaves the batch, so the others go on with a smaller one.
 - Lengths are checked before anything runs: a prompt and its new tokens but the last, which is never fed back, must
   fit in the model's `max_positions`; without a limit, a batch of prompts gets all the room its longest one leaves.
   Translations default to source length + 50 tokens (section 6.1 of the paper).

@@ -159,7 +159,8 @@ class GeneratedToken:
             yet complete, or what may be the start of a stop string: it comes with a later token).
         logprob: the token's log-probability under the scores it was chosen from.
         top: the most likely tokens of this step as (id, log-probability), best first.
-        finish: None, except on the last token: "stop" (EOS, a stop id or a stop string) or "length" (the limit).
+        finish: None, except on the last token: "stop" (EOS, a stop id, a stop string or a completed grammar) or
+            "length" (the limit).
     """
 
     id: int
