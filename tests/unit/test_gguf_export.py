@@ -24,7 +24,7 @@ from test_gguf_tokenizer import VOCABULARY
 from tiny_gguf import SPECIALS, TOKENIZER, TOKENS, write_gguf
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from attn import build_model, load_model, preset
+from attn import GenerationConfig, build_model, generate, load_model, preset
 from attn.app import cli
 from attn.artifacts.loading import packaged_model_dir
 from attn.artifacts.pretrained import export_pretrained
@@ -236,3 +236,20 @@ def test_a_model_without_tokenizer_or_an_unknown_type_is_refused(tmp_path: Path)
     with pytest.raises(ConfigError, match="q4_k_m"):
         export_gguf(build_model(config), config, tmp_path / "x.gguf", None, quantize="q3_k")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_smollm2_exported_as_q8_0_answers_as_the_file_it_came_from(tmp_path: Path) -> None:
+    """Fast tests cover each part on tiny models; this one reads the real file (about 30 s on two cores). Its Q4_1
+    weights rounded again to Q8_0 may turn a later greedy choice; the first is the same."""
+    source = load_model(packaged_model_dir("SmolLM2-135M-Instruct"), "cpu", dequantize=True)
+    back = load_model(exported(source, tmp_path / "smollm2.gguf", "q8_0"), "cpu")
+    assert back.chat_template == source.chat_template and back.stop_ids == source.stop_ids
+    questions = ["What is the capital of France?", "Name three colours.", "What is 2 + 2?"]
+    prompts = [source.tokenizer.encode(source.render_chat([{"role": "user", "content": q}])) for q in questions]
+    assert [back.tokenizer.encode(back.render_chat([{"role": "user", "content": q}])) for q in questions] == prompts
+    config = GenerationConfig(max_new_tokens=16)
+    ours = generate(back.model, prompts, config, eos_id=back.eos_id)
+    theirs = generate(source.model, prompts, config, eos_id=source.eos_id)
+    assert [answer[0] for answer in ours] == [answer[0] for answer in theirs]
+    assert all(back.tokenizer.decode(answer).strip() for answer in ours)
