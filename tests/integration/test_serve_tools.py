@@ -102,7 +102,7 @@ def tiny():
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
      "tools.0.function.parameters", "give a schema of \"type\": \"object\""),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
-     "cannot also follow response_format"),
+     "cannot also follow another format"),
     ({"messages": [*QUESTION, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id",
      "a tool message gives the id of the call it answers"),
     ({"messages": [{"role": "user", "content": None}]}, "messages.0.content", "null only in an assistant message"),

@@ -15,6 +15,7 @@ from chat_models import SMOLLM2_TEMPLATE, tiny_chat_bundle
 from attn.core.errors import ConfigError
 from attn.data.chat_template import ChatTemplate
 from attn.decoding import GenerationConfig
+from attn.inference.chat import ChatSession
 from attn.inference.tool_calls import (
     FALLBACK,
     HERMES,
@@ -128,6 +129,7 @@ def test_a_call_is_sent_by_its_name_first_then_its_arguments_as_they_come() -> N
         {"index": 0, "function": {"arguments": 'ris"}'}}]
 
 
+HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>"
 MISTRAL_TEMPLATE = "{{ bos_token }}{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}[TOOL_CALLS]"
 LLAMA_TEMPLATE = ('{% if tools %}Respond as {"name": function name, "parameters": arguments}{% endif %}'
                   "{% for m in messages %}{{ m.content }}{% endfor %}")
@@ -212,8 +214,7 @@ def chat_bundle():
 
 
 @pytest.mark.parametrize(("template", "choice"), [
-    ("{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>", {"type": "function",
-                                                                      "function": {"name": "book"}}),
+    (HERMES_TEMPLATE, {"type": "function", "function": {"name": "book"}}),
     (LLAMA_TEMPLATE, "required"), (MISTRAL_TEMPLATE, {"type": "function", "function": {"name": "book"}}),
 ], ids=["hermes", "llama3", "mistral"])
 def test_a_forced_call_of_a_random_model_is_a_valid_call(chat_bundle, template: str, choice) -> None:
@@ -230,3 +231,20 @@ def test_a_forced_call_of_a_random_model_is_a_valid_call(chat_bundle, template: 
         assert arguments["view"] in ("sea", "park")
     else:
         assert arguments == {}
+
+
+def test_a_chat_session_calls_a_function_then_answers_its_result(chat_bundle) -> None:
+    bundle = dataclasses.replace(chat_bundle, chat_template=HERMES_TEMPLATE)
+    session = ChatSession(bundle, GenerationConfig(max_new_tokens=80, sample=True, seed=0), tools=[NOTHING, BOOKING],
+                          tool_choice={"type": "function", "function": {"name": "book"}})
+    with pytest.raises(ConfigError, match="one result per call"):
+        session.answer_calls(["booked"])
+    shown = "".join(session.reply("A room?"))
+    (call,) = session.calls
+    assert shown.startswith('<tool_call>\n{"name": "book", "arguments": {') and call.name == "book"
+    answer = "".join(session.answer_calls(["booked"]))
+    assert session.messages == [{"role": "user", "content": "A room?"},
+                                {"role": "assistant", "content": None, "tool_calls": [call.openai()]},
+                                {"role": "tool", "tool_call_id": call.id, "content": "booked"},
+                                {"role": "assistant", "content": answer}]
+    assert session.calls == [] and "<tool_call>" not in answer

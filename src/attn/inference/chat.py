@@ -3,21 +3,27 @@
 A conversation becomes a prompt through the model's template (`Bundle.render_chat`); the answer is that prompt's
 continuation, which ends at the model's end of turn as well as at its EOS. A `ChatSession` keeps the keys and values
 of its prompts and answers (`PrefixCache`), so each turn feeds the model only what its prompt adds to the tokens
-before: the new message, and whatever the template renders differently from the answer's own tokens.
+before: the new message, and whatever the template renders differently from the answer's own tokens. With tools
+(`attn.inference.tools`), an answer may call functions (`ChatSession.calls`), whose results `answer_calls` sends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from attn.inference.continuation import generate_stream
 from attn.inference.inputs import expect_model
+from attn.inference.tool_calls import ToolCall
+from attn.inference.tools import Tool, ToolUse
 from attn.artifacts import Bundle
+from attn.core.errors import ConfigError
 from attn.data.text import check_unicode
 from attn.decoding import DEFAULT_PREFIX_CACHE_BYTES, GenerationConfig, PrefixCache
 from attn.models import Decoder
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 
 def conversation(text: str, system: str | None = None) -> list[Message]:
@@ -36,6 +42,10 @@ class ChatSession:
         system: the system message that starts the conversation (None: the template's default, if it has one).
         prefix_cache_bytes: the most bytes of keys and values kept between turns (0: none kept, every turn
             prefills the whole conversation).
+        tools: the functions the model may call (OpenAI's tool objects), or None.
+        tool_choice: OpenAI's "none", "auto" (the default with tools), "required" or {"type": "function",
+            "function": {"name": ...}}: a forced call answers each user message; the answer to the calls' results
+            is the model's choice.
 
     Raises:
         ChatTemplateError: the model has no chat template.
@@ -56,9 +66,12 @@ class ChatSession:
     """
 
     def __init__(self, bundle: Bundle, config: GenerationConfig, system: str | None = None,
-                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, tools: Sequence[Tool] | None = None,
+                 tool_choice: str | Mapping[str, Any] | None = None) -> None:
         expect_model(bundle, Decoder, "chat")
-        bundle.compiled_chat_template()  # a model without a template is refused before the first message
+        self.template = bundle.compiled_chat_template()  # a model without one is refused before the first message
+        self.tools = ToolUse.of(self.template, tools, tool_choice)
+        self.calls: list[ToolCall] = []  # the calls of the last answer
         self.bundle = bundle
         self.config = config
         self.system = system
@@ -83,15 +96,37 @@ class ChatSession:
             TextError: `text` is not valid Unicode.
         """
         messages = [*self.messages, {"role": "user", "content": check_unicode(text, "message")}]
-        pieces = generate_stream(self.bundle, self.bundle.render_chat(messages), self.config, chat=True,
-                                 prefix_cache=self.prefix_cache)
-        return self._answer(messages, pieces)
+        return self._turn(messages, self.tools)
 
-    def _answer(self, messages: list[Message], pieces: Iterator[str]) -> Iterator[str]:
+    def answer_calls(self, results: Sequence[str]) -> Iterator[str]:
+        """The answer once the last answer's calls (`calls`) returned `results`, one each, in their order; as `reply`.
+
+        Raises:
+            ConfigError: not one result per call (field "results").
+        """
+        if not self.calls or len(results) != len(self.calls):
+            raise ConfigError("results", f"the last answer made {len(self.calls)} calls, and {len(results)} results "
+                              "came back; give one result per call, after an answer that calls")
+        returned = [{"role": "tool", "tool_call_id": call.id, "content": check_unicode(result, "result")}
+                    for call, result in zip(self.calls, results)]
+        choice = "auto" if self.tools.calls else "none"
+        return self._turn([*self.messages, *returned], dataclasses.replace(self.tools, choice=choice))
+
+    def _turn(self, messages: list[Message], tools: ToolUse) -> Iterator[str]:
+        prompt = tools.prompt(self.template, messages)
+        pieces = generate_stream(self.bundle, prompt, tools.applied(self.config), chat=True,
+                                 prefix_cache=self.prefix_cache)
+        return self._answer(messages, pieces, tools)
+
+    def _answer(self, messages: list[Message], pieces: Iterator[str], tools: ToolUse) -> Iterator[str]:
         shown: list[str] = []
         try:
             for piece in pieces:
                 shown.append(piece)
                 yield piece
         finally:
-            self.messages = [*messages, {"role": "assistant", "content": "".join(shown)}]
+            content, self.calls = tools.parsed("".join(shown))
+            answer: Message = {"role": "assistant", "content": content}
+            if self.calls:
+                answer["tool_calls"] = [call.openai() for call in self.calls]
+            self.messages = [*messages, answer]

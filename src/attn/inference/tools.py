@@ -205,6 +205,22 @@ class ToolUse:
             raise ConfigError("tools", f"a call cannot be forced to follow the functions' parameter schemas "
                               f"({error.detail}); correct the schema, or send tool_choice \"auto\"") from None
 
+    def applied(self, config: GenerationConfig) -> GenerationConfig:
+        """`config` with the grammar of the call this forces, if it forces one.
+
+        Raises:
+            ConfigError: a forced call and another grammar in `config` (field "tool_choice"), or a parameter schema
+                llguidance cannot follow (field "tools").
+        """
+        grammar = self.grammar()
+        if grammar is None:
+            return config
+        if config.grammar is not None:
+            raise ConfigError("tool_choice", "a forced call is all the answer holds, so it cannot also follow "
+                              "another format (response_format, --json-schema, ...); leave that out, or let the "
+                              "model choose (tool_choice \"auto\")")
+        return dataclasses.replace(config, grammar=grammar)
+
     def parsed(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(the answer's text, None when there is none; its calls)."""
         return parse_calls(text, self.form, function_names(self.tools)) if self.calls else (text, [])
@@ -225,7 +241,7 @@ def tool_answer(bundle: Bundle, messages: Sequence[Message], tools: Sequence[Too
     """
     template = bundle.compiled_chat_template()
     use = ToolUse.of(template, tools, tool_choice)
-    config = dataclasses.replace(config or GenerationConfig(), grammar=use.grammar())
+    config = use.applied(config or GenerationConfig())
     text = continue_texts(bundle, [use.prompt(template, messages)], config, chat=True)[0][0].text
     content, calls = use.parsed(text)
     return {"role": "assistant", "content": content, "tool_calls": [call.openai() for call in calls] or None}

@@ -9,7 +9,9 @@ import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+import pydantic
 
 from attn.app.commands.flags import (
     decoding_flags,
@@ -28,14 +30,17 @@ from attn.app.commands.io import (
     write_output,
 )
 from attn.app.plots import plot_attention
+from attn.app.serve.tool_schemas import ToolSpec
 from attn.artifacts import load_model
 from attn.core.errors import AttnError, ConfigError, GenerationError
 from attn.core.linear import inference
+from attn.data.text import read_text
 from attn.decoding import check_samples
 from attn.inference.attention_views import attention_of
 from attn.inference.chat import ChatSession, conversation
 from attn.inference.classification import classify, embed
 from attn.inference.continuation import continue_texts, generate_stream
+from attn.inference.tools import check_tool_choice
 from attn.inference.translation import translate
 
 
@@ -120,13 +125,22 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> None:
                    help="most tokens of one answer (default: 200, fewer when the model's positions run out)")
     sampling_flags(p)
     grammar_flags(p)
+    p.add_argument("--tools", metavar="FILE", help="the functions the model may call: a JSON list of OpenAI's tool "
+                   "objects; after an answer that calls, each call's result is read as one line")
+    p.add_argument("--tool-choice", dest="tool_choice", metavar="CHOICE",
+                   help="with --tools: auto (the default), none, required, or a function's name (a call is forced)")
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     config = generation_config(args, "--max-tokens")  # checked before a model is loaded
+    tools, choice = _tools(args)
     bundle = load_model(args.model, args.device, quantize=args.quantize, dtype=args.dtype)
     check_bias_ids(bundle.model, config)
-    session = ChatSession(bundle, config, args.system)
+    try:
+        session = ChatSession(bundle, config, args.system, tools=tools, tool_choice=choice)
+        session.tools.applied(config)  # a forced call and a grammar flag do not go together
+    except ConfigError as error:
+        raise flag_error(error, {"tool_choice": "--tool-choice"}) from None
     with inference(bundle.model):  # weights packed once for every answer, not once for each
         return _chat_loop(session, args.model)
 
@@ -153,12 +167,22 @@ def _chat_loop(session: ChatSession, model: str) -> int:
 
 def _answer(session: ChatSession, text: str) -> None:
     """Prints the answer to `text` as it streams; Ctrl-C stops it. A mistake (a conversation too long for the
-    model) is one line, and the chat goes on."""
-    try:
-        pieces = session.reply(text)
-    except AttnError as error:
-        print(f"attn: error: {error}; /reset starts a new conversation", file=sys.stderr)
-        return
+    model) is one line, and the chat goes on. While an answer calls functions, each result is read as a line and
+    the answer to them follows."""
+    answer: Callable[[], Iterator[str]] | None = lambda: session.reply(text)
+    while answer is not None:
+        try:
+            pieces = answer()
+        except AttnError as error:
+            print(f"attn: error: {error}; /reset starts a new conversation", file=sys.stderr)
+            return
+        if not _shown(pieces):
+            return
+        answer = _results(session)
+
+
+def _shown(pieces: Iterator[str]) -> bool:
+    """Prints the pieces as they come; False when Ctrl-C stopped them."""
     with contextlib.closing(pieces):
         try:
             for piece in pieces:
@@ -166,8 +190,44 @@ def _answer(session: ChatSession, text: str) -> None:
         except KeyboardInterrupt:
             print(flush=True)
             print("attn chat: answer stopped", file=sys.stderr)
-            return
+            return False
     print(flush=True)
+    return True
+
+
+def _results(session: ChatSession) -> Callable[[], Iterator[str]] | None:
+    """The answer to the results of the last answer's calls, each read as a line; None without calls, or when
+    the input ends."""
+    results = []
+    for call in session.calls:
+        print(f"attn chat: {call.name} called with {call.arguments}; its result:", file=sys.stderr)
+        try:
+            results.append(input("< " if sys.stdin.isatty() else ""))
+        except (EOFError, KeyboardInterrupt):
+            return None
+    return (lambda: session.answer_calls(results)) if results else None
+
+
+def _tools(args: argparse.Namespace) -> tuple[list[dict] | None, str | dict | None]:
+    """--tools FILE read and checked, and --tool-choice in OpenAI's form."""
+    if args.tools is None:
+        if args.tool_choice is not None:
+            raise ConfigError("--tool-choice", "chooses among tools: give --tools FILE as well")
+        return None, None
+    try:
+        tools = [ToolSpec.model_validate(tool).model_dump(exclude_none=True) for tool in json.loads(
+            read_text(args.tools))]
+    except (json.JSONDecodeError, TypeError, pydantic.ValidationError) as error:
+        raise ConfigError("--tools", f"{args.tools}: not a JSON list of tools ({' '.join(str(error).split())}); give "
+                          "[{\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}]") from None
+    choice = args.tool_choice
+    if choice not in (None, "auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    try:
+        check_tool_choice(tools, choice)
+    except ConfigError as error:
+        raise flag_error(error, {"tool_choice": "--tool-choice"}) from None
+    return tools, choice
 
 
 def add_classify_parser(sub: argparse._SubParsersAction) -> None:

@@ -34,7 +34,7 @@ from attn.app.serve.gate import Traffic
 from attn.app.serve.prometheus import ServeMetrics
 from attn.app.serve.options import ServeOptions
 from attn.app.serve.served_models import ServedModel
-from attn.app.serve.tool_answers import ToolChatCompletion, with_tools
+from attn.app.serve.tool_answers import ToolChatCompletion
 from attn.app.serve.responses import (
     AttentionResponse,
     ChatCompletionResponse,
@@ -227,7 +227,7 @@ def _chat_completion(request: Request, body: ChatCompletionRequest) -> ChatCompl
     asked = token_limit(options, body.limit(), "max_tokens" if body.max_completion_tokens is None
                         else "max_completion_tokens")
     config = _checked(lambda: _decoding_config(request, body, served, asked, len(prompt), chat=True), "messages")
-    config = _checked(lambda: with_tools(config, tools), "tools")
+    config = _checked(lambda: tools.applied(config), "tools")
     if asked is None:  # the model's default limit, held to the server's cap
         config = dataclasses.replace(config, max_new_tokens=held_to_cap(options, config.max_new_tokens))
     top = (body.top_logprobs or 0) if body.logprobs else 0

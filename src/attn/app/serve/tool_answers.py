@@ -9,8 +9,6 @@ from typing import Any
 
 from attn.app.serve.answers import ChatCompletion
 from attn.app.serve.work import Chunk
-from attn.core.errors import ConfigError
-from attn.decoding import GenerationConfig
 from attn.inference.tool_calls import CallStream
 from attn.inference.tools import ToolUse
 
@@ -45,18 +43,3 @@ class ToolChatCompletion(ChatCompletion):
         choice["finish_reason"] = finish
         return event
 
-
-def with_tools(config: GenerationConfig, use: ToolUse) -> GenerationConfig:
-    """`config` with the grammar of the call that `use` forces, if it forces one.
-
-    Raises:
-        ConfigError: a forced call asked together with a response_format (field "tool_choice"), or a parameter
-            schema llguidance cannot follow (field "tools").
-    """
-    grammar = use.grammar()
-    if grammar is None:
-        return config
-    if config.grammar is not None:
-        raise ConfigError("tool_choice", "a forced call is all the answer holds, so it cannot also follow "
-                          "response_format; leave response_format out, or send tool_choice \"auto\"")
-    return dataclasses.replace(config, grammar=grammar)
