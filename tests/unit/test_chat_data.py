@@ -11,6 +11,7 @@ import pytest
 import torch
 from chat_models import SMOLLM2_TEMPLATE, tiny_chat_bundle
 
+from attn import load_run_config
 from attn.app.tasks import EvalOptions, evaluate, get_task
 from attn.artifacts import Bundle, load_model, save_model
 from attn.core.errors import ConfigError, DataFormatError
@@ -28,6 +29,7 @@ from attn.decoding import GenerationConfig
 from attn.training import run_training
 from attn.training.runconfig import RunConfig
 from attn.training.task_data import TaskContext, lm_task
+from benchmarks.bible_chat import FOLDER, PROMPT, write_chats
 
 TWO_TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"},
              {"role": "assistant", "content": "Hi there."}, {"role": "user", "content": "How are you?"},
@@ -144,3 +146,17 @@ def test_chat_files_need_a_model_with_a_template_and_belong_to_the_lm_task(chat,
         lm_task(config, chat.model_config, TaskContext(tokenizer=chat.tokenizer))
     with pytest.raises(ConfigError, match="format: chat files .* train the lm task only"):
         load_parallel(train, Fields(format="chat"))
+
+
+def test_the_bible_chat_recipes_read_the_files_their_data_step_writes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert write_chats(FOLDER) == {"train": 27_378, "valid": 983, "test": 1_043}
+    first = read_conversations(f"{FOLDER}/test.jsonl")[0].messages
+    verse = load_parallel("data/bible-en-es/test.tsv")
+    assert first == [{"role": "user", "content": PROMPT + verse.sources[0]},
+                     {"role": "assistant", "content": verse.targets[0]}]
+    for name, rank in (("smollm2-bible-chat", 0), ("smollm2-bible-chat-lora", 16)):
+        config = load_run_config(f"configs/{name}.toml")
+        assert (config.data.format, config.data.train, config.data.valid, config.lora.rank) == \
+            ("chat", f"{FOLDER}/train.jsonl", f"{FOLDER}/valid.jsonl", rank)
+        assert config.model.init_from == "SmolLM2-135M-Instruct"
