@@ -15,6 +15,7 @@ cannot mark turns this way and is refused.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -92,8 +93,9 @@ def _messages(path: str, line: int, row: Mapping[str, Any]) -> list[dict[str, An
         except TextError as error:
             raise DataFormatError(path, f"{where} ({role}) {error.detail}", line) from None
     if not any(message["role"] == "assistant" for message in messages):
-        raise DataFormatError(path, "the conversation has no assistant turn, so nothing in it is learned; add the "
-                                    'answer as a message with the role "assistant", or delete the line', line)
+        raise DataFormatError(path, "the conversation has no assistant turn (what training learns and evaluation "
+                                    'scores); add the answer as a message with the role "assistant", or delete the '
+                                    "line", line)
     return messages
 
 
@@ -134,7 +136,7 @@ def encode_conversations(
         except ChatTemplateError as error:
             raise DataFormatError(str(path), str(error), conversation.line) from None
         bounds = [0, *(at for span in spans for at in span), len(text)]
-        cut.append([text[start:end] for start, end in zip(bounds, bounds[1:])])
+        cut.append([text[start:end] for start, end in itertools.pairwise(bounds)])
     encoded = iter(tokenizer.encode_batch([piece for pieces in cut for piece in pieces]))
     examples = []
     for conversation, pieces in zip(conversations, cut, strict=True):

@@ -219,7 +219,8 @@ def chat_task(config: RunConfig, model_config: ModelConfig, ctx: TaskContext) ->
 
     lengths = [len(example.ids) - 1 for example in train]
     batch = config.batch
-    sampler = TokenBudgetSampler(lengths, [0] * len(train), batch.max_tokens, batch.max_sentences, seed=config.train.seed)
+    sampler = TokenBudgetSampler(lengths, [0] * len(train), batch.max_tokens, batch.max_sentences,
+                                 seed=config.train.seed)
     source = IndexedBatches(sampler, batches_of(train), ctx.rank, ctx.world_size)
     held_out = (_fixed_batches([len(e.ids) - 1 for e in valid], [0] * len(valid), batch, batches_of(valid))
                 if valid else None)
