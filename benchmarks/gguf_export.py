@@ -16,6 +16,7 @@ import itertools
 import json
 import platform
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             for i, (q, t) in enumerate(zip(QUESTIONS, theirs, strict=True))]
     equal = {name: sum(row[name] == row["llama.cpp"] for row in rows) for name in ours}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    command = "PYTHONPATH=. /work/bench-venv/bin/python -m benchmarks.gguf_export " + " ".join(argv or [])
+    command = "PYTHONPATH=. /work/bench-venv/bin/python -m benchmarks.gguf_export " + " ".join(
+        sys.argv[1:] if argv is None else argv)
     summary = {"command": command, "commit": commit, "machine": platform.processor() or platform.machine(),
                "new_tokens": args.new, "prompts": len(rows), "equal to llama.cpp": equal,
                "prompts tokenized alike": sum(same_ids), "rows": rows}
