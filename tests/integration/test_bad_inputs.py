@@ -58,6 +58,7 @@ PAIRS = "ref\ten\tes\nGen 1:1\tIn the beginning.\tEn el principio.\nGen 1:3\tLet
 LABELS = "label\ttext\nart\tA yawn is a silent shout.\nlaw\tThe court adjourned.\nfood\tEat your greens.\n"
 LONG_TEXT = "x" * 100  # more characters, so more tokens, than the tiny models' 64 positions
 STEP = "checkpoints/step-00000001"
+CHAT = '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}\n'
 
 
 # -- the world every case runs in -------------------------------------------------------------
@@ -391,6 +392,17 @@ CASES = [
     Case("lm-corpus-empty", "a language model's corpus files that hold no text",
          train("lm", "data.train={case}/a.txt,{case}/b.txt.gz"), 1,
          "a.txt: the corpus (2 files: this one and 1 more) holds no text", files({"a.txt": "", "b.txt.gz": gzipped(b"")})),
+    Case("chat-training-without-a-template", "conversations to train a model that has no chat template",
+         train("lm", "data.train={case}/chats.jsonl", "data.format=chat"), 2,
+         "data.format: chat needs the chat template and tokenizer of the model it fine-tunes",
+         files({"chats.jsonl": CHAT})),
+    Case("chat-format-for-translation", "conversations given to the translation task",
+         train("translation", "data.train={case}/chats.jsonl", "data.format=chat"), 2,
+         "format: chat files (conversations) train the lm task only", files({"chats.jsonl": CHAT})),
+    Case("chat-no-assistant-turn", "a conversation without an assistant turn",
+         ("evaluate", "--model", "{lm}", "{case}/chats.jsonl"), 1,
+         "chats.jsonl:2: the conversation has no assistant turn",
+         files({"chats.jsonl": CHAT + '{"messages": [{"role": "user", "content": "Hi"}]}\n'})),
     Case("file-list-for-one-file-task", "a list of files for a task that reads one",
          train("translation", 'data.train=["{case}/a.tsv", "{case}/b.tsv"]'), 2,
          "data.train: a list of files is read by the lm task only"),
