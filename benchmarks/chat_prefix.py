@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import datetime
 import json
-import shlex
 import statistics
 import sys
 import threading
@@ -38,13 +36,13 @@ import uvicorn
 
 from attn.app.serve import ServedModel, ServeOptions, create_app, listen
 from attn.artifacts import Bundle, load_model
+from attn.core.presets import preset
 from attn.data.tokenizers import Tokenizer
 from attn.decoding import DEFAULT_PREFIX_CACHE_BYTES, GenerationConfig, PrefixCache
 from attn.inference.chat import ChatSession
 from attn.models import build_model
-from attn.core.presets import preset
 from benchmarks.chat_model import QUESTIONS, gguf_path
-from benchmarks.harness import RESULTS_DIR, device_name, git_commit, write_record
+from benchmarks.harness import RESULTS_DIR, script_record, write_record
 from benchmarks.serving_load import uptime
 
 MODES = {"cached": DEFAULT_PREFIX_CACHE_BYTES, "uncached": 0}
@@ -192,14 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = tiny_bundle() if args.quick else load_model(gguf_path(), "cpu")
-    record: dict[str, Any] = {
-        "command": "python -m benchmarks.chat_prefix " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": git_commit(), "machine": device_name(torch.device("cpu")), "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "load_before": uptime(),
-        "model": "tiny random chat model" if args.quick else str(gguf_path()),
-        "settings": {"turns": args.turns, "answer_tokens": args.answer_tokens, "reps": args.reps},
-    }
+    record = script_record("chat_prefix", argv, "tiny random chat model" if args.quick else str(gguf_path()),
+                           {"turns": args.turns, "answer_tokens": args.answer_tokens, "reps": args.reps})
     config = GenerationConfig(max_new_tokens=args.answer_tokens)
     record["results"] = run(bundle, list(QUESTIONS[: args.turns]), config, args.reps)
     record["load_after"] = uptime()
