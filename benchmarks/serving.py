@@ -15,8 +15,10 @@ the first token. Each request alone (one client) alternates with the library cal
 timed in this process. Nothing is asserted: timings on a shared machine are noisy.
 
 The soak (`benchmarks.serving_soak`): 32 clients for N minutes on every route, chat streams left halfway
-among them; every answer checked against the same request's answer alone, the server's memory, its queue
-once the clients stop, and SIGTERM under load. The command exits with status 1 when a check fails.
+among them, and on the chat model structured output, forced tool calls, a tool round trip and multi-turn
+chats (`benchmarks.serving_mix`); every answer checked against the same request's answer alone (and a
+structured answer or tool call against its schema), the server's memory, its queue once the clients stop,
+and SIGTERM under load. The command exits with status 1 when a check fails.
 
 Results: `--out` (default benchmarks/results/serving/)<date>.json and .md with the command, the commit, the
 machine and its load (`uptime`).
@@ -38,11 +40,11 @@ from typing import Any
 import httpx
 import torch
 
+from attn.artifacts import load_model
+from attn.decoding import GenerationConfig
 from attn.inference.classification import classify, embed
 from attn.inference.continuation import continue_texts
 from attn.inference.translation import translate
-from attn.artifacts import load_model
-from attn.decoding import GenerationConfig
 from benchmarks.harness import RESULTS_DIR, device_name, git_commit, write_record
 from benchmarks.serving_load import (
     CHAT,
@@ -58,6 +60,7 @@ from benchmarks.serving_load import (
     server,
     uptime,
 )
+from benchmarks.serving_mix import MIX_ROUTES, STRUCTURED
 from benchmarks.serving_soak import SoakSettings, soak, soak_markdown
 
 # -- the comparison -------------------------------------------------------------------------------
@@ -152,11 +155,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--alone", type=int, default=20, help="requests of the single-client run (latency alone)")
     parser.add_argument("--routes", type=lambda s: tuple(s.split(",")),
                         help=f"the comparison's (default {','.join(ROUTES)}) or the soak's (default those and "
-                        f"{','.join(CHAT_ROUTES)})")
+                        f"{','.join(CHAT_ROUTES + MIX_ROUTES)})")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
                         help="a model to serve instead of the default one of that name (translation, lm, classifier, "
                         "chat); a .gguf file serves too")
     parser.add_argument("--max-batch-tokens", type=int, help="passed on to attn serve")
+    parser.add_argument("--prefix-cache-bytes", type=int, help="passed on to attn serve (0 keeps no prefix)")
     parser.add_argument("--threads", type=int, help="torch threads, here and in the server (default: torch's)")
     parser.add_argument("--soak-minutes", type=float, help="run the mixed soak for this long instead of the comparison")
     parser.add_argument("--sigterm-after", type=float, default=10.0, metavar="S",
@@ -165,7 +169,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="soak: the most seconds the server may take to exit after SIGTERM")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "serving", help="the folder of the result files")
     args = parser.parse_args(argv)
-    known = ROUTES + CHAT_ROUTES if args.soak_minutes else ROUTES
+    known = ROUTES + CHAT_ROUTES + MIX_ROUTES if args.soak_minutes else ROUTES
     args.routes = args.routes or known
     if unknown := set(args.routes) - set(known):
         parser.error(f"--routes: {', '.join(sorted(unknown))} not among {', '.join(known)}")
@@ -179,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     given = {name: Path(path) for name, _, path in (m.partition("=") for m in args.model)}
-    chat = any(route in CHAT_ROUTES for route in args.routes)
+    chat = any(route in CHAT_ROUTES + MIX_ROUTES for route in args.routes)
     models = models_to_serve(given, chat)
-    extra = [] if args.max_batch_tokens is None else ["--max-batch-tokens", str(args.max_batch_tokens)]
+    extra = [f"--{name.replace('_', '-')}={value}" for name in ("max_batch_tokens", "prefix_cache_bytes")
+             if (value := getattr(args, name)) is not None]
     record: dict[str, Any] = {
         "command": "python -m benchmarks.serving " + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "env": {name: os.environ[name] for name in ("MALLOC_ARENA_MAX", "OMP_NUM_THREADS") if name in os.environ},
         "models": {name: str(path) for name, path in models.items()},
         "settings": {"clients": args.clients, "requests": args.requests, "translate": TRANSLATE, "complete": COMPLETE,
-                     **({"chat": CHAT} if chat else {})},
+                     **({"chat": CHAT, "structured": STRUCTURED} if chat else {})},
     }
     if args.soak_minutes:
         settings = SoakSettings(args.routes, args.clients, args.soak_minutes, args.sigterm_after, args.drain_limit)

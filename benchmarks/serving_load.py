@@ -227,6 +227,7 @@ class Answered:
         duplicated: more than one answer came: several answers in a body, a second [DONE], a chunk after
             [DONE], a choice finished twice.
         left: the client closed the connection before the stream's end (on purpose).
+        valid: the answer is what its request asked for (a structured answer's schema, a forced tool call).
     """
 
     status: int
@@ -237,6 +238,7 @@ class Answered:
     complete: bool = True
     duplicated: bool = False
     left: bool = False
+    valid: bool = True
 
 
 async def one(client: httpx.AsyncClient, route: str, text: str, leave_after: int | None = None) -> Answered:
@@ -262,12 +264,13 @@ async def one(client: httpx.AsyncClient, route: str, text: str, leave_after: int
             await response.aread()
             found.complete = True
         else:
-            await _read_stream(response, found, started, leave_after)
+            await read_stream(response, found, started, leave_after)
     found.latency = time.perf_counter() - started
     return found
 
 
-async def _read_stream(response: httpx.Response, found: Answered, started: float, leave_after: int | None) -> None:
+async def read_stream(response: httpx.Response, found: Answered, started: float, leave_after: int | None) -> None:
+    """Reads a stream's events into `found`: its text, ids, first chunk's time, whether it ended once."""
     pieces, finished, done = [], 0, 0
     async for line in response.aiter_lines():
         if not line.startswith("data: "):

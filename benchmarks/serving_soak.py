@@ -3,13 +3,16 @@ under load.
 
 Clients (32 by default) each send one request after another, going round the routes: chat on SmolLM2
 (whole, and streamed as server-sent events), completions on the quickstart's language model (whole and
-streamed), translation, embeddings and classification. One streamed request in `LEAVE_EVERY` is left after
+streamed), translation, embeddings and classification, and on the chat model the exchanges of
+`benchmarks.serving_mix` (structured output whole and streamed, forced tool calls, a tool round trip, a
+multi-turn chat that the prefix cache serves). One streamed request in `LEAVE_EVERY` is left after
 `LEAVE_AFTER` chunks: the client closes its connection halfway through the answer.
 
 Checks (each a line of `checks`, all must hold):
 - every answer that came equals the same request's answer alone, computed before the load (greedy decoding,
   beam search); a stream that was left must have sent the start of it. Not one lost (a connection failed, a
-  stream without its end), duplicated (two answers in one, or an id two requests share), different, 5xx or 4xx.
+  stream without its end), duplicated (two answers in one, or an id two requests share), different, invalid (a
+  structured answer outside its schema, a tool call that is not one valid call), 5xx or 4xx.
 - the server's resident memory stays flat: the median of the last `window` seconds' samples within 10 % of the
   median of the first window after the warm-up.
 - every request left frees its place: once the clients stop, /metrics reads attn_queue_length and
@@ -46,6 +49,7 @@ from benchmarks.serving_load import (
     same,
     server,
 )
+from benchmarks.serving_mix import MIX_ROUTES, exchange
 
 LEAVE_EVERY = 5  # one streamed request in 5 is left halfway
 LEAVE_AFTER = 3  # chunks read before leaving
@@ -54,6 +58,8 @@ GAUGES = ("attn_queue_length", "attn_requests_in_flight")
 MEMORY_GROWTH_LIMIT = 0.10
 SAMPLE_EVERY_S = 2.0
 TIMEOUT_S = 300  # a request without its answer this long is lost
+DIFFERENCES_KEPT = 20
+OUTCOMES = ("left", "lost", "duplicated", "different", "invalid", "5xx", "4xx", "refused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,10 +100,11 @@ class Tally:
         self.latencies: dict[str, list[float]] = {route: [] for route in routes}
         self.firsts: dict[str, list[float]] = {route: [] for route in routes}
         self.ids: set[str] = set()
+        self.differences: list[dict[str, Any]] = []  # the first `DIFFERENCES_KEPT` answers unlike their answer alone
 
     def outcome(self, route: str, i: int, found: Answered) -> str:
         """Counts one request's answer; returns what it was: answered, left, refused (503), different, duplicated,
-        lost (no whole answer), 5xx or 4xx."""
+        invalid, lost (no whole answer), 5xx or 4xx."""
         counts = self.counts[route]
         counts["requests"] += 1
         expected = self.expected[route, i]
@@ -115,9 +122,13 @@ class Tally:
             kind = "lost"
         elif found.duplicated or shared:
             kind = "duplicated"
+        elif not found.valid:
+            kind = "invalid"
         else:
             kind = "answered" if same(route, found.answer, expected) else "different"
         counts[kind] += 1
+        if kind == "different" and len(self.differences) < DIFFERENCES_KEPT:
+            self.differences.append({"route": route, "input": i, "alone": expected, "found": found.answer})
         if kind == "answered":
             self.latencies[route].append(found.latency)
             if found.first is not None:
@@ -139,11 +150,9 @@ class Tally:
                 "p50_s": round(quantile(latencies, 0.5), 3) if latencies else None,
                 "p99_s": round(quantile(latencies, 0.99), 3) if latencies else None,
                 "first_chunk_p50_s": round(quantile(firsts, 0.5), 3) if firsts else None,
-                **{kind: counts[kind] for kind in ("left", "lost", "duplicated", "different", "5xx", "4xx", "refused")}}
-        totals = {kind: sum(r[kind] for r in per_route.values())
-                  for kind in ("requests", "answered", "left", "lost", "duplicated", "different", "5xx", "4xx",
-                               "refused")}
-        return {"routes": per_route, "totals": totals}
+                **{kind: counts[kind] for kind in OUTCOMES}}
+        totals = {kind: sum(r[kind] for r in per_route.values()) for kind in ("requests", "answered", *OUTCOMES)}
+        return {"routes": per_route, "totals": totals, "differences": self.differences}
 
 
 class Load:
@@ -177,7 +186,7 @@ class Load:
                     leave = LEAVE_AFTER if self.streams % LEAVE_EVERY == 0 else None
                 sent = time.monotonic()
                 try:
-                    kind = self.tally.outcome(route, i, await one(client, route, self.texts[route][i], leave))
+                    kind = self.tally.outcome(route, i, await ask(client, route, i, self.texts, leave))
                 except httpx.HTTPError as error:
                     kind = "closed" if gone is not None and isinstance(error, httpx.ConnectError) else "lost"
                     if kind == "lost":
@@ -190,6 +199,14 @@ class Load:
                     await asyncio.sleep(0.1)
 
 
+async def ask(client: httpx.AsyncClient, route: str, i: int, texts: dict[str, list[str]],
+              leave: int | None = None) -> Answered:
+    """Route `route`'s request (or exchange) on input `i`."""
+    if route in MIX_ROUTES:
+        return await exchange(client, route, i)
+    return await one(client, route, texts[route][i], leave)
+
+
 async def expected_answers(url: str, routes: tuple[str, ...]) -> dict[tuple[str, int], Any]:
     """Each route's answer to each input, one request at a time."""
     texts = inputs(INPUTS)
@@ -197,9 +214,10 @@ async def expected_answers(url: str, routes: tuple[str, ...]) -> dict[tuple[str,
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
         for route in routes:
             for i in range(INPUTS):
-                answered = await one(client, route, texts[route][i])
-                if answered.status != 200 or not answered.complete:
-                    raise RuntimeError(f"{route} alone: status {answered.status}, complete {answered.complete}")
+                answered = await ask(client, route, i, texts)
+                if answered.status != 200 or not answered.complete or not answered.valid:
+                    raise RuntimeError(f"{route} {i} alone: status {answered.status}, complete {answered.complete}, "
+                                       f"valid {answered.valid}, answer {answered.answer!r}")
                 found[route, i] = answered.answer
     return found
 
@@ -282,6 +300,7 @@ async def soak(models: dict[str, Path], settings: SoakSettings, extra: list[str]
     totals = load_figures["totals"]
     checks = {
         "no_lost_duplicated_different": not (totals["lost"] or totals["duplicated"] or totals["different"]),
+        "no_invalid": not totals["invalid"],
         "no_5xx_4xx_503": not (totals["5xx"] or totals["4xx"] or totals["refused"]),
         "memory_flat": abs(memory["growth"]) <= MEMORY_GROWTH_LIMIT,
         "queue_and_in_flight_0_at_end": not (at_end["attn_queue_length"] or at_end["attn_requests_in_flight"]),
@@ -298,11 +317,11 @@ async def soak(models: dict[str, Path], settings: SoakSettings, extra: list[str]
 def soak_markdown(result: dict[str, Any]) -> list[str]:
     """The soak's figures as Markdown lines."""
     lines = [("| route | requests | answered | p50 s | p99 s | first chunk p50 s | left | lost | duplicated | different "
-             "| 5xx | 4xx | 503 |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| invalid | 5xx | 4xx | 503 |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for route, r in [*result["routes"].items(), ("all", result["totals"])]:
         lines.append(f"| {route} | {r['requests']} | {r['answered']} | {r.get('p50_s') or '-'} | {r.get('p99_s') or '-'} "
                      f"| {r.get('first_chunk_p50_s') or '-'} | {r['left']} | {r['lost']} | {r['duplicated']} | "
-                     f"{r['different']} | {r['5xx']} | {r['4xx']} | {r['refused']} |")
+                     f"{r['different']} | {r['invalid']} | {r['5xx']} | {r['4xx']} | {r['refused']} |")
     memory, at_end, shutdown = result["memory"], result["at_end"], result["sigterm"]
     lines += ["", (f"resident memory: first {memory['first_mb']} MB, last {memory['last_mb']} MB (medians of "
               f"{memory['window_s']} s after a {memory['warmup_s']} s warm-up, and at the end), max {memory['max_mb']} "
@@ -315,6 +334,8 @@ def soak_markdown(result: dict[str, Any]) -> list[str]:
               f"answered after: {shutdown['answered_after']}; failed after: {shutdown['failed_after']}; exit code "
               f"{shutdown['exit_code']} after {shutdown['drain_s']} s (limit {shutdown['drain_limit_s']} s)"),
               f"tracebacks in the server's log: {result['server_tracebacks']}", "",
+              *(f"different: {d['route']} input {d['input']}: alone `{d['alone']!r}`, found `{d['found']!r}`"
+                for d in result["differences"]), "",
               "checks: " + ", ".join(f"{name} {'ok' if ok else 'FAILED'}" for name, ok in result["checks"].items()),
               f"**{'passed' if result['passed'] else 'FAILED'}**", ""]
     return lines
