@@ -9,8 +9,10 @@ new tokens. Each contender plays the earlier turns once; then its last turn is t
 taking turns, each time from the state the earlier turns left (the conversation, and a copy of the kept keys and
 values), so every repetition does the same work. `ChatSession`: from `reply` to its first piece of text. The server
 (uvicorn in a thread of this process, on 127.0.0.1): from sending the streamed request to the first chunk with
-content, read by httpx. The contenders must give the same answers. Target: with the cache, at most 0.25 x the time
-without.
+content, read by httpx. The contenders must give the same answers, so the model's weights are float32 (the GGUF
+file's blocks dequantized): its kept-quantized layers compute in bf16, whose rounding depends on how many tokens a
+step feeds, and a near tie between two tokens can then go either way with or without the cache. Target: with the
+cache, at most 0.25 x the time without.
 
 Results: `--out` (default benchmarks/results/chat-prefix/)<date>.json and .md, with the command, the commit, the
 machine and its load (`uptime`).
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    bundle = tiny_bundle() if args.quick else load_model(gguf_path(), "cpu")
+    bundle = tiny_bundle() if args.quick else load_model(gguf_path(), "cpu", dequantize=True)
     record = script_record("chat_prefix", argv, "tiny random chat model" if args.quick else str(gguf_path()),
                            {"turns": args.turns, "answer_tokens": args.answer_tokens, "reps": args.reps})
     config = GenerationConfig(max_new_tokens=args.answer_tokens)
