@@ -146,7 +146,7 @@ def probe(request: dict[str, Any]) -> dict[str, float]:
 def peak_memory(args: argparse.Namespace, contender: str) -> float:
     """MB the contender's steps add to the libraries' memory, measured in a fresh process."""
     request = {**vars(args), "contender": contender}
-    command = [sys.executable, "-m", "benchmarks.lora", "--probe", json.dumps(request)]
+    command = [sys.executable, "-m", "benchmarks.lora", "--probe", json.dumps(request, default=str)]
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, **PROBE_ENV}, capture_output=True, text=True,
                           check=False)
     if done.returncode:
