@@ -294,7 +294,7 @@ def test_a_chat_streams_each_answer_of_the_conversation_so_far(page: Page, api: 
         assert int(page.get_attribute("#chat-output", "data-chunks")) > 1  # it came in pieces
         if then is None:
             break
-        messages += [answer["message"], {"role": "user", "content": then}]
+        messages += [{"role": "assistant", "content": answers[-1]}, {"role": "user", "content": then}]
         page.fill("#chat-input", then)
         page.press("#chat-input", "Enter")
         expect(page.locator("#chat-output .message.assistant")).to_have_count(2)

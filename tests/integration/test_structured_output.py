@@ -8,7 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 import pytest
@@ -134,7 +134,7 @@ class Person(pydantic.BaseModel):
     name: str = pydantic.Field(max_length=12)
     age: int = pydantic.Field(ge=0, le=120)
     nickname: str | None = pydantic.Field(max_length=10)
-    scores: list[float] = pydantic.Field(max_length=2)
+    scores: list[Annotated[int, pydantic.Field(ge=0, le=100)]] = pydantic.Field(max_length=2)
 
 
 class Trip(pydantic.BaseModel):

@@ -12,6 +12,7 @@ from attn.core.errors import ConfigError
 from attn.training.config_sections import Optimizer, Schedule
 from attn.training.precision import Precision
 from attn.training.runconfig import RunConfig, parse_value
+from benchmarks.bible_chat import FOLDER as CHAT_FILES
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
 
@@ -30,7 +31,9 @@ def test_every_shipped_config_parses_and_round_trips(path):
     model = config.model_config()
     assert model.d_model % model.heads == 0
     for key in ("train", "valid"):
-        assert (Path(__file__).parents[3] / getattr(config.data, key)).exists()
+        file = getattr(config.data, key)
+        if not file.startswith(f"{CHAT_FILES}/"):  # the chat recipes' data step writes theirs (test_chat_data)
+            assert (Path(__file__).parents[3] / file).exists()
 
 
 def test_a_config_written_as_toml_reads_back_equal(tmp_path):
